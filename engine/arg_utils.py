@@ -1,0 +1,123 @@
+"""Engine arguments with `vllm serve`'s flag names, shared by the offline `LLM` API, the
+server and the benchmarks. `EngineArgs.add_cli_args` adds the flags to an argparse parser;
+`create_engine_config` resolves the model and validates everything (ValueError saying what
+to change). Source: vLLM `vllm/engine/arg_utils.py`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+import torch
+
+from kvpilot.engine.attention import BACKENDS, default_backend
+from kvpilot.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    resolve_dtype,
+)
+from kvpilot.engine.model_loader import load_model_config, resolve_model_path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_chunked_prefill: bool = True
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    block_size: int = 16
+    swap_space: float = 4.0
+    preemption_mode: str = "recompute"
+    enable_prefix_caching: bool = False
+    num_gpu_blocks_override: int | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    attention_backend: str | None = None
+    device: str | None = None
+
+    def resolved_device(self) -> str:
+        if self.device:
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def create_engine_config(self) -> EngineConfig:
+        """Raises ValueError for invalid values or an unknown model."""
+        device = self.resolved_device()
+        backend = self.attention_backend or default_backend(device)
+        if backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
+        dtype = torch.bfloat16 if self.dtype == "auto" else resolve_dtype(self.dtype)
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        path = resolve_model_path(self.model)
+        model = load_model_config(path, self.max_model_len, dtype)
+        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        parallel.check_model(model)
+        cache = CacheConfig(
+            block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            swap_space=self.swap_space,
+            enable_prefix_caching=self.enable_prefix_caching,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
+        scheduler = SchedulerConfig(
+            max_model_len=model.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            preemption_mode=self.preemption_mode,
+        )
+        return EngineConfig(
+            model_path=str(path),
+            model=model,
+            cache=cache,
+            scheduler=scheduler,
+            parallel=parallel,
+            served_model_name=self.served_model_name or self.model.removeprefix("builtin://"),
+            seed=self.seed,
+            attention_backend=backend,
+            device=device,
+        )
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
+        """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...)."""
+        d = EngineArgs()
+        if positional_model:
+            parser.add_argument("model", nargs="?", default=d.model, help="builtin alias, .gguf file or HF directory")
+        else:
+            parser.add_argument("--model", default=d.model, help="builtin alias, .gguf file or HF directory")
+        add = parser.add_argument
+        add("--served-model-name", default=None, help="model name in the API (default: --model)")
+        add("--max-model-len", type=int, default=None, help="longest sequence (prompt + output) in tokens")
+        add("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
+        add("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
+        add("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+            help="fraction of device memory for weights, activations and KV cache")
+        add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill,
+            help="split long prompts to fit the token budget, decodes first")
+        add("--tensor-parallel-size", "-tp", type=int, default=1)
+        add("--pipeline-parallel-size", "-pp", type=int, default=1)
+        add("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
+        add("--swap-space", type=float, default=d.swap_space, help="GiB of host memory for swapped blocks")
+        add("--preemption-mode", choices=["recompute", "swap"], default=d.preemption_mode)
+        add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching)
+        add("--num-gpu-blocks-override", type=int, default=None, help="use exactly this many KV blocks")
+        add("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "half", "float32", "float"])
+        add("--seed", type=int, default=d.seed)
+        add("--attention-backend", choices=list(BACKENDS), default=None,
+            help="'torch' (default on CPU) or 'triton' (default on CUDA)")
+        add("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})

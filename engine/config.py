@@ -1,0 +1,207 @@
+"""Engine configuration: one frozen dataclass per concern, with vLLM's names and defaults.
+
+Validation happens in `__post_init__` and raises `ValueError` saying what to change. No
+I/O here: the model's shape (`ModelConfig`) is read by the loader and passed in.
+Sources: vLLM `vllm/config` (CacheConfig, SchedulerConfig, ParallelConfig) and vLLM's
+performance-tuning guide for the chunked-prefill rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Maps a `--dtype` value ('bfloat16', 'float32', 'float16', their aliases) to a torch
+    dtype. 'auto' is resolved by the caller. Raises ValueError on an unknown name."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's architecture (Llama family) and the serving length limit.
+
+    max_model_len: the longest sequence (prompt + output) served, in tokens.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    max_model_len: int = 0
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.max_model_len <= 0:
+            object.__setattr__(self, "max_model_len", self.max_position_embeddings)
+        if self.max_model_len > self.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's context length "
+                f"({self.max_position_embeddings}); lower --max-model-len"
+            )
+
+    def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:
+        """Bytes of KV cache one token takes over all layers:
+        2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per element."""
+        if dtype_bytes is None:
+            dtype_bytes = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        lm_head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_layers * per_layer + h + lm_head
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache.
+
+    block_size: tokens per KV block.
+    gpu_memory_utilization: fraction (0, 1] of device memory the engine may use; the KV
+        cache gets what is left after the weights and the profiled peak activation. On CPU,
+        device memory is the machine's or the cgroup's memory.
+    swap_space: GiB of host memory for blocks of swapped-out requests.
+    num_gpu_blocks_override: use exactly this many blocks (testing, as in vLLM).
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    swap_space: float = 4.0
+    enable_prefix_caching: bool = False
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be a power of two from 1 to 128, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space is in GiB and must be >= 0, got {self.swap_space}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {self.num_gpu_blocks_override}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits.
+
+    max_num_batched_tokens: the per-step token budget.
+    max_num_seqs: at most this many requests run at once.
+    enable_chunked_prefill: decodes first, then prefills fill the budget, the last one
+        chunked to fit. Off: a step is prefills or decodes, prefills first, so a prompt
+        longer than the budget could never run.
+    preemption_mode: 'recompute' (drop blocks, re-prefill later) or 'swap' (copy blocks to
+        host swap space and back).
+    """
+
+    max_model_len: int
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None:
+            default = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+            object.__setattr__(self, "max_num_batched_tokens", default)
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): each running sequence needs a token per step. "
+                f"Raise --max-num-batched-tokens or lower --max-num-seqs."
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill off: a prompt longer "
+                f"than the budget could never be scheduled. Raise --max-num-batched-tokens to at "
+                f"least {self.max_model_len}, lower --max-model-len, or --enable-chunked-prefill."
+            )
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor and pipeline parallel sizes (world size = tp x pp)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Raises ValueError when the sizes do not divide the model's heads or layers."""
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        if model.num_heads % tp or model.num_kv_heads % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the model's {model.num_heads} attention "
+                f"heads and {model.num_kv_heads} KV heads"
+            )
+        if pp > model.num_layers:
+            raise ValueError(
+                f"pipeline_parallel_size {pp} exceeds the model's {model.num_layers} layers"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, resolved. Built by `EngineArgs.create_engine_config`."""
+
+    model_path: str
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    served_model_name: str = ""
+    seed: int = 0
+    attention_backend: str = "torch"
+    device: str = "cpu"

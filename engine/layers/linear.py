@@ -1,0 +1,106 @@
+"""Parallel-aware linear and embedding layers (Megatron-LM style, as in vLLM).
+
+ColumnParallelLinear splits the output features over the tensor-parallel ranks (no
+communication); RowParallelLinear splits the input features and all-reduces the partial
+sums. With one rank both are plain linear layers. `load_full` takes the full (unsharded)
+checkpoint weight and keeps this rank's shard, so checkpoints never need resharding.
+Source: Shoeybi et al., Megatron-LM (2019); vLLM `vllm/model_executor/layers/linear.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine import parallel_state as ps
+
+
+def _shard(size: int, what: str) -> int:
+    tp = ps.get_tp_size()
+    if size % tp:
+        raise ValueError(f"{what} ({size}) is not divisible by tensor_parallel_size {tp}")
+    return size // tp
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's rows (output features) split over ranks; `output_sizes` lists the
+    fused sub-matrices (e.g. q, k, v) so each is sharded separately.
+
+    x: [num_tokens, in_features] -> [num_tokens, sum(output_sizes) / tp]
+    """
+
+    def __init__(self, in_features: int, output_sizes: list[int], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.output_sizes = list(output_sizes)
+        self.shard_sizes = [_shard(s, "output features") for s in output_sizes]
+        self.weight = nn.Parameter(
+            torch.empty(sum(self.shard_sizes), in_features, dtype=dtype), requires_grad=False
+        )
+
+    def load_full(self, index: int, weight: torch.Tensor) -> None:
+        """Copies this rank's shard of fused part `index` from the full weight
+        [output_sizes[index], in_features]."""
+        size = self.shard_sizes[index]
+        start = ps.get_tp_rank() * size
+        offset = sum(self.shard_sizes[:index])
+        self.weight.data[offset : offset + size].copy_(weight[start : start + size])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_shard W_shard^T): W's columns (input features) split over ranks.
+
+    x: [num_tokens, in_features / tp] -> [num_tokens, out_features]
+    """
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_shard = _shard(in_features, "input features")
+        self.weight = nn.Parameter(
+            torch.empty(out_features, self.in_shard, dtype=dtype), requires_grad=False
+        )
+
+    def load_full(self, weight: torch.Tensor) -> None:
+        start = ps.get_tp_rank() * self.in_shard
+        self.weight.data.copy_(weight[:, start : start + self.in_shard])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ps.tp_all_reduce(F.linear(x, self.weight))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding with the vocabulary split over ranks; tokens outside this rank's range
+    look up zeros and the all-reduce fills them in. Also serves as the (tied) LM head:
+    `logits` gives [num_tokens, vocab_size] gathered over ranks.
+
+    ids: [num_tokens] int64 -> [num_tokens, hidden_size]
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        tp = ps.get_tp_size()
+        self.shard = -(-vocab_size // tp)
+        self.start = ps.get_tp_rank() * self.shard
+        self.weight = nn.Parameter(torch.zeros(self.shard, hidden_size, dtype=dtype), requires_grad=False)
+
+    def load_full(self, weight: torch.Tensor) -> None:
+        part = weight[self.start : self.start + self.shard]
+        self.weight.data[: part.shape[0]].copy_(part)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ps.get_tp_size() == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.shard)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return ps.tp_all_reduce(out)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [n, hidden_size] -> [n, vocab_size] float32."""
+        local = F.linear(hidden, self.weight).float()
+        return ps.tp_all_gather_last_dim(local)[:, : self.vocab_size]

@@ -1,0 +1,227 @@
+"""The engine: takes requests, runs scheduler steps on the model and returns outputs.
+One `step()` = schedule, execute, commit, detokenize, emit. Source: vLLM `LLMEngine`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpilot.engine.arg_utils import EngineArgs
+from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.detokenizer import IncrementalDetokenizer
+from kvpilot.engine.memory import (
+    GiB,
+    KVCacheBudget,
+    check_fits,
+    kv_cache_block_bytes,
+    total_device_memory_bytes,
+)
+from kvpilot.engine.model_loader import load_tokenizer
+from kvpilot.engine.model_runner import ModelRunner
+from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.scheduler import Scheduler
+from kvpilot.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("kvpilot.engine")
+
+
+@dataclass
+class StepStats:
+    """What one step did, for metrics and stats logs."""
+
+    num_prompt_tokens: int  # prefill tokens computed
+    num_generation_tokens: int  # tokens sampled
+    num_preemptions: int
+    finished: list[Sequence]
+    duration_s: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer=None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer_for(config)
+        t0 = time.monotonic()
+        self.runner = ModelRunner(config)
+        num_blocks, num_swap_blocks = self._size_kv_cache()
+        self.runner.initialize_kv_cache(num_blocks, num_swap_blocks)
+        self.block_manager = BlockManager(
+            num_blocks, config.cache.block_size, num_swap_blocks, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._prompts: dict[str, str | None] = {}
+        self.detokenize_incrementally = False  # the server turns it on for streaming
+        self.last_step: StepStats | None = None
+        logger.info("engine ready in %.1f s", time.monotonic() - t0)
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    # -------------------------------------------------------------- KV sizing
+    def _size_kv_cache(self) -> tuple[int, int]:
+        cfg = self.config
+        block_bytes = kv_cache_block_bytes(cfg.cache.block_size, cfg.model.kv_bytes_per_token() // cfg.parallel.world_size)
+        max_len = cfg.scheduler.max_model_len
+        if cfg.cache.num_gpu_blocks_override is not None:
+            num_blocks = cfg.cache.num_gpu_blocks_override
+            check_fits(num_blocks, cfg.cache.block_size, max_len, block_bytes, "num_gpu_blocks_override")
+        else:
+            activation = self.runner.profile_peak_activation_bytes(
+                cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, max_len
+            )
+            budget = KVCacheBudget(
+                total_bytes=total_device_memory_bytes(self.runner.device),
+                gpu_memory_utilization=cfg.cache.gpu_memory_utilization,
+                weights_bytes=self.runner.weights_bytes,
+                activation_bytes=activation,
+                block_bytes=block_bytes,
+                block_size=cfg.cache.block_size,
+            )
+            logger.info("KV cache sizing: %s", budget.describe())
+            num_blocks = budget.num_blocks
+            check_fits(num_blocks, cfg.cache.block_size, max_len, block_bytes, budget.describe())
+        num_swap = int(cfg.cache.swap_space * GiB) // block_bytes
+        logger.info(
+            "# KV blocks: %d (%d tokens); maximum concurrency for %d tokens per request: %.2fx; "
+            "swap blocks: %d", num_blocks, num_blocks * cfg.cache.block_size, max_len,
+            num_blocks * cfg.cache.block_size / max_len, num_swap,
+        )
+        return num_blocks, num_swap
+
+    # ---------------------------------------------------------------- requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_s: float | None = None,
+    ) -> Sequence:
+        """Validates and queues a request. Raises ValueError for an empty prompt, token ids
+        outside the vocabulary, or a prompt that leaves no room under max_model_len."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            text = prompt
+        else:
+            token_ids, text = list(prompt), None
+        if not token_ids:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.config.model.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        max_len = self.config.scheduler.max_model_len
+        if len(token_ids) >= max_len:
+            raise ValueError(
+                f"prompt is {len(token_ids)} tokens but max_model_len is {max_len}: it must be shorter "
+                f"to leave room for at least one output token"
+            )
+        seq = Sequence(request_id, token_ids, params, self.config.model.eos_token_ids, arrival_s)
+        self.scheduler.add_request(seq)
+        self._prompts[request_id] = text
+        if self.detokenize_incrementally or params.stop:
+            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stops a request and frees its KV blocks now. Returns False if unknown."""
+        seq = self.scheduler.abort_request(request_id)
+        self._forget(request_id)
+        return seq is not None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Runs one scheduler step and returns an output for every request that got a
+        token (and for every request that finished)."""
+        t0 = time.monotonic()
+        sched_out = self.scheduler.schedule()
+        for seq, _ in sched_out.scheduled:
+            if seq.times.first_scheduled_s is None:
+                seq.times.first_scheduled_s = t0
+        sampled = self.runner.execute(sched_out)
+        prompt_tokens = sum(n for s, n in sched_out.scheduled if s.num_computed_tokens < s.num_prompt_tokens)
+        updated = self.scheduler.update_from_output(sched_out, sampled)
+        now = time.monotonic()
+        outputs, finished = [], []
+        for seq in updated:
+            if seq.times.first_token_s is None:
+                seq.times.first_token_s = now
+            seq.times.last_token_s = now
+            new_text = self._detokenize(seq)
+            if seq.is_finished:
+                finished.append(seq)
+            outputs.append(self._make_output(seq, new_text))
+        self.last_step = StepStats(
+            prompt_tokens, len(updated), len(sched_out.preempted), finished, now - t0
+        )
+        return outputs
+
+    def _detokenize(self, seq: Sequence) -> str:
+        detok = self._detok.get(seq.request_id)
+        if detok is None:
+            if seq.is_finished:
+                seq.output_text = self.tokenizer.decode(
+                    seq.output_token_ids, skip_special_tokens=seq.sampling_params.skip_special_tokens
+                )
+            return ""
+        delta = detok.add(seq.output_token_ids[-1:])
+        seq.output_text = detok.text
+        stops = seq.sampling_params.stop
+        if stops and delta and not seq.is_finished:
+            window = seq.output_text[-(len(delta) + max(map(len, stops)) - 1):]
+            offset = len(seq.output_text) - len(window)
+            hits = [(window.find(s), s) for s in stops if s in window]
+            if hits:
+                at, stop = min(hits)
+                cut = offset + at
+                delta = delta[: max(0, len(delta) - (len(seq.output_text) - cut))]
+                seq.output_text = seq.output_text[:cut]
+                seq.stop_reason = stop
+                self.scheduler.finish_request(seq, SequenceStatus.FINISHED_STOPPED)
+        return delta
+
+    def _make_output(self, seq: Sequence, new_text: str) -> RequestOutput:
+        finished = seq.is_finished
+        if finished:
+            seq.times.finished_s = seq.times.last_token_s
+        completion = CompletionOutput(
+            index=0,
+            text=seq.output_text,
+            token_ids=list(seq.output_token_ids),
+            logprobs=list(seq.logprobs) if seq.sampling_params.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        t = seq.times
+        out = RequestOutput(
+            request_id=seq.request_id,
+            prompt=self._prompts.get(seq.request_id),
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            metrics=RequestMetrics(t.arrival_s, t.first_scheduled_s, t.first_token_s, t.last_token_s,
+                                   t.finished_s, seq.num_preemptions, seq.num_cached_tokens),
+            new_text=new_text,
+            new_token_ids=seq.output_token_ids[-1:],
+        )
+        if finished:
+            self._forget(seq.request_id)
+        return out
+
+    def _forget(self, request_id: str) -> None:
+        self._detok.pop(request_id, None)
+        self._prompts.pop(request_id, None)
+        self.runner.sampler.forget(request_id)
+
+
+def load_tokenizer_for(config: EngineConfig):
+    return load_tokenizer(Path(config.model_path))
+

@@ -1,0 +1,128 @@
+"""KV-cache sizing: how many blocks fit in gpu_memory_utilization x device memory once the
+weights and the peak activation of a profiled step are taken out.
+
+KV cache per token = 2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per element.
+The same arithmetic (`kv_cache_num_blocks`) serves the engine at startup and the tuner's
+feasibility check before it tries a configuration. On CPU, device memory is the machine's
+memory or the cgroup's limit, whichever is smaller; the peak activation is measured as the
+growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs).
+Source: vLLM `Worker.determine_available_memory` / `check_enough_kv_cache_memory`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+GiB = 1 << 30
+
+
+def total_device_memory_bytes(device: torch.device) -> int:
+    """Bytes of memory on `device`: the GPU's total, or on CPU min(MemTotal, cgroup limit)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    total = _meminfo_kib("MemTotal") * 1024
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _meminfo_kib(key: str, path: str = "/proc/meminfo") -> int:
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{key} not found in {path}")
+
+
+class PeakMemoryProbe:
+    """Measures the extra memory a block of code needs at its peak, in bytes.
+
+    CUDA: torch's allocator statistics. CPU: VmHWM after resetting it (Linux), minus the
+    resident set before; 0 when the kernel does not allow the reset."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak_bytes = 0
+
+    def __enter__(self) -> PeakMemoryProbe:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._before = torch.cuda.memory_allocated(self.device)
+        else:
+            self._can_reset = _reset_peak_rss()
+            self._before = _meminfo_kib("VmRSS", "/proc/self/status") * 1024
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before
+        elif self._can_reset:
+            peak = _meminfo_kib("VmHWM", "/proc/self/status") * 1024
+            self.peak_bytes = max(0, peak - self._before)
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class KVCacheBudget:
+    """The arithmetic of one sizing, kept for the startup log and error messages."""
+
+    total_bytes: int
+    gpu_memory_utilization: float
+    weights_bytes: int
+    activation_bytes: int
+    block_bytes: int
+    block_size: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return max(0, int(self.total_bytes * self.gpu_memory_utilization) - self.weights_bytes - self.activation_bytes)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_bytes // self.block_bytes
+
+    def max_concurrency(self, max_model_len: int) -> float:
+        """How many max_model_len sequences fit at once."""
+        return self.num_blocks * self.block_size / max_model_len
+
+    def describe(self) -> str:
+        return (
+            f"device memory {self.total_bytes / GiB:.2f} GiB x gpu_memory_utilization "
+            f"{self.gpu_memory_utilization} - weights {self.weights_bytes / GiB:.3f} GiB - peak "
+            f"activation {self.activation_bytes / GiB:.3f} GiB = KV cache "
+            f"{self.kv_cache_bytes / GiB:.3f} GiB ({self.num_blocks} blocks of {self.block_size} tokens)"
+        )
+
+
+def kv_cache_block_bytes(block_size: int, kv_bytes_per_token: int) -> int:
+    return block_size * kv_bytes_per_token
+
+
+def check_fits(num_blocks: int, block_size: int, max_model_len: int, block_bytes: int, how: str) -> None:
+    """Raises ValueError, with the numbers, when one max_model_len sequence does not fit."""
+    needed_blocks = -(-max_model_len // block_size)
+    if num_blocks >= needed_blocks:
+        return
+    raise ValueError(
+        f"To serve one request of max_model_len ({max_model_len} tokens), {needed_blocks} KV blocks "
+        f"({needed_blocks * block_bytes / GiB:.3f} GiB) are needed, but only {num_blocks} blocks "
+        f"({num_blocks * block_bytes / GiB:.3f} GiB) are available: {how}. The largest max_model_len "
+        f"that fits is {num_blocks * block_size}. Increase gpu_memory_utilization or the parallel "
+        f"sizes, or decrease max_model_len."
+    )

@@ -1,0 +1,167 @@
+"""Runs the model for one scheduled step: block copies, flattened inputs, forward pass,
+logits for the sequences that completed their tokens, sampling.
+
+Input layout (vLLM v1): the scheduled sequences' new tokens one after another, decodes
+first. `slot_mapping[i] = block_table[pos // block_size] * block_size + pos % block_size`
+for the i-th token at position `pos` of its sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvpilot.engine import parallel_state
+from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.memory import PeakMemoryProbe
+from kvpilot.engine.model_loader import iter_weights
+from kvpilot.engine.models.llama import LlamaForCausalLM
+from kvpilot.engine.sampler import Sampler
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.scheduler import SchedulerOutput
+from kvpilot.engine.sequence import Sequence
+
+logger = logging.getLogger("kvpilot.engine.model_runner")
+
+SampleResult = tuple[int, dict[int, float] | None]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = config.model.dtype
+        self.block_size = config.cache.block_size
+        torch.manual_seed(config.seed)
+        with torch.device(self.device):
+            self.model = LlamaForCausalLM(config.model, get_attn_backend(config.attention_backend))
+        self.model.load_weights(iter_weights(Path(config.model_path)))
+        self.model.eval()
+        self.sampler = Sampler(config.seed)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.config.model
+        shape = (num_blocks, self.block_size, cfg.num_kv_heads // parallel_state.get_tp_size(), cfg.head_dim)
+        pin = device.type == "cpu" and self.device.type == "cuda"
+        return [
+            (torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin),
+             torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin))
+            for _ in range(self.model.start_layer, self.model.end_layer)
+        ]
+
+    def initialize_kv_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
+        """Allocates the per-layer caches [num_blocks, block_size, num_kv_heads, head_dim]
+        on the device and the swap space on the host."""
+        self.kv_caches = self._allocate(num_blocks, self.device)
+        self.swap_caches = self._allocate(num_swap_blocks, torch.device("cpu")) if num_swap_blocks else []
+
+    def profile_peak_activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> int:
+        """Runs a dummy step of max_num_batched_tokens prompt tokens over up to
+        max_num_seqs sequences (with a temporary cache) and returns its peak extra memory."""
+        num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
+        lens = [max_num_batched_tokens // num_seqs] * num_seqs
+        lens[-1] += max_num_batched_tokens - sum(lens)
+        lens = [min(n, max_model_len) for n in lens]
+        seqs, tables, next_block = [], [], 0
+        for i, n in enumerate(lens):
+            seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
+            blocks = -(-n // self.block_size)
+            seq.block_table = list(range(next_block, next_block + blocks))
+            next_block += blocks
+            seqs.append((seq, n))
+        self.kv_caches = self._allocate(next_block, self.device)
+        try:
+            with PeakMemoryProbe(self.device) as probe:
+                self.execute(SchedulerOutput(scheduled=seqs))
+        finally:
+            self.kv_caches = []
+            for seq, _ in seqs:
+                self.sampler.forget(seq.request_id)
+        return probe.peak_bytes
+
+    # ------------------------------------------------------------------ a step
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+        """Runs one step. Returns {request_id: (token_id, logprobs)} for the sequences
+        whose scheduled tokens reach their end (partial prefill chunks sample nothing)."""
+        self._copy_blocks(out)
+        if not out.scheduled:
+            return {}
+        input_ids, positions, meta, sample_idx, sample_seqs = self._prepare(out)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not sample_seqs:
+            return {}
+        logits = self.model.compute_logits(hidden[sample_idx])
+        results = self.sampler(
+            logits, [s.request_id for s in sample_seqs], [s.sampling_params for s in sample_seqs]
+        )
+        return {s.request_id: r for s, r in zip(sample_seqs, results)}
+
+    def _prepare(self, out: SchedulerOutput):
+        bs = self.block_size
+        ids: list[int] = []
+        pos_chunks: list[np.ndarray] = []
+        slot_chunks: list[np.ndarray] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        sample_idx: list[int] = []
+        sample_seqs: list[Sequence] = []
+        num_decodes = 0
+        max_blocks = max(len(s.block_table) for s, _ in out.scheduled)
+        tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
+        for i, (seq, n) in enumerate(out.scheduled):
+            start = seq.num_computed_tokens
+            end = start + n
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            tables[i, : len(table)] = table
+            if n == 1 and num_decodes == i and not seq.is_prefill:
+                num_decodes += 1
+            ids.extend(seq.token_ids_range(start, end))
+            pos = np.arange(start, end, dtype=np.int64)
+            pos_chunks.append(pos)
+            slot_chunks.append(table[pos // bs] * bs + pos % bs)
+            query_start.append(query_start[-1] + n)
+            seq_lens.append(end)
+            if end == seq.num_tokens:
+                sample_idx.append(query_start[-1] - 1)
+                sample_seqs.append(seq)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slot_chunks)).to(dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            num_decodes=num_decodes,
+            query_start_loc_cpu=query_start,
+            query_lens_cpu=[b - a for a, b in zip(query_start, query_start[1:])],
+            seq_lens_cpu=seq_lens,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions = torch.from_numpy(np.concatenate(pos_chunks)).to(dev)
+        return input_ids, positions, meta, torch.tensor(sample_idx, device=dev), sample_seqs
+
+    def _copy_blocks(self, out: SchedulerOutput) -> None:
+        """Swap-out first (its device blocks may be reused by this very step), then
+        swap-in, then copy-on-write copies; all before the forward pass writes."""
+        for pairs, src_caches, dst_caches in (
+            (out.blocks_to_swap_out, self.kv_caches, self.swap_caches),
+            (out.blocks_to_swap_in, self.swap_caches, self.kv_caches),
+            (out.blocks_to_copy, self.kv_caches, self.kv_caches),
+        ):
+            if not pairs:
+                continue
+            src = torch.tensor([p[0] for p in pairs])
+            dst = torch.tensor([p[1] for p in pairs])
+            for (sk, sv), (dk, dv) in zip(src_caches, dst_caches):
+                dk[dst.to(dk.device)] = sk[src.to(sk.device)].to(dk.device)
+                dv[dst.to(dv.device)] = sv[src.to(sv.device)].to(dv.device)

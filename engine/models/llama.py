@@ -1,0 +1,176 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2) over a paged KV cache.
+
+The flattened batch has no padding: `input_ids` and `positions` are [num_tokens], and each
+attention layer reads and writes its layer's KV cache through the attention backend with
+the step's `AttentionMetadata`. Layers are tensor-parallel aware (see layers/linear.py);
+`start_layer`/`end_layer` leave room for pipeline stages.
+Source: Touvron et al., LLaMA (2023); HF transformers `modeling_llama.py` for the weight
+names and RoPE convention (rotate-half); vLLM `vllm/model_executor/models/llama.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
+from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE with a precomputed cos/sin table [max_positions, head_dim / 2]
+    (float32, cast to the activations' dtype when applied)."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, heads, head_dim] -> same shape and dtype, rotated."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics, as HF's LlamaRMSNorm, so bf16 runs stay close to it
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        tp = ps.get_tp_size()
+        self.num_heads = cfg.num_heads // tp
+        self.num_kv_heads = cfg.num_kv_heads // tp
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_size, kv_size, kv_size], cfg.dtype)
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, cfg.dtype)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.backend = backend
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
+        q = self.rotary(positions, q.view(n, self.num_heads, self.head_dim))
+        k = self.rotary(positions, k.view(n, self.num_kv_heads, self.head_dim))
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        i = cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [i, i], cfg.dtype)
+        self.down_proj = RowParallelLinear(i, cfg.hidden_size, cfg.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = LlamaAttention(cfg, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, positions, x, kv_cache, meta):
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(input_ids [T] int64, positions [T] int64, kv_caches, meta) -> hidden [T, H];
+    compute_logits(hidden [n, H]) -> [n, vocab_size] float32."""
+
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = cfg
+        self.start_layer, self.end_layer = 0, cfg.num_layers
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.lm_head = (
+            self.embed_tokens
+            if cfg.tie_word_embeddings
+            else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(positions, x, kv_cache, meta)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads HF Llama checkpoint tensors (full, unsharded), fusing q/k/v and gate/up.
+        Raises ValueError on a missing or unexpected tensor."""
+        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        params = dict(self.named_parameters())
+        done: set[str] = set()
+        fused_seen: dict[str, set[int]] = {}
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if (name == "lm_head.weight" and self.config.tie_word_embeddings) or "rotary_emb" in name:
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in fused:
+                target, index = fused[parts[-2]]
+                key = ".".join(parts[:-2] + [target, parts[-1]])
+                self.get_submodule(key.rsplit(".", 1)[0]).load_full(index, tensor)
+                fused_seen.setdefault(key, set()).add(index)
+                continue
+            if name not in params:
+                raise ValueError(f"unexpected tensor in checkpoint: {name}")
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            if hasattr(module, "load_full"):
+                module.load_full(tensor)
+            else:
+                params[name].data.copy_(tensor)
+            done.add(name)
+        for key, indices in fused_seen.items():
+            if len(indices) == len(self.get_submodule(key.rsplit(".", 1)[0]).output_sizes):
+                done.add(key)
+        missing = set(params) - done
+        if missing:
+            raise ValueError(f"checkpoint lacks tensors: {sorted(missing)[:5]}")

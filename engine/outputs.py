@@ -1,0 +1,41 @@
+"""Request outputs, shaped like vLLM's (`RequestOutput`, `CompletionOutput`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None  # 'stop', 'length', 'abort' or None while running
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestMetrics:
+    """Seconds (time.monotonic) at each milestone of a request."""
+
+    arrival_s: float
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    last_token_s: float | None
+    finished_s: float | None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    new_text: str = ""  # text added since the previous output of this request
+    new_token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,91 @@
+"""Token sampling for a batch of requests with per-request parameters.
+
+Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw by
+the exponential race (argmax of p / q with q ~ Exp(1)), which lets a seeded request draw
+its noise from its own generator while the batch shares one kernel. Logprobs come from the
+model's raw distribution (log_softmax of the unprocessed logits), as vLLM returns by
+default. Source: vLLM v1 `Sampler` / `TopKTopPSampler`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpilot.engine.sampling_params import SamplingParams
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self._request_generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._request_generators.pop(request_id, None)
+
+    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        if params.seed is None:
+            return self.generator
+        gen = self._request_generators.get(request_id)
+        if gen is None:
+            gen = self._request_generators[request_id] = torch.Generator().manual_seed(params.seed)
+        return gen
+
+    def __call__(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> list[tuple[int, dict[int, float] | None]]:
+        """logits: [num_seqs, vocab_size] float32, one row per request.
+        Returns, per row, the token id and (when `params.logprobs` is set) a dict of
+        logprobs: the chosen token's and the top-N tokens'."""
+        logits = logits.float()
+        n = logits.shape[0]
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            idx = torch.tensor(random_rows)
+            sub = logits[idx] / torch.tensor([params[i].temperature for i in random_rows]).unsqueeze(1)
+            sub = _apply_top_k_top_p(
+                sub,
+                [params[i].top_k for i in random_rows],
+                [params[i].top_p for i in random_rows],
+            )
+            probs = sub.softmax(dim=-1)
+            noise = torch.empty_like(probs)
+            for row, i in enumerate(random_rows):
+                noise[row].exponential_(generator=self._generator(request_ids[i], params[i]))
+            tokens[idx] = (probs / noise).argmax(dim=-1)
+        token_list = tokens.tolist()
+        want = [p.logprobs for p in params]
+        if all(w is None for w in want):
+            return [(t, None) for t in token_list]
+        logprobs = logits.log_softmax(dim=-1)
+        top_n = max(w or 0 for w in want)
+        top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
+        results = []
+        for i in range(n):
+            if want[i] is None:
+                results.append((token_list[i], None))
+                continue
+            entry = {token_list[i]: logprobs[i, token_list[i]].item()}
+            if want[i]:
+                for tid, val in zip(top_ids[i, : want[i]].tolist(), top_vals[i, : want[i]].tolist()):
+                    entry.setdefault(tid, val)
+            results.append((token_list[i], entry))
+        return results
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Masks (to -inf) tokens outside each row's top-k and nucleus top-p; always keeps the
+    most likely token. logits: [rows, vocab] float32."""
+    if all(k == -1 for k in top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k]).clamp(max=vocab)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    drop = ranks >= k.unsqueeze(1)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+    drop |= before >= torch.tensor(top_p).unsqueeze(1)
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
