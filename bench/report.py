@@ -1,0 +1,137 @@
+"""Presentation of a serving-benchmark run: the rich results table and the vLLM-format
+result JSON (`vllm bench serve --save-result`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvpilot.bench.metrics import METRIC_TITLES, BenchmarkMetrics, RequestResult, percentile_key
+
+# Per-request lists that vLLM drops from the saved file unless --save-detailed.
+DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors")
+
+
+def error_counts(results: Sequence[RequestResult]) -> dict[str, int]:
+    """Failed requests counted by error kind, most frequent first."""
+    return dict(Counter(r.error_kind for r in results if not r.success).most_common())
+
+
+def render_table(
+    metrics: BenchmarkMetrics,
+    duration_s: float,
+    *,
+    selected_metrics: Sequence[str],
+    request_rate: float,
+    max_concurrency: int | None,
+    goodput: bool,
+    errors: dict[str, int],
+) -> Table:
+    """The end-of-run table: the rows and units of vLLM's "Serving Benchmark Result"."""
+    table = Table(title="Serving Benchmark Result", show_header=False, title_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("Successful requests", f"{metrics.completed}"),
+        ("Failed requests", f"{metrics.failed}"),
+    ]
+    rows += [(f"  failed: {kind}", f"{n}") for kind, n in errors.items()]
+    if max_concurrency is not None:
+        rows.append(("Maximum request concurrency", f"{max_concurrency}"))
+    if not math.isinf(request_rate):
+        rows.append(("Request rate configured (RPS)", f"{request_rate:.2f}"))
+    rows += [
+        ("Benchmark duration (s)", f"{duration_s:.2f}"),
+        ("Total input tokens", f"{metrics.total_input}"),
+        ("Total generated tokens", f"{metrics.total_output}"),
+        ("Request throughput (req/s)", f"{metrics.request_throughput:.2f}"),
+    ]
+    if goodput:
+        rows.append(("Request goodput (req/s)", f"{metrics.request_goodput:.2f}"))
+    rows += [
+        ("Output token throughput (tok/s)", f"{metrics.output_throughput:.2f}"),
+        ("Peak output token throughput (tok/s)", f"{metrics.max_output_tokens_per_s:.2f}"),
+        ("Peak concurrent requests", f"{metrics.max_concurrent_requests}"),
+        ("Total token throughput (tok/s)", f"{metrics.total_token_throughput:.2f}"),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    for name in selected_metrics:
+        short, title = METRIC_TITLES[name]
+        s = metrics.stats[name]
+        table.add_section()
+        table.add_row(f"[bold]{title}[/bold]", "")
+        table.add_row(f"Mean {short} (ms)", f"{s.mean:.2f}")
+        table.add_row(f"Median {short} (ms)", f"{s.median:.2f}")
+        for p, value in s.percentiles.items():
+            table.add_row(f"{percentile_key(p).upper()} {short} (ms)", f"{value:.2f}")
+    return table
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    (console or Console()).print(table)
+
+
+def result_file_json(
+    run: dict[str, Any],
+    *,
+    backend: str,
+    label: str | None,
+    model_id: str,
+    tokenizer_id: str | None,
+    num_prompts: int,
+    request_rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    metadata: dict[str, str] | None = None,
+    detailed: bool = False,
+    date: str | None = None,
+) -> dict[str, Any]:
+    """The whole result file: vLLM's setup keys (date, endpoint_type, backend, label,
+    model_id, tokenizer_id, num_prompts, metadata, request_rate, burstiness,
+    max_concurrency) followed by the run's keys; per-request lists only if `detailed`."""
+    out: dict[str, Any] = {
+        "date": date or datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": label,
+        "model_id": model_id,
+        "tokenizer_id": tokenizer_id,
+        "num_prompts": num_prompts,
+        **(metadata or {}),
+        "request_rate": request_rate if not math.isinf(request_rate) else "inf",
+        "burstiness": burstiness if not math.isinf(burstiness) else "inf",
+        "max_concurrency": max_concurrency,
+        **run,
+    }
+    if not detailed:
+        for key in DETAILED_KEYS:
+            out.pop(key, None)
+    return out
+
+
+def result_path(
+    *, label: str, request_rate: float, max_concurrency: int | None, model_id: str, date: str,
+    result_dir: str | None = None, result_filename: str | None = None,
+) -> Path:
+    """vLLM's default name `{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json`."""
+    concurrency = f"-concurrency{max_concurrency}" if max_concurrency is not None else ""
+    name = result_filename or f"{label}-{request_rate}qps{concurrency}-{model_id.split('/')[-1]}-{date}.json"
+    if result_dir:
+        os.makedirs(result_dir, exist_ok=True)
+        return Path(result_dir) / name
+    return Path(name)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
