@@ -1,0 +1,195 @@
+"""Pure builders of an InferenceService's children: ConfigMap, Deployment, Service, PodMonitor.
+
+Each takes the resource's name and namespace and its parsed spec and returns a plain dict
+manifest; no cluster access. The handlers add ownerReferences (kopf.adopt) and apply them.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from .engine_args import API_KEY_ENV, config_hash, engine_command, render_engine_args
+from .spec import InferenceServiceSpec
+
+HASH_ANNOTATION = "kvpilot.dev/config-hash"
+ISVC_LABEL = "kvpilot.dev/inferenceservice"
+HOME = "/home/kvpilot"
+
+
+@dataclass(frozen=True)
+class Images:
+    """Default engine images per runtime; spec.engine.image overrides them."""
+
+    kvpilot: str = "kvpilot/kvpilot:0.1.0"
+    vllm: str = "vllm/vllm-openai:v0.11.0"
+
+    def for_runtime(self, runtime: str) -> str:
+        return getattr(self, runtime)
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "kvpilot-engine", "app.kubernetes.io/instance": name}
+
+
+def child_labels(name: str, spec: InferenceServiceSpec) -> dict[str, str]:
+    return {**selector_labels(name), "app.kubernetes.io/managed-by": "kvpilot-operator",
+            "app.kubernetes.io/component": "engine", ISVC_LABEL: name,
+            "kvpilot.dev/model": _label_value(spec.model.display_name)}
+
+
+def selector_string(name: str) -> str:
+    """The pods' label selector as the scale subresource wants it (k=v,k=v)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-engine"
+
+
+def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
+    return f"http://{name}.{namespace}.svc:{spec.engine.port}/v1"
+
+
+def build_configmap(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The rendered engine configuration, for people and the tuner to read."""
+    command = engine_command(spec)
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": configmap_name(name), "namespace": namespace,
+                     "labels": child_labels(name, spec)},
+        "data": {
+            "model": spec.model.source,
+            "runtime": spec.engine.runtime,
+            "engine-args.json": json.dumps(render_engine_args(spec.engine)),
+            "command": shlex.join(command),
+        },
+    }
+
+
+def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) -> dict[str, Any]:
+    """The engine pod template, without the config-hash annotation."""
+    engine, res = spec.engine, spec.resources
+    command = engine_command(spec)
+    limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
+    if res.gpu:
+        limits[res.gpuResourceName] = engine.world_size
+    env = [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": f"{HOME}/.cache/huggingface"},
+           {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"}, {"name": "TMPDIR", "value": "/tmp"}]
+    if engine.apiKeySecret is not None:
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": engine.apiKeySecret.name, "key": engine.apiKeySecret.key}}})
+    env += [{"name": k, "value": v} for k, v in engine.env]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": f"{HOME}/.cache"},
+              {"name": "shm", "mountPath": "/dev/shm"},
+              {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        # NCCL and torch's shared-memory tensors need /dev/shm; it grows with the ranks.
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(engine.world_size)}Gi"}},
+        {"name": "config", "configMap": {"name": configmap_name(name)}},
+    ]
+    if spec.model.volumeClaim:
+        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+        volumes.append({"name": "models", "persistentVolumeClaim": {
+            "claimName": spec.model.volumeClaim, "readOnly": True}})
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
+    container = {
+        "name": "engine",
+        "image": engine.image or images.for_runtime(engine.runtime),
+        "imagePullPolicy": engine.imagePullPolicy,
+        "command": command[:2],
+        "args": command[2:],
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": dict(limits), "limits": limits},
+        # Loading weights can take minutes: the startup probe holds the others off until then.
+        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                            "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if res.nodeSelector:
+        pod_spec["nodeSelector"] = dict(res.nodeSelector)
+    return {
+        "metadata": {
+            "labels": child_labels(name, spec),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(engine.port),
+                            "prometheus.io/path": "/metrics"},
+        },
+        "spec": pod_spec,
+    }
+
+
+def shm_gib(world_size: int) -> int:
+    """/dev/shm size: 1 GiB for one rank, 2 GiB more per extra rank."""
+    return 1 + 2 * (world_size - 1)
+
+
+def build_deployment(name: str, namespace: str, spec: InferenceServiceSpec,
+                     images: Images = Images()) -> dict[str, Any]:
+    """The engine Deployment. Its pod template carries a hash of the whole engine configuration
+    (template and ConfigMap), so every engine change rolls out new pods."""
+    template = build_pod_template(name, spec, images)
+    digest = config_hash({"template": template,
+                          "config": build_configmap(name, namespace, spec)["data"]})
+    template["metadata"]["annotations"][HASH_ANNOTATION] = digest
+    # Accelerators are scarce: replace pods in place rather than surge past the quota.
+    strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+                if spec.resources.gpu else
+                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec),
+                     "annotations": {HASH_ANNOTATION: digest}},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "strategy": strategy,
+            "progressDeadlineSeconds": 900,
+            "template": template,
+        },
+    }
+
+
+def build_service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def build_podmonitor(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor; only created when its CRD exists in the cluster."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
+        "spec": {
+            "selector": {"matchLabels": selector_labels(name)},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def _label_value(text: str) -> str:
+    """A valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
+    return cleaned.strip("._-") or "model"

@@ -1,0 +1,58 @@
+"""`kvpilot operator`: runs the Kopf operator with kvpilot's settings.
+
+    kvpilot operator --namespace default          # watch one namespace (repeatable)
+    kvpilot operator --all-namespaces             # cluster-wide
+    kvpilot operator --liveness http://0.0.0.0:8080/healthz --peering kvpilot
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpilot operator",
+                                     description="Run the InferenceService operator (Kopf).")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="namespace to watch; repeat for more (default: KVPILOT_NAMESPACES or all)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--liveness", default=os.environ.get("KVPILOT_LIVENESS", ""),
+                        help="serve Kopf's liveness probe at this URL, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--peering", default="",
+                        help="take part in Kopf peering under this name (default: standalone)")
+    parser.add_argument("--resync-seconds", type=float, default=None,
+                        help="interval of the drift-repair timer (default 30, or KVPILOT_RESYNC_SECONDS)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.resync_seconds is not None:
+        if args.resync_seconds <= 0:
+            build_parser().error("--resync-seconds must be > 0")
+        os.environ["KVPILOT_RESYNC_SECONDS"] = str(args.resync_seconds)
+    namespaces = args.namespace or [n for n in os.environ.get("KVPILOT_NAMESPACES", "").split(",") if n]
+    clusterwide = args.all_namespaces or not namespaces
+
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers; reads the resync interval)
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    asyncio.run(kopf.operator(
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        standalone=not args.peering,
+        peering_name=args.peering or None,
+        liveness_endpoint=args.liveness or None,
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

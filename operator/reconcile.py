@@ -1,0 +1,207 @@
+"""Level-based reconciliation of one InferenceService: make the children match the spec and
+write what is observed into status. Every entry point (create, update, resume, the resync
+timer, a Deployment event) calls the same idempotent functions, so a retried or duplicated
+call, or a restarted operator, converges on the same state without duplicates.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from .builders import (HASH_ANNOTATION, Images, build_configmap, build_deployment, build_podmonitor,
+                       build_service, configmap_name, selector_string, service_url)
+from .engine_args import engine_command
+from .kube import ApiError, Kube, manifest_path, object_path
+from .spec import GROUP, PLURAL, VERSION, InferenceServiceSpec
+from .status import deployment_conditions, failed_conditions, merge_conditions
+from .validation import InvalidSpec, validate
+
+
+@dataclass
+class OperatorConfig:
+    """What the operator is told by its environment (the Helm chart sets these)."""
+
+    images: Images = field(default_factory=Images)
+    resync_seconds: float = 30.0
+    watch_timeout_seconds: float = 300.0
+    podmonitor_check_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorConfig":
+        images = Images(kvpilot=env.get("KVPILOT_ENGINE_IMAGE", Images.kvpilot),
+                        vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
+        return cls(images=images,
+                   resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 30)),
+                   watch_timeout_seconds=float(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)))
+
+
+@dataclass
+class Context:
+    """Per-process state shared by the handlers (kept in Kopf's memo)."""
+
+    kube: Kube
+    config: OperatorConfig
+    _podmonitors: bool | None = None
+    _podmonitors_at: float = 0.0
+
+    async def podmonitors_available(self) -> bool:
+        """Whether the monitoring.coreos.com PodMonitor CRD exists (re-checked now and then)."""
+        now = time.monotonic()
+        if self._podmonitors is None or now - self._podmonitors_at > self.config.podmonitor_check_seconds:
+            self._podmonitors = await self.kube.has_resource("monitoring.coreos.com", "v1", "podmonitors")
+            self._podmonitors_at = now
+        return self._podmonitors
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def covers(actual: Any, desired: Any) -> bool:
+    """Whether actual has every value of desired. Keys the API server added (defaults, status)
+    don't count as drift; a changed or missing value does. Lists must match item by item."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(k in actual and covers(actual[k], v)
+                                                   for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(actual, list) and len(actual) == len(desired)
+                and all(covers(a, d) for a, d in zip(actual, desired)))
+    return actual == desired
+
+
+def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    return object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name, subresource)
+
+
+def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,
+                     podmonitor: bool) -> list[dict[str, Any]]:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    children = [build_configmap(name, namespace, spec),
+                build_deployment(name, namespace, spec, config.images),
+                build_service(name, namespace, spec)]
+    if podmonitor:
+        children.append(build_podmonitor(name, namespace, spec))
+    kopf.append_owner_reference(children, owner=body)
+    return children
+
+
+async def ensure_child(kube: Kube, desired: dict[str, Any]) -> str:
+    """Create the child, or restore the values it should have. Returns created / updated / unchanged."""
+    path = manifest_path(desired)
+    actual = await kube.get(path)
+    if actual is None:
+        try:
+            await kube.create(desired)
+            return "created"
+        except ApiError as e:
+            if e.status != 409:  # 409: a concurrent call created it; compare with that one
+                raise
+            actual = await kube.get(path)
+    if actual is None or actual["metadata"].get("deletionTimestamp"):
+        raise kopf.TemporaryError(f"{desired['kind']} {desired['metadata']['name']} is being deleted", delay=2)
+    if covers(actual, desired):
+        return "unchanged"
+    patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
+    await kube.patch(path, patch)
+    return "updated"
+
+
+async def delete_children(kube: Kube, namespace: str, name: str) -> list[str]:
+    """Delete whatever children exist (for a spec that cannot run). Returns what was deleted."""
+    deleted = []
+    for api_version, plural, child in (("v1", "configmaps", configmap_name(name)),
+                                       ("apps/v1", "deployments", name), ("v1", "services", name),
+                                       ("monitoring.coreos.com/v1", "podmonitors", name)):
+        try:
+            if await kube.delete(object_path(api_version, plural, namespace, child)):
+                deleted.append(f"{plural}/{child}")
+        except ApiError as e:
+            if e.status != 404 and plural != "podmonitors":
+                raise
+    return deleted
+
+
+async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: Any) -> None:
+    """Bring one InferenceService's children and status in line with its spec.
+
+    Raises kopf.PermanentError for a spec that cannot run (after recording it in status
+    and removing any children), kopf.TemporaryError when it should be retried soon."""
+    meta = body["metadata"]
+    name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
+    old_status = body.get("status") or {}
+    try:
+        spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
+        validate(spec)
+    except (InvalidSpec, ValueError, TypeError) as e:
+        reason = e.reason if isinstance(e, InvalidSpec) else "InvalidSpec"
+        deleted = await delete_children(ctx.kube, namespace, name)
+        was_failed = any(c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == reason
+                         and c.get("message") == str(e) for c in old_status.get("conditions") or ())
+        status = {"observedGeneration": generation, "replicas": 0, "readyReplicas": 0,
+                  "replicaSummary": f"0/{(body.get('spec') or {}).get('replicas', 0)}",
+                  "conditions": merge_conditions(old_status.get("conditions"),
+                                                 failed_conditions(reason, str(e), generation), now_iso())}
+        await write_status(ctx.kube, body, status)
+        if not was_failed or deleted:
+            kopf.warn(body, reason=reason, message=str(e))
+        raise kopf.PermanentError(f"{reason}: {e}")
+
+    podmonitor = await ctx.podmonitors_available()
+    for child in desired_children(body, spec, ctx.config, podmonitor):
+        action = await ensure_child(ctx.kube, child)
+        if action != "unchanged":
+            kind, child_name = child["kind"], child["metadata"]["name"]
+            reason = "Created" if action == "created" else ("DriftRepaired" if cause == "resync" else "Updated")
+            message = f"{action} {kind} {child_name}"
+            if kind == "Deployment":
+                message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
+            kopf.info(body, reason=reason, message=message)
+            logger.info(message)
+    await refresh_status(ctx, body, spec)
+
+
+async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec | None = None,
+                         deployment: Mapping[str, Any] | None = None) -> None:
+    """Write observedGeneration, replicas, url, applied args and conditions from the Deployment."""
+    meta = body["metadata"]
+    name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
+    if spec is None:
+        try:
+            spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
+            validate(spec)
+        except (InvalidSpec, ValueError, TypeError):
+            return  # the Failed status is the reconciler's to write
+    desired = build_deployment(name, namespace, spec, ctx.config.images)
+    desired_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
+    if deployment is None:
+        deployment = await ctx.kube.get(object_path("apps/v1", "deployments", namespace, name))
+    conditions, replicas, ready = deployment_conditions(deployment, spec.replicas, desired_hash, generation)
+    old = body.get("status") or {}
+    status = {
+        "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready,
+        "replicaSummary": f"{ready}/{spec.replicas}", "selector": selector_string(name),
+        "url": service_url(name, namespace, spec), "configHash": desired_hash,
+        "appliedEngineArgs": engine_command(spec),
+        "conditions": merge_conditions(old.get("conditions"), conditions, now_iso()),
+    }
+    await write_status(ctx.kube, body, status)
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+    """Patch status through the status subresource, only when something changed."""
+    old = body.get("status") or {}
+    if all(old.get(k) == v for k, v in status.items()):
+        return
+    meta = body["metadata"]
+    try:
+        await kube.patch(isvc_path(meta["namespace"], meta["name"], "status"), {"status": status})
+    except ApiError as e:
+        if e.status == 404:
+            return  # deleted meanwhile
+        raise kopf.TemporaryError(f"status update failed: {e}", delay=2)

@@ -1,0 +1,126 @@
+"""The InferenceService spec as frozen dataclasses, with the CRD's defaults.
+
+The API server applies the CRD defaults before the operator sees a resource; the operator
+applies the same ones again so it behaves the same on a cluster that skipped them (and in
+unit tests that build specs by hand). tests/operator checks both sets of defaults agree.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+GROUP = "kvpilot.dev"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+KIND = "InferenceService"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str
+    name: str = ""
+    volumeClaim: str = ""
+
+    @property
+    def display_name(self) -> str:
+        """model.name, or the last part of the source (builtin://smollm2 -> smollm2)."""
+        return self.name or self.source.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str = "api-key"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    runtime: str = "kvpilot"
+    image: str = ""
+    imagePullPolicy: str = "IfNotPresent"
+    maxModelLen: int = 2048
+    maxNumSeqs: int = 64
+    maxNumBatchedTokens: int = 2048
+    gpuMemoryUtilization: float = 0.9
+    enableChunkedPrefill: bool = True
+    enablePrefixCaching: bool = False
+    tensorParallelSize: int = 1
+    pipelineParallelSize: int = 1
+    blockSize: int = 16
+    swapSpace: float = 4
+    preemptionMode: str = "recompute"
+    dtype: str = "auto"
+    seed: int = 0
+    port: int = 8000
+    apiKeySecret: SecretRef | None = None
+    extraArgs: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.tensorParallelSize * self.pipelineParallelSize
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    cpu: str = "2"
+    memory: str = "8Gi"
+    gpu: bool = False
+    gpuResourceName: str = "nvidia.com/gpu"
+    nodeSelector: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    ttftP95Ms: float = 2000
+    itlP95Ms: float = 200
+    e2eP95Ms: float = 0
+    maxPreemptionsPerMin: float = 0
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    enabled: bool = False
+    maxTrials: int = 20
+    trialSeconds: int = 120
+    workload: str = "synthetic"
+    objective: str = "throughput"
+
+
+@dataclass(frozen=True)
+class InferenceServiceSpec:
+    model: ModelSpec
+    replicas: int = 1
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    slo: SLOSpec = field(default_factory=SLOSpec)
+    tuning: TuningSpec = field(default_factory=TuningSpec)
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> "InferenceServiceSpec":
+        """Parse spec (a dict from the API) with defaults; raises ValueError on a wrong shape."""
+        model = spec.get("model")
+        if not isinstance(model, Mapping) or not model.get("source"):
+            raise ValueError("spec.model.source is required")
+        engine = dict(spec.get("engine") or {})
+        if engine.get("apiKeySecret"):
+            engine["apiKeySecret"] = SecretRef(**_known(SecretRef, engine["apiKeySecret"]))
+        engine["extraArgs"] = tuple(str(a) for a in engine.get("extraArgs") or ())
+        engine["env"] = tuple((e["name"], str(e.get("value", ""))) for e in engine.get("env") or ())
+        resources = dict(spec.get("resources") or {})
+        resources["nodeSelector"] = tuple(sorted((resources.get("nodeSelector") or {}).items()))
+        return cls(
+            model=ModelSpec(**_known(ModelSpec, model)),
+            replicas=int(spec.get("replicas", 1)),
+            engine=EngineSpec(**_known(EngineSpec, engine)),
+            resources=ResourcesSpec(**_known(ResourcesSpec, resources)),
+            slo=SLOSpec(**_known(SLOSpec, spec.get("slo") or {})),
+            tuning=TuningSpec(**_known(TuningSpec, spec.get("tuning") or {})),
+        )
+
+
+def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of values that cls has as fields (the API server prunes the rest anyway)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}

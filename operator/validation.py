@@ -1,0 +1,67 @@
+"""Checks a spec needs beyond the CRD schema: ones that need the model's shape, and the
+engine invariants again for clusters that do not run the CRD's CEL rules.
+
+A failed check is an InvalidSpec with a CamelCase reason; the operator shows it as the
+Failed condition and creates no children.
+"""
+from __future__ import annotations
+
+from .engine_args import RENDERED_FLAGS
+from .models import BUILTIN_MODELS, builtin_model, is_builtin
+from .spec import InferenceServiceSpec
+
+
+class InvalidSpec(ValueError):
+    """A spec the schema admits but that cannot run. reason is a CamelCase word."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def validate(spec: InferenceServiceSpec) -> None:
+    """Raise InvalidSpec for the first problem found; return None when the spec can run."""
+    engine = spec.engine
+    if engine.maxNumBatchedTokens < engine.maxNumSeqs:
+        raise InvalidSpec("InvalidEngineArgs", (
+            f"maxNumBatchedTokens ({engine.maxNumBatchedTokens}) must be >= maxNumSeqs "
+            f"({engine.maxNumSeqs}): each running sequence needs one token per step"))
+    if not engine.enableChunkedPrefill and engine.maxNumBatchedTokens < engine.maxModelLen:
+        raise InvalidSpec("InvalidEngineArgs", (
+            f"with enableChunkedPrefill false, maxNumBatchedTokens ({engine.maxNumBatchedTokens}) "
+            f"must be >= maxModelLen ({engine.maxModelLen}); raise it or enable chunked prefill"))
+    if engine.preemptionMode == "swap" and engine.swapSpace <= 0:
+        raise InvalidSpec("InvalidEngineArgs", "preemptionMode swap needs swapSpace > 0")
+    if is_builtin(spec.model.source):
+        _validate_builtin(spec)
+    clashes = sorted({a.split("=", 1)[0] for a in engine.extraArgs} & set(RENDERED_FLAGS))
+    if clashes:
+        raise InvalidSpec("ConflictingArgs", (
+            f"extraArgs repeat flags the operator renders from spec.engine: {', '.join(clashes)}; "
+            "set the matching spec.engine field instead"))
+
+
+def _validate_builtin(spec: InferenceServiceSpec) -> None:
+    engine = spec.engine
+    if engine.runtime == "vllm":
+        raise InvalidSpec("UnsupportedModel", "runtime vllm cannot load builtin:// models")
+    shape = builtin_model(spec.model.source)
+    if shape is None:
+        known = ", ".join(f"builtin://{name}" for name in sorted(BUILTIN_MODELS))
+        raise InvalidSpec("UnknownModel", f"unknown builtin model {spec.model.source!r}; known: {known}")
+    tp = engine.tensorParallelSize
+    if shape.num_heads % tp or shape.num_kv_heads % tp:
+        divisors = [d for d in range(1, shape.num_kv_heads + 1)
+                    if shape.num_heads % d == 0 and shape.num_kv_heads % d == 0]
+        raise InvalidSpec("InvalidParallelism", (
+            f"tensorParallelSize {tp} does not divide {shape.name}'s {shape.num_heads} attention "
+            f"heads and {shape.num_kv_heads} KV heads; use one of {divisors}"))
+    if engine.pipelineParallelSize > shape.num_layers:
+        raise InvalidSpec("InvalidParallelism", (
+            f"pipelineParallelSize {engine.pipelineParallelSize} exceeds {shape.name}'s "
+            f"{shape.num_layers} layers"))
+    if engine.maxModelLen > shape.max_position_embeddings:
+        raise InvalidSpec("ModelLenTooLong", (
+            f"maxModelLen {engine.maxModelLen} exceeds {shape.name}'s context of "
+            f"{shape.max_position_embeddings} tokens"))
