@@ -28,7 +28,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    # Events come from explicit kopf.info/warn calls; only warnings from logs.
+    # Events come from explicit kopf.event/warn calls; logs post only warnings.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.client_timeout = CONFIG.watch_timeout_seconds + 30

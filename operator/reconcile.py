@@ -161,7 +161,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             message = f"{action} {kind} {child_name}"
             if kind == "Deployment":
                 message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
-            kopf.info(body, reason=reason, message=message)
+            kopf.event(body, type="Normal", reason=reason, message=message)
             logger.info(message)
     await refresh_status(ctx, body, spec)
 

@@ -174,7 +174,8 @@ class ApiServer(kmock.KubernetesScaffold):
         timeout = float(query.get("timeoutSeconds") or 1800)
         watcher = Watcher(rtype, namespace)
         since = query.get("resourceVersion") or ""
-        if since not in ("", "0"):
+        initial_end = query.get("sendInitialEvents") == "true"  # the WatchList protocol (kubectl wait)
+        if since not in ("", "0") and not initial_end:
             backlog = self.store.events_since(rtype, int(since))
             if backlog is None:
                 raise ApiError(410, "Expired", f"too old resource version: {since} ({self.store.log[0].rv})")
@@ -189,6 +190,10 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             for event in initial:
                 await self._send(response, rtype, event, matches)
+            if initial_end:
+                bookmark = {"apiVersion": rtype.api_version, "kind": rtype.kind, "metadata": {
+                    "resourceVersion": str(self.store.rv), "annotations": {"k8s.io/initial-events-end": "true"}}}
+                await response.write(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
             while (left := deadline - time.monotonic()) > 0:
                 try:
                     event = await asyncio.wait_for(watcher.queue.get(), timeout=left)

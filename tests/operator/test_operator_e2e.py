@@ -1,0 +1,169 @@
+"""The real operator process against the emulated cluster, driven with the real kubectl."""
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import ROOT, wait_for
+
+EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
+ISVC = ("kvpilot.dev", "v1alpha1", "inferenceservices")
+DEPLOYMENTS = ("apps", "v1", "deployments")
+
+
+def manifest(name: str, **engine) -> str:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["engine"].update(engine)
+    return yaml.safe_dump(doc)
+
+
+def condition(obj: dict, type_: str) -> dict:
+    return next(c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_)
+
+
+def ready(kubectl, name: str) -> dict | None:
+    obj = kubectl.json("get", "isvc", name)
+    meta, status = obj["metadata"], obj.get("status", {})
+    fresh = status.get("observedGeneration") == meta["generation"]
+    return obj if fresh and condition(obj, "Ready")["status"] == "True" else None
+
+
+def children(cluster, name: str) -> dict[str, dict]:
+    found = {}
+    for key, (group, version, plural, child) in {
+        "deployment": ("apps", "v1", "deployments", name), "service": ("", "v1", "services", name),
+        "configmap": ("", "v1", "configmaps", f"{name}-engine")}.items():
+        found[key] = next((o for o in cluster.objects(group, version, plural) if o["metadata"]["name"] == child), None)
+    return found
+
+
+def test_apply_example_creates_owned_children_and_reaches_ready(cluster, kubectl, operator):
+    assert "created" in kubectl.apply(EXAMPLE).stdout
+    obj = wait_for(lambda: ready(kubectl, "smollm2"), what="smollm2 Ready")
+    uid = obj["metadata"]["uid"]
+    for kind, child in children(cluster, "smollm2").items():
+        assert child is not None, kind
+        refs = child["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"], r["uid"], r["controller"]) for r in refs] == \
+            [("InferenceService", "smollm2", uid, True)], kind
+    status = obj["status"]
+    assert status["readyReplicas"] == 1 and status["replicas"] == 1
+    assert status["url"] == "http://smollm2.default.svc:8000/v1"
+    assert status["appliedEngineArgs"][:3] == ["kvpilot", "serve", "builtin://smollm2-135m-instruct"]
+    assert status["selector"] == "app.kubernetes.io/instance=smollm2,app.kubernetes.io/name=kvpilot-engine"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == \
+        {"Ready": "True", "Progressing": "False", "Degraded": "False", "Failed": "False"}
+    # printer columns through server-side printing
+    row = kubectl("get", "isvc", "smollm2").stdout.splitlines()
+    assert row[0].split() == ["NAME", "READY", "REPLICAS", "URL", "TUNING", "AGE"]
+    assert row[1].split()[:4] == ["smollm2", "True", "1/1", "http://smollm2.default.svc:8000/v1"]
+    # what the operator did is in the events
+    events = wait_for(lambda: kubectl.json("get", "events", "--field-selector", "involvedObject.name=smollm2")["items"],
+                      what="events")
+    assert {"Created"} <= {e["reason"] for e in events}
+    assert any("Deployment smollm2" in e["message"] for e in events)
+
+
+def test_engine_change_rolls_out_a_new_configuration(cluster, kubectl, operator):
+    before = wait_for(lambda: ready(kubectl, "smollm2"))
+    old_hash = before["status"]["configHash"]
+    kubectl("patch", "isvc", "smollm2", "--type", "merge", "-p",
+            json.dumps({"spec": {"engine": {"maxNumBatchedTokens": 4096}}}))
+
+    def rolled() -> dict | None:
+        obj = ready(kubectl, "smollm2")
+        return obj if obj and obj["metadata"]["generation"] == 2 and obj["status"]["configHash"] != old_hash else None
+    after = wait_for(rolled, what="the new configuration Ready")
+    args = after["status"]["appliedEngineArgs"]
+    assert args[args.index("--max-num-batched-tokens") + 1] == "4096"
+    deployment = children(cluster, "smollm2")["deployment"]
+    template = deployment["spec"]["template"]
+    assert template["metadata"]["annotations"]["kvpilot.dev/config-hash"] == after["status"]["configHash"]
+    container_args = template["spec"]["containers"][0]["args"]
+    assert container_args[container_args.index("--max-num-batched-tokens") + 1] == "4096"
+    configmap = children(cluster, "smollm2")["configmap"]
+    assert "4096" in json.loads(configmap["data"]["engine-args.json"])
+    # the pods were replaced: every running pod carries the new hash
+    pods = cluster.objects("", "v1", "pods", labels={"app.kubernetes.io/instance": "smollm2"})
+    assert pods and {p["metadata"]["annotations"]["kvpilot.dev/config-hash"] for p in pods} == \
+        {after["status"]["configHash"]}
+
+
+def test_schema_and_cel_refuse_invalid_resources_with_their_message(kubectl, operator):
+    result = kubectl.apply(manifest("bad-budget", maxNumSeqs=128, maxNumBatchedTokens=64), check=False)
+    assert result.returncode != 0
+    assert "maxNumBatchedTokens must be >= maxNumSeqs" in result.stderr
+    result = kubectl.apply(manifest("bad-chunking", enableChunkedPrefill=False, maxNumBatchedTokens=512), check=False)
+    assert result.returncode != 0 and "enableChunkedPrefill false" in result.stderr
+    result = kubectl.apply(manifest("bad-runtime", runtime="tgi"), check=False)
+    assert result.returncode != 0 and 'supported values: "kvpilot", "vllm"' in result.stderr
+    assert kubectl("get", "isvc", "bad-budget", check=False).returncode != 0
+
+
+def test_a_spec_that_cannot_run_gets_failed_and_no_children(cluster, kubectl, operator):
+    kubectl.apply(manifest("bad-tp", tensorParallelSize=2))
+
+    def failed() -> dict | None:
+        obj = kubectl.json("get", "isvc", "bad-tp")
+        return obj if obj.get("status") and condition(obj, "Failed")["status"] == "True" else None
+    obj = wait_for(failed, what="Failed condition")
+    cond = condition(obj, "Failed")
+    assert cond["reason"] == "InvalidParallelism" and "does not divide" in cond["message"]
+    assert condition(obj, "Ready")["status"] == "False"
+    assert all(child is None for child in children(cluster, "bad-tp").values())
+    # fixing the spec brings the children up
+    kubectl("patch", "isvc", "bad-tp", "--type", "merge", "-p", '{"spec": {"engine": {"tensorParallelSize": 3}}}')
+    fixed = wait_for(lambda: ready(kubectl, "bad-tp"), what="fixed resource Ready")
+    assert condition(fixed, "Failed")["status"] == "False"
+    kubectl("delete", "isvc", "bad-tp")
+
+
+def test_kubectl_scale_goes_through_the_scale_subresource(cluster, kubectl, operator):
+    wait_for(lambda: ready(kubectl, "smollm2"))
+    assert "scaled" in kubectl("scale", "isvc/smollm2", "--replicas=2").stdout
+    obj = wait_for(lambda: (o := ready(kubectl, "smollm2")) and o["status"]["readyReplicas"] == 2 and o,
+                   what="two ready replicas")
+    assert obj["spec"]["replicas"] == 2 and obj["status"]["replicaSummary"] == "2/2"
+    assert children(cluster, "smollm2")["deployment"]["spec"]["replicas"] == 2
+    scale = json.loads(kubectl("get", "--raw", "/apis/kvpilot.dev/v1alpha1/namespaces/default/inferenceservices/smollm2/scale").stdout)
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+
+
+def test_a_deleted_child_comes_back_and_a_hand_edit_is_undone(cluster, kubectl, operator):
+    wait_for(lambda: ready(kubectl, "smollm2"))
+    old_uid = children(cluster, "smollm2")["service"]["metadata"]["uid"]
+    kubectl("delete", "service", "smollm2")
+    wait_for(lambda: (s := children(cluster, "smollm2")["service"]) and s["metadata"]["uid"] != old_uid,
+             what="the Service recreated")
+    kubectl("patch", "deployment", "smollm2", "--type", "merge", "-p",
+            json.dumps({"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil:latest"}]}}}}))
+    wait_for(lambda: children(cluster, "smollm2")["deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
+             == "kvpilot/kvpilot:0.1.0", what="the Deployment restored")
+    kubectl("delete", "configmap", "smollm2-engine")
+    wait_for(lambda: children(cluster, "smollm2")["configmap"], what="the ConfigMap recreated")
+
+
+def test_an_operator_restart_creates_no_duplicates(cluster, kubectl, operator):
+    wait_for(lambda: ready(kubectl, "smollm2"))
+    uids = {k: v["metadata"]["uid"] for k, v in children(cluster, "smollm2").items()}
+    operator.stop()
+    kubectl.apply(manifest("while-down"))
+    operator.start()
+    wait_for(lambda: ready(kubectl, "while-down"), what="resource created while the operator was down")
+    wait_for(lambda: ready(kubectl, "smollm2"))
+    assert {k: v["metadata"]["uid"] for k, v in children(cluster, "smollm2").items()} == uids
+    for name in ("smollm2", "while-down"):
+        deployments = cluster.objects(*DEPLOYMENTS, labels={"kvpilot.dev/inferenceservice": name})
+        assert len(deployments) == 1
+    assert len(cluster.objects(*DEPLOYMENTS)) == 2
+    assert len(cluster.objects("", "v1", "services")) == 2
+
+
+def test_deleting_the_resource_removes_its_children(cluster, kubectl, operator):
+    wait_for(lambda: ready(kubectl, "while-down"))
+    kubectl("delete", "isvc", "while-down")
+    wait_for(lambda: all(c is None for c in children(cluster, "while-down").values()), what="children gone")
+    wait_for(lambda: not cluster.objects("", "v1", "pods", labels={"app.kubernetes.io/instance": "while-down"}),
+             what="pods gone")
+    assert children(cluster, "smollm2")["deployment"] is not None
