@@ -1,0 +1,168 @@
+"""The pure builders, spec parsing, validation and status: no cluster."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from kvpilot.operator.builders import (HASH_ANNOTATION, build_configmap, build_deployment, build_podmonitor,
+                                       build_service, shm_gib)
+from kvpilot.operator.engine_args import engine_command, render_engine_args
+from kvpilot.operator.models import BUILTIN_MODELS
+from kvpilot.operator.spec import EngineSpec, InferenceServiceSpec
+from kvpilot.operator.status import deployment_conditions, merge_conditions
+from kvpilot.operator.validation import InvalidSpec, validate
+
+SMOLLM = {"source": "builtin://smollm2-135m-instruct"}
+
+
+def spec(**engine) -> InferenceServiceSpec:
+    return InferenceServiceSpec.from_dict({"model": SMOLLM, "engine": engine})
+
+
+def test_engine_args_render_in_vllm_serve_flag_form():
+    args = render_engine_args(EngineSpec(maxNumBatchedTokens=512, enableChunkedPrefill=False,
+                                         enablePrefixCaching=True, gpuMemoryUtilization=0.85, swapSpace=2.5))
+    pairs = dict(zip(args, args[1:]))
+    assert pairs["--max-num-batched-tokens"] == "512"
+    assert pairs["--gpu-memory-utilization"] == "0.85" and pairs["--swap-space"] == "2.5"
+    assert "--no-enable-chunked-prefill" in args and "--enable-chunked-prefill" not in args
+    assert "--enable-prefix-caching" in args and "--api-key" not in args
+
+
+def test_runtime_picks_the_program_and_keeps_the_flags():
+    ours = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}})
+    theirs = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "engine": {"runtime": "vllm"}})
+    assert engine_command(ours)[:3] == ["kvpilot", "serve", "/models/llama"]
+    assert engine_command(theirs)[:3] == ["vllm", "serve", "/models/llama"]
+    assert engine_command(ours)[3:] == engine_command(theirs)[3:]
+
+
+def test_api_key_comes_from_the_secret_and_never_appears_in_args():
+    s = InferenceServiceSpec.from_dict({"model": SMOLLM, "engine": {"apiKeySecret": {"name": "keys"}}})
+    container = build_deployment("a", "ns", s)["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == ["--api-key", "$(KVPILOT_API_KEY)"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KVPILOT_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "keys", "key": "api-key"}
+
+
+def test_every_engine_change_changes_the_configuration_hash():
+    base = build_deployment("a", "ns", spec())
+    digest = base["spec"]["template"]["metadata"]["annotations"][HASH_ANNOTATION]
+    assert base["metadata"]["annotations"][HASH_ANNOTATION] == digest
+    for change in ({"maxNumBatchedTokens": 4096}, {"maxNumSeqs": 32}, {"enableChunkedPrefill": False, "maxNumBatchedTokens": 4096},
+                   {"image": "other:1"}, {"extraArgs": ["--disable-log-stats"]}, {"blockSize": 32}):
+        other = build_deployment("a", "ns", spec(**change))
+        assert other["spec"]["template"]["metadata"]["annotations"][HASH_ANNOTATION] != digest, change
+    assert build_deployment("a", "ns", spec())["metadata"]["annotations"][HASH_ANNOTATION] == digest
+
+
+def test_deployment_is_probed_hardened_and_scrapable():
+    d = build_deployment("a", "ns", spec())
+    pod = d["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/tmp", "/home/kvpilot/.cache", "/dev/shm"} <= mounts
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    assert d["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_gpus_follow_the_parallel_sizes_and_shm_grows_with_them():
+    s = InferenceServiceSpec.from_dict({"model": SMOLLM, "engine": {"tensorParallelSize": 3, "pipelineParallelSize": 2},
+                                        "resources": {"gpu": True}})
+    pod = build_deployment("a", "ns", s)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 6
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{shm_gib(6)}Gi"} and shm_gib(6) > shm_gib(1)
+    cpu_only = build_deployment("a", "ns", spec())["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
+
+
+def test_service_configmap_and_podmonitor_select_the_engine_pods():
+    s = spec()
+    labels = build_deployment("a", "ns", s)["spec"]["template"]["metadata"]["labels"]
+    svc = build_service("a", "ns", s)
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert build_podmonitor("a", "ns", s)["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert build_configmap("a", "ns", s)["data"]["command"].startswith("kvpilot serve builtin://smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("engine, model, reason", [
+    ({"tensorParallelSize": 2}, SMOLLM, "InvalidParallelism"),
+    ({"pipelineParallelSize": 31}, SMOLLM, "InvalidParallelism"),
+    ({}, {"source": "builtin://gpt-17"}, "UnknownModel"),
+    ({"maxModelLen": 16384, "maxNumBatchedTokens": 16384}, SMOLLM, "ModelLenTooLong"),
+    ({"runtime": "vllm"}, SMOLLM, "UnsupportedModel"),
+    ({"maxNumSeqs": 256, "maxNumBatchedTokens": 128}, SMOLLM, "InvalidEngineArgs"),
+    ({"enableChunkedPrefill": False, "maxNumBatchedTokens": 1024}, SMOLLM, "InvalidEngineArgs"),
+    ({"extraArgs": ["--max-num-seqs=8"]}, SMOLLM, "ConflictingArgs"),
+])
+def test_specs_that_cannot_run_are_refused_with_a_reason(engine, model, reason):
+    with pytest.raises(InvalidSpec) as refused:
+        validate(InferenceServiceSpec.from_dict({"model": model, "engine": engine}))
+    assert refused.value.reason == reason
+
+
+def test_valid_parallel_sizes_pass():
+    validate(spec(tensorParallelSize=3, pipelineParallelSize=30))
+    shape = BUILTIN_MODELS["smollm2-135m-instruct"]
+    assert shape.kv_cache_bytes_per_token("bfloat16") == 2 * 30 * 3 * 64 * 2
+
+
+def _crd_schema() -> dict:
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_python_defaults_match_the_crd_defaults():
+    props = _crd_schema()["properties"]["spec"]["properties"]
+    defaults = InferenceServiceSpec.from_dict({"model": SMOLLM})
+    for section in ("engine", "resources", "slo", "tuning"):
+        ours = getattr(defaults, section)
+        for name, field_schema in props[section]["properties"].items():
+            if "default" in field_schema:
+                assert getattr(ours, name) == field_schema["default"], f"{section}.{name}"
+        assert {f.name for f in dataclasses.fields(ours)} >= {
+            n for n, f in props[section]["properties"].items() if f.get("type") != "object" or n == "apiKeySecret"}
+
+
+def test_every_crd_field_has_a_description():
+    def walk(schema: dict, path: str):
+        for name, sub in (schema.get("properties") or {}).items():
+            assert sub.get("description"), f"{path}.{name} has no description"
+            walk(sub, f"{path}.{name}")
+        if isinstance(schema.get("items"), dict):
+            walk(schema["items"], path + "[]")
+    walk(_crd_schema(), "")
+
+
+def test_conditions_keep_their_transition_time_until_status_changes():
+    dep = {"metadata": {"generation": 1}, "spec": {"template": {"metadata": {"annotations": {HASH_ANNOTATION: "h"}}}},
+           "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}}
+    ready, replicas, ready_count = deployment_conditions(dep, 1, "h", 3)
+    assert {c["type"]: c["status"] for c in ready}["Ready"] == "True" and (replicas, ready_count) == (1, 1)
+    first = merge_conditions(None, ready, "t1")
+    again = merge_conditions(first, ready, "t2")
+    assert all(c["lastTransitionTime"] == "t1" for c in again)
+    stale, _, _ = deployment_conditions(dep, 1, "new-hash", 4)
+    changed = {c["type"]: c for c in merge_conditions(again, stale, "t3")}
+    assert changed["Ready"]["status"] == "False" and changed["Ready"]["lastTransitionTime"] == "t3"
+    assert changed["Progressing"]["reason"] == "RollingOut"
+    assert changed["Failed"]["lastTransitionTime"] == "t1"
+
+
+def test_pods_that_never_become_ready_are_degraded():
+    dep = {"metadata": {"generation": 2}, "spec": {"template": {"metadata": {"annotations": {HASH_ANNOTATION: "h"}}}},
+           "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}}
+    conditions = {c["type"]: c for c in deployment_conditions(dep, 2, "h", 1)[0]}
+    assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "ReplicasUnavailable"
+    assert conditions["Ready"]["status"] == "False"
