@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -226,6 +227,8 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    # vLLM's benchmark sends OPENAI_API_KEY as a bearer token (servers started with --api-key)
+    headers = {"Authorization": f"Bearer {key}"} if (key := os.environ.get("OPENAI_API_KEY")) else {}
     extra = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p), ("top_k", a.top_k)) if v is not None}
     extra.update(a.extra_body or {})
 
@@ -235,7 +238,7 @@ def main(argv: list[str]) -> int:
     results, duration = asyncio.run(run_benchmark(
         requests, api_url=a.api_url, model=a.served_model_name or model, request_rate=a.request_rate,
         burstiness=a.burstiness, max_concurrency=a.max_concurrency, seed=a.seed, ignore_eos=a.ignore_eos,
-        extra_body=extra, timeout_s=a.request_timeout, progress=not a.disable_tqdm))
+        extra_body=extra, headers=headers, timeout_s=a.request_timeout, progress=not a.disable_tqdm))
 
     metrics, output_lens = calculate_metrics(
         results, duration, percentiles=a.percentiles, goodput_slos_ms=a.goodput_slos,

@@ -6,8 +6,6 @@ protocol handling (timing, SSE framing, error kinds) over real sockets. Its beha
 selected by the prompt text, e.g. "tokens=5 delay=0.02" or "mode=http503".
 """
 
-from __future__ import annotations
-
 import asyncio
 import importlib.util
 import socket
@@ -83,6 +81,7 @@ def _make_app(stats: dict):
     async def handle(request: Request, chat: bool):
         body = await request.json()
         stats["bodies"].append(body)
+        stats["auth"].append(request.headers.get("authorization"))
         prompt = body["messages"][0]["content"] if chat else body["prompt"]
         status = _params(prompt).get("mode", "ok")
         if status.startswith("http"):
@@ -113,10 +112,10 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def sse_peer():
     """Base URL of a real uvicorn server streaming scripted SSE, plus its counters
-    (`stats`: in_flight, max_in_flight, done, bodies). Lives for the session."""
+    (`stats`: in_flight, max_in_flight, done, bodies, auth headers). Lives for the session."""
     import uvicorn
 
-    stats = {"in_flight": 0, "max_in_flight": 0, "done": 0, "bodies": []}
+    stats = {"in_flight": 0, "max_in_flight": 0, "done": 0, "bodies": [], "auth": []}
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_make_app(stats), host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
