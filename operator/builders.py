@@ -184,6 +184,8 @@ def build_podmonitor(name: str, namespace: str, spec: InferenceServiceSpec) -> d
         "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
         "spec": {
             "selector": {"matchLabels": selector_labels(name)},
+            # The dashboard selects engines by this label (app_kubernetes_io_instance).
+            "podTargetLabels": ["app.kubernetes.io/instance"],
             "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
         },
     }

@@ -1,0 +1,178 @@
+"""The Helm chart (helm lint/template, kubernetes-validate), the example manifest against the
+CRD schema, and the Grafana dashboard (JSON schema, promtool over every expression)."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+from conftest import BIN, ROOT
+
+CHART = ROOT / "charts" / "kvpilot"
+CRD = ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"
+DASHBOARD = CHART / "dashboards" / "kvpilot.json"
+
+
+def helm(*args: str) -> str:
+    result = subprocess.run([str(BIN / "helm"), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return result.stdout
+
+
+def render(*sets: str) -> list[dict]:
+    args = ["template", "kv", str(CHART), "--namespace", "kvpilot-system", "--include-crds"]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args)) if d]
+
+
+def test_helm_lint_strict_passes():
+    helm("lint", "--strict", str(CHART))
+
+
+@pytest.mark.parametrize("sets", [(), ("watch.clusterWide=true",), ("watch.namespaces={a,b}", "peering=kvpilot")])
+def test_rendered_manifests_pass_kubernetes_validate_strict(sets, tmp_path):
+    docs = render(*sets)
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {d["kind"] for d in docs} >= {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ConfigMap"}
+
+
+def test_namespaced_mode_grants_only_roles_in_the_watched_namespaces():
+    docs = render("watch.namespaces={team-a,team-b}")
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    cluster_rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    assert {res for r in cluster_rules for res in r["resources"]} == {"customresourcedefinitions", "namespaces"}
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster_rules)
+    for role in roles:
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+    args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+def test_cluster_wide_mode_uses_a_cluster_role_and_watches_everything():
+    docs = render("watch.clusterWide=true")
+    assert not [d for d in docs if d["kind"] == "Role"]
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kv-kvpilot")
+    assert any("inferenceservices/status" in r["resources"] for r in role["rules"])
+    args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args
+
+
+def test_chart_ships_the_repository_crd_and_the_dashboard_for_the_sidecar():
+    assert (CHART / "crds" / CRD.name).read_text() == CRD.read_text()
+    docs = render("podMonitor.enabled=true")
+    dashboard = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["kvpilot.json"]) == json.loads(DASHBOARD.read_text())
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "kvpilot-engine"}
+    assert not [d for d in render() if d["kind"] == "PodMonitor"]
+
+
+def _defaulted(schema: dict, value: dict) -> dict:
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cluster.schema import apply_defaults
+    return apply_defaults(copy.deepcopy(value), schema)
+
+
+def test_example_manifest_validates_against_the_crd_schema():
+    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    example = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
+    jsonschema.Draft4Validator(schema).validate(_defaulted(schema, example))
+    broken = copy.deepcopy(example)
+    broken["spec"]["engine"]["maxNumSeqs"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema).validate(broken)
+
+
+DASHBOARD_SCHEMA = {
+    "type": "object",
+    "required": ["uid", "title", "schemaVersion", "panels", "templating", "time"],
+    "properties": {
+        "uid": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"},
+        "schemaVersion": {"type": "integer", "minimum": 30},
+        "templating": {"type": "object", "required": ["list"], "properties": {"list": {"type": "array", "items": {
+            "type": "object", "required": ["name", "type"],
+            "properties": {"type": {"enum": ["query", "datasource", "textbox", "custom", "constant", "interval"]}}}}}},
+        "panels": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["id", "type", "title", "gridPos", "datasource", "targets"],
+            "properties": {
+                "id": {"type": "integer"},
+                "type": {"enum": ["timeseries", "stat", "table", "gauge", "bargauge", "text"]},
+                "title": {"type": "string", "minLength": 1},
+                "gridPos": {"type": "object", "required": ["x", "y", "w", "h"], "properties": {
+                    "x": {"type": "integer", "minimum": 0, "maximum": 23}, "w": {"type": "integer", "minimum": 1, "maximum": 24},
+                    "y": {"type": "integer", "minimum": 0}, "h": {"type": "integer", "minimum": 1}}},
+                "datasource": {"type": "object", "required": ["type", "uid"],
+                               "properties": {"uid": {"const": "${datasource}"}}},
+                "targets": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["refId", "expr"],
+                    "properties": {"expr": {"type": "string", "minLength": 1}}}},
+            }}},
+    },
+}
+
+
+def load_dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_matches_its_schema_and_has_the_panels_and_variables():
+    dashboard = load_dashboard()
+    jsonschema.validate(dashboard, DASHBOARD_SCHEMA)
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in dashboard["panels"])
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "isvc"} <= variables
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                   "vllm:e2e_request_latency_seconds_bucket", "vllm:generation_tokens_total",
+                   "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                   "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_bucket",
+                   "vllm:prefix_cache_hits_total", "vllm:cache_config_info", "kvpilot_tuner_trial",
+                   "kvpilot_tuner_best_objective"):
+        assert metric in exprs, metric
+    slo_panels = [p for p in dashboard["panels"] if "SLO" in " ".join(t.get("legendFormat", "") for t in p["targets"])]
+    assert len(slo_panels) >= 3 and all(p["fieldConfig"]["defaults"]["thresholds"] for p in slo_panels)
+
+
+def substitute(expr: str) -> str:
+    """Grafana's variables replaced by values Prometheus accepts."""
+    values = {"$__rate_interval": "1m", "$namespace": "default", "$isvc": "smollm2", "$ttft_slo_ms": "2000",
+              "$itl_slo_ms": "200", "$max_preemptions_per_min": "0"}
+    for name, value in sorted(values.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(name, value)
+    assert "$" not in expr, expr
+    return expr
+
+
+def test_every_dashboard_expression_passes_promtool_check_rules(tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/install-tools.sh"
+    rules = [{"record": f"dashboard:panel{p['id']}_{t['refId']}", "expr": substitute(t["expr"])}
+             for p in load_dashboard()["panels"] for t in p["targets"]]
+    variables = [v for v in load_dashboard()["templating"]["list"] if v["type"] == "query"]
+    for v in variables:
+        query = re.fullmatch(r"label_values\((.*), *\w+\)", v["definition"])
+        assert query, v["definition"]
+        rules.append({"record": f"dashboard:var_{v['name']}", "expr": substitute(query.group(1))})
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+    bad = tmp_path / "bad.yaml"  # promtool really parses: a broken expression fails
+    bad.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"record": "x:y", "expr": "sum(rate(x[1m])"}]}]}))
+    assert subprocess.run([promtool, "check", "rules", str(bad)], capture_output=True).returncode != 0
