@@ -166,7 +166,7 @@ async def _stream(client: httpx.AsyncClient, req: RequestInput, result: RequestR
             body = (await response.aread()).decode("utf-8", errors="replace")
             raise _StreamError(f"http_{response.status_code}", f"HTTP {response.status_code}: {body[:500]}")
         decoder = SSEDecoder()
-        async for chunk in response.aiter_raw():
+        async for chunk in response.aiter_bytes():  # decoded if the server compresses
             now = time.perf_counter()
             for data in decoder.feed(chunk):
                 if _handle_event(data, req.chat, result, text_parts):

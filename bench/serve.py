@@ -4,6 +4,10 @@ server, with vLLM's `vllm bench serve` definitions, flags and result keys.
 Requests (ShareGPT with vLLM's filter, or random prompts) are sent on a Poisson or gamma
 arrival schedule, optionally capped in concurrency, each streamed and timed; the run is
 summarized as TTFT, TPOT, ITL and E2E latency statistics, throughputs and goodput.
+Two defaults differ from vLLM's so that one run reports what our SLOs need:
+`--percentile-metrics ttft,tpot,itl,e2el` (vLLM: ttft,tpot,itl) and
+`--metric-percentiles 90,95,99` (vLLM: 99). Flags not carried over: other backends,
+LoRA, multimodal, ramp-up, warmups, profiling, the ready check.
 """
 
 from __future__ import annotations
