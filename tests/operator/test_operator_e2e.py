@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import yaml
-from conftest import ROOT, wait_for
+from cluster.tools import ROOT, wait_for
 
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
 ISVC = ("kvpilot.dev", "v1alpha1", "inferenceservices")
@@ -167,3 +167,15 @@ def test_deleting_the_resource_removes_its_children(cluster, kubectl, operator):
     wait_for(lambda: not cluster.objects("", "v1", "pods", labels={"app.kubernetes.io/instance": "while-down"}),
              what="pods gone")
     assert children(cluster, "smollm2")["deployment"] is not None
+
+
+def test_pods_that_never_become_ready_show_degraded(cluster, kubectl, operator):
+    kubectl.apply(manifest("broken", image="kvpilot/kvpilot:broken"))
+
+    def degraded() -> dict | None:
+        obj = kubectl.json("get", "isvc", "broken")
+        return obj if obj.get("status") and condition(obj, "Degraded")["status"] == "True" else None
+    obj = wait_for(degraded, what="Degraded condition")
+    assert condition(obj, "Degraded")["reason"] == "ReplicasUnavailable"
+    assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Failed")["status"] == "False"
+    kubectl("delete", "isvc", "broken")

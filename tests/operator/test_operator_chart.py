@@ -11,7 +11,7 @@ import subprocess
 import jsonschema
 import pytest
 import yaml
-from conftest import BIN, ROOT
+from cluster.tools import BIN, ROOT
 
 CHART = ROOT / "charts" / "kvpilot"
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"
