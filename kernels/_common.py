@@ -119,6 +119,18 @@ def check_out(fn: str, out: torch.Tensor | None, like: torch.Tensor) -> torch.Te
     return out
 
 
+def kv_tile(element_size: int, block_d: int) -> tuple[int, int]:
+    """(BLOCK_N, num_stages) for the attention kernels: KV tokens per tile and software
+    pipeline depth, shrunk for wide rows so that the K and V tiles of every stage and the
+    query tile fit in shared memory (~100 KiB at most, below an A100's 164 KiB)."""
+    row_bytes = element_size * block_d
+    if row_bytes <= 256:  # fp16/bf16, head_dim <= 128
+        return 64, 3
+    if row_bytes <= 512:  # fp32 head_dim 128, fp16 head_dim 256
+        return 32, 2
+    return 32, 1
+
+
 def pow2_at_least(n: int, floor: int = 16) -> int:
     """Next power of two >= n, and >= floor (tl.dot needs every dimension >= 16)."""
     return max(floor, triton.next_power_of_2(n))

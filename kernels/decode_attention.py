@@ -35,12 +35,12 @@ from kvpilot.kernels._common import (
     check_shape,
     dot_options,
     is_interpreted,
+    kv_tile,
     pow2_at_least,
 )
 
 _FN = "paged_decode_attention"
 _LOG2E = 1.4426950408889634
-_BLOCK_N = 64  # KV tokens per tile
 _MAX_SPLITS = 16
 _MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs its parallelism
 _TARGET_PROGRAMS = 256  # about two waves of an H100's 132 SMs
@@ -220,12 +220,13 @@ def paged_decode_attention(
     else:
         mid_o = mid_lse = out  # unused by the kernel with one split
     block_d = pow2_at_least(head_dim)
+    block_n, num_stages = kv_tile(q.element_size(), block_d)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, mid_o, mid_lse, scale * _LOG2E,
         *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
         GROUP=group, BLOCK_G=pow2_at_least(group), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, BLOCK_N=_BLOCK_N, NUM_SPLITS=num_kv_splits,
-        **dot_options(q.dtype, interpreted), num_warps=4,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
+        **dot_options(q.dtype, interpreted), num_warps=4, num_stages=num_stages,
     )
     if num_kv_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](

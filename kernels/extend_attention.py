@@ -34,12 +34,12 @@ from kvpilot.kernels._common import (
     check_shape,
     dot_options,
     is_interpreted,
+    kv_tile,
     pow2_at_least,
 )
 
 _FN = "paged_extend_attention"
 _LOG2E = 1.4426950408889634
-_BLOCK_N = 64  # KV tokens per tile
 
 
 @triton.jit
@@ -117,10 +117,11 @@ def _extend_kernel(
              o.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
-def _tile_rows(max_query_len: int, group: int) -> tuple[int, int]:
+def _tile_rows(max_query_len: int, group: int, row_bytes: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_Q): tile rows, and query tokens per tile (BLOCK_M // group).
-    Long chunks get 64 rows; short ones (decode-like) the smallest tile that holds them."""
-    block_m = min(64, pow2_at_least(max_query_len * group))
+    Long chunks get 64 rows (32 for rows over 512 bytes, to bound shared memory); short
+    ones (decode-like) the smallest tile that holds them."""
+    block_m = min(64 if row_bytes <= 512 else 32, pow2_at_least(max_query_len * group))
     block_m = max(block_m, pow2_at_least(group))
     return block_m, block_m // group
 
@@ -183,13 +184,15 @@ def paged_extend_attention(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_query_len <= 0:
         return out
-    block_m, block_q = _tile_rows(max_query_len, group)
+    block_d = pow2_at_least(head_dim)
+    block_n, num_stages = kv_tile(q.element_size(), block_d)
+    block_m, block_q = _tile_rows(max_query_len, group, q.element_size() * block_d)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _extend_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
         *q.stride(), *k_cache.stride(), *block_tables.stride(), *out.stride(),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=pow2_at_least(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=_BLOCK_N,
-        **dot_options(q.dtype, interpreted), num_warps=4,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
+        **dot_options(q.dtype, interpreted), num_warps=4, num_stages=num_stages,
     )
     return out
