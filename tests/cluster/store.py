@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gc import GarbageCollection
 from .resources import ResourceType, builtin_types, types_from_crd
 
 Obj = dict[str, Any]
@@ -62,7 +63,7 @@ class Watcher:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
-class Store:
+class Store(GarbageCollection):
     """Objects by (group, plural, namespace, name); one resourceVersion counter for all."""
 
     def __init__(self, history: int = 20000):
@@ -264,58 +265,6 @@ class Store:
         self._later(self._collect, old["metadata"]["uid"])
         return self._view(rtype, gone)
 
-    # -- garbage collection --
-    def _later(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run fn on the next loop turn, as the real garbage collector runs asynchronously."""
-        try:
-            asyncio.get_running_loop().call_soon(fn, *args)
-        except RuntimeError:
-            fn(*args)
-
-    def _dependents(self, owner: Obj) -> list[Any]:
-        uid = owner["metadata"]["uid"]
-        return [k for k, o in self.objects.items()
-                if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())]
-
-    def _uid_exists(self, uid: str) -> bool:
-        return any(o["metadata"]["uid"] == uid for o in self.objects.values())
-
-    def _collect(self, owner_uid: str) -> None:
-        """Delete the dependents whose owners are all gone."""
-        for key in [k for k, o in self.objects.items()
-                    if any(r.get("uid") == owner_uid for r in o["metadata"].get("ownerReferences") or ())]:
-            refs = self.objects[key]["metadata"]["ownerReferences"]
-            if not any(self._uid_exists(r.get("uid")) for r in refs):
-                self._delete_key(key)
-
-    def _collect_orphan(self, rtype: ResourceType, key: Any) -> None:
-        obj = self.objects.get(key)
-        refs = (obj or {}).get("metadata", {}).get("ownerReferences") or ()
-        if obj is not None and refs and not any(self._uid_exists(r.get("uid")) for r in refs):
-            self._delete_key(key)
-
-    def _foreground(self, rtype: ResourceType, key: Any) -> None:
-        owner = self.objects.get(key)
-        if owner is None:
-            return
-        for dep in self._dependents(owner):
-            self._delete_key(dep)
-        self.patch(rtype, key[1], key[2], lambda o: _drop_finalizer(o, "foregroundDeletion"))
-
-    def _orphan(self, owner_uid: str) -> None:
-        for key, obj in list(self.objects.items()):
-            refs = obj["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") == owner_uid for r in refs):
-                rtype = self._type_for_key(key[0])
-                self.patch(rtype, key[1], key[2], lambda o: _drop_owner(o, owner_uid))
-
-    def _type_for_key(self, key: tuple[str, str]) -> ResourceType:
-        return next(t for t in self.types.values() if t.key == key)
-
-    def _delete_key(self, key: Any) -> None:
-        if key in self.objects:
-            self.delete(self._type_for_key(key[0]), key[1], key[2])
-
     # -- events --
     def _emit(self, kind: str, rtype: ResourceType, obj: Obj, old: Obj | None) -> None:
         event = Event(self.rv, kind, rtype, copy.deepcopy(obj), old)
@@ -336,13 +285,3 @@ class Store:
 def _spec_of(obj: Obj) -> Obj:
     """What bumps metadata.generation: everything but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
-
-
-def _drop_finalizer(obj: Obj, name: str) -> Obj:
-    obj["metadata"]["finalizers"] = [f for f in obj["metadata"].get("finalizers") or () if f != name]
-    return obj
-
-
-def _drop_owner(obj: Obj, uid: str) -> Obj:
-    obj["metadata"]["ownerReferences"] = [r for r in obj["metadata"]["ownerReferences"] if r.get("uid") != uid]
-    return obj
