@@ -3,6 +3,7 @@ One `step()` = schedule, execute, commit, detokenize, emit. Source: vLLM `LLMEng
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.block_manager import BlockManager
-from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.config import EngineConfig, SchedulerConfig
 from kvpilot.engine.detokenizer import IncrementalDetokenizer
 from kvpilot.engine.memory import (
     GiB,
@@ -133,6 +134,20 @@ class LLMEngine:
         seq = self.scheduler.abort_request(request_id)
         self._forget(request_id)
         return seq is not None
+
+    def update_scheduler_config(self, **changes) -> SchedulerConfig:
+        """Changes scheduler limits (max_num_seqs, max_num_batched_tokens,
+        enable_chunked_prefill, preemption_mode) at run time; they take effect at the next
+        step and no request is dropped. Raises ValueError (nothing changed) when the new
+        values break a rule or name another setting."""
+        allowed = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode"}
+        unknown = set(changes) - allowed
+        if unknown:
+            raise ValueError(f"cannot change {sorted(unknown)} at run time; live settings: {sorted(allowed)}")
+        new = dataclasses.replace(self.scheduler.config, **changes)
+        self.scheduler.config = new
+        self.config = dataclasses.replace(self.config, scheduler=new)
+        return new
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

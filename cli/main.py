@@ -1,0 +1,67 @@
+"""`kvpilot` command line: one entry point, subcommands routed to their packages.
+
+    kvpilot demo                 chat replies for ShareGPT prompts with the builtin model
+    kvpilot serve MODEL [flags]  OpenAI-compatible server (vllm serve's flags)
+    kvpilot bench throughput     offline throughput against HF generate()
+    kvpilot bench serve          serving benchmark against any OpenAI-compatible server
+    kvpilot operator             the Kopf operator for InferenceService resources
+
+Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": "kvpilot.cli.demo",
+    "serve": "kvpilot.engine.entrypoints.serve",
+    "operator": "kvpilot.operator.cli",
+    "tune": "kvpilot.tuner.cli",
+}
+BENCH_COMMANDS = {
+    "throughput": "kvpilot.bench.throughput",
+    "serve": "kvpilot.bench.serve",
+    "sweep": "kvpilot.bench.sweep",
+    "compare": "kvpilot.bench.compare",
+}
+
+
+def _usage() -> str:
+    return (
+        "usage: kvpilot {" + ",".join(COMMANDS) + ",bench} ...\n"
+        "       kvpilot bench {" + ",".join(BENCH_COMMANDS) + "} ...\n"
+    )
+
+
+def _run(module: str, argv: list[str]) -> int:
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            sys.stderr.write(f"kvpilot: {module} is not available in this build\n")
+            return 2
+        raise
+    return int(mod.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_usage() + __doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        if not rest or rest[0] not in BENCH_COMMANDS:
+            sys.stderr.write(_usage() + "kvpilot bench: choose a benchmark\n")
+            return 2
+        return _run(BENCH_COMMANDS[rest[0]], rest[1:])
+    if cmd not in COMMANDS:
+        sys.stderr.write(_usage() + f"kvpilot: unknown command {cmd!r}\n")
+        return 2
+    return _run(COMMANDS[cmd], rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
