@@ -153,10 +153,12 @@ def _decode_merge_kernel(
 
 def choose_num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
     """Splits per sequence: enough programs to fill the GPU, but no split shorter than
-    _MIN_TOKENS_PER_SPLIT tokens and at most _MAX_SPLITS."""
+    _MIN_TOKENS_PER_SPLIT tokens and at most _MAX_SPLITS. A power of two, because the
+    count is a compile-time constant: a step's batch shape then picks one of five
+    compiled variants."""
     by_length = triton.cdiv(max(max_seq_len, 1), _MIN_TOKENS_PER_SPLIT)
     by_occupancy = triton.cdiv(_TARGET_PROGRAMS, max(num_seqs * num_kv_heads, 1))
-    return max(1, min(_MAX_SPLITS, by_length, by_occupancy))
+    return min(_MAX_SPLITS, triton.next_power_of_2(min(by_length, by_occupancy)))
 
 
 def paged_decode_attention(

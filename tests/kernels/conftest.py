@@ -1,5 +1,6 @@
-"""Kernel tests run on the CPU through Triton's interpreter; the variable must be set
-before triton is first imported, which is why it is set here, at collection time."""
+"""Kernel tests run on the CPU through Triton's interpreter. TRITON_INTERPRET must be set
+before the kernels are decorated (when kvpilot.kernels.* is first imported), which is why
+it is set here, at collection time."""
 
 import os
 
@@ -9,6 +10,18 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_are_interpreted():
+    """Fails with the cause, rather than with 'needs CUDA' in every test, when something
+    imported the kernels before this conftest set TRITON_INTERPRET."""
+    from kvpilot.kernels._common import is_interpreted
+    from kvpilot.kernels.decode_attention import _decode_split_kernel
+
+    if not torch.cuda.is_available() and not is_interpreted(_decode_split_kernel):
+        pytest.fail("kvpilot.kernels was imported before TRITON_INTERPRET=1 was set; set it in "
+                    "the environment or in a conftest.py that runs earlier")
 
 
 @pytest.fixture

@@ -53,12 +53,15 @@ def test_decode_handles_non_power_of_two_head_dim_and_strided_q(seed):
                 num_kv_splits=2, q=q)
 
 
-def test_decode_auto_split_count():
+def test_decode_auto_split_count_fills_the_gpu_within_limits():
     # A long context over few sequences is split; a full GPU's worth of sequences is not.
     assert choose_num_kv_splits(num_seqs=1, num_kv_heads=8, max_seq_len=8192) == 16
     assert choose_num_kv_splits(num_seqs=2, num_kv_heads=8, max_seq_len=1000) == 4
     assert choose_num_kv_splits(num_seqs=64, num_kv_heads=8, max_seq_len=8192) == 1
     assert choose_num_kv_splits(num_seqs=1, num_kv_heads=1, max_seq_len=1) == 1
+    # Rounded up to a power of two (one compiled variant per count).
+    assert choose_num_kv_splits(num_seqs=1, num_kv_heads=8, max_seq_len=3 * 256) == 4
+    assert choose_num_kv_splits(num_seqs=1, num_kv_heads=8, max_seq_len=0) == 1
 
 
 def test_decode_auto_splits_without_host_max_len(seed):
