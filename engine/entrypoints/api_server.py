@@ -1,0 +1,145 @@
+"""The FastAPI application: OpenAI routes, health, version, metrics, the scheduler admin
+route the tuner uses, and the profiler routes when VLLM_TORCH_PROFILER_DIR is set.
+
+/v1/* and /admin/* need `Authorization: Bearer <--api-key>` when a key is set; /health,
+/version and /metrics never do (probes and Prometheus scrape them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import json
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvpilot.engine.config import SchedulerConfig
+from kvpilot.engine.entrypoints.errors import APIError, bad_request, error_body, install_error_handlers
+from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE
+from kvpilot.engine.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    SchedulerConfigUpdate,
+)
+from kvpilot.engine.entrypoints.serving import ServerState
+from kvpilot.engine.entrypoints.serving_chat import create_chat_completion
+from kvpilot.engine.entrypoints.serving_completion import create_completion
+
+PROTECTED_PREFIXES = ("/v1/", "/admin/")
+
+
+def package_version() -> str:
+    try:
+        return version("kvpilot")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class APIKeyMiddleware:
+    """Answers 401 before anything else (even before the body is parsed) when a
+    protected route comes without the right bearer token."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(PROTECTED_PREFIXES):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
+                body = json.dumps(error_body(401, message, code="invalid_api_key").model_dump()).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode()),
+                                        (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def scheduler_config_dict(config: SchedulerConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="kvpilot", version=package_version(), docs_url=None, redoc_url=None)
+    app.state.server = state
+    install_error_handlers(app)
+    if state.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.draining:
+            return JSONResponse(error_body(503, "draining").model_dump(), status_code=503)
+        if state.engine is None:
+            return JSONResponse(error_body(503, "loading the model").model_dump(), status_code=503)
+        if not state.engine.is_running:
+            return JSONResponse(error_body(503, f"engine failed: {state.engine.errored}").model_dump(),
+                                status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def get_version() -> dict:
+        return {"version": package_version()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        engine = state.engine
+        body = engine.metrics.render() if engine is not None and engine.metrics is not None else b""
+        return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        cards = [ModelCard(id=name, root=state.model_path, max_model_len=state.max_model_len)
+                 for name in sorted(state.model_names())]
+        return ModelList(data=cards).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(req, raw, state)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(req, raw, state)
+
+    @app.get("/admin/scheduler_config")
+    async def get_scheduler_config() -> dict:
+        engine = state.ready_engine()
+        return scheduler_config_dict(await engine.run_on_engine(lambda e: e.scheduler.config))
+
+    @app.post("/admin/scheduler_config")
+    async def set_scheduler_config(update: SchedulerConfigUpdate) -> dict:
+        """Live change of max_num_seqs, max_num_batched_tokens, enable_chunked_prefill and
+        preemption_mode, applied on the engine thread between steps; 400 when invalid."""
+        engine = state.ready_engine()
+        changes = update.model_dump(exclude_none=True)
+        if not changes:
+            raise bad_request(f"nothing to change; send any of {sorted(SchedulerConfigUpdate.model_fields)}")
+        try:
+            return scheduler_config_dict(await engine.update_scheduler_config(**changes))
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+
+    if state.profiler_dir:
+        @app.post("/start_profile")
+        async def start_profile() -> Response:
+            try:
+                await state.ready_engine().start_profile(state.profiler_dir)
+            except ValueError as exc:
+                raise APIError(409, str(exc)) from None
+            return Response(status_code=200)
+
+        @app.post("/stop_profile")
+        async def stop_profile() -> Response:
+            try:
+                await state.ready_engine().stop_profile()
+            except ValueError as exc:
+                raise APIError(409, str(exc)) from None
+            return Response(status_code=200)
+
+    return app

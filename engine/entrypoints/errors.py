@@ -1,0 +1,101 @@
+"""Errors in OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`, for
+every failure the server answers: our own `APIError`s, FastAPI's request validation (400,
+never FastAPI's raw 422 list), unknown routes and methods (404, 405) and crashes (500)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvpilot.engine.entrypoints.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("kvpilot.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client. `headers` go on the response (e.g. Retry-After)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> ErrorResponse:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type=_TYPES.get(status, "invalid_request_error"),
+                                         param=param, code=code if code is not None else status))
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code).model_dump(), status_code=status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
+    """One readable sentence for pydantic's error list, and the first offending field."""
+    parts, param = [], None
+    for err in errors[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
+        field = ".".join(loc)
+        if err.get("type") == "missing":
+            parts.append(f"missing required field '{field}'")
+        elif field:
+            parts.append(f"'{field}': {err.get('msg')}")
+        else:
+            parts.append(str(err.get("msg")))
+        param = param or (loc[0] if loc else None)
+    if len(errors) > 5:
+        parts.append(f"and {len(errors) - 5} more")
+    return "invalid request: " + "; ".join(parts), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(list(exc.errors()))
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("error while serving %s %s", request.method, request.url.path)
+        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,172 @@
+"""`kvpilot serve MODEL [flags]`: the OpenAI-compatible server, with `vllm serve`'s flags.
+
+The port opens at once and /health answers 503 until the model has loaded. SIGTERM
+drains: /health and new requests get 503, accepted requests run to completion (at most
+--drain-timeout seconds, then they are aborted), and the process exits 0. SIGINT stops
+at once. Exit codes: 0 after a shutdown, 1 when the model fails to load, 2 for bad flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+import uvicorn
+
+from kvpilot.engine.arg_utils import EngineArgs
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.entrypoints.api_server import build_app
+from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
+from kvpilot.engine.entrypoints.metrics import EngineMetrics
+from kvpilot.engine.entrypoints.serving import ServerState
+from kvpilot.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger("kvpilot.server")
+
+LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpilot serve", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    EngineArgs.add_cli_args(parser, positional_model=True)
+    add = parser.add_argument
+    add("--host", default="0.0.0.0", help="address to listen on")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=os.environ.get("VLLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 and /admin routes (default: $VLLM_API_KEY)")
+    add("--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV-usage log lines "
+        "(the /metrics endpoint stays on)")
+    add("--disable-log-requests", action="store_true", help="no log line per received request")
+    add("--disable-uvicorn-access-log", action="store_true")
+    add("--max-queue-len", type=int, default=None,
+        help="answer 503 with Retry-After when this many requests are already waiting")
+    add("--drain-timeout", type=float, default=30.0,
+        help="on SIGTERM, seconds to let accepted requests finish before aborting them")
+    add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
+    add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    return parser
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, plus: the engine loads after the port opens, and SIGTERM drains."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, engine_config: EngineConfig,
+                 ns: argparse.Namespace) -> None:
+        super().__init__(config)
+        self.state = state
+        self.engine_config = engine_config
+        self.ns = ns
+        self.exit_code = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        self._spawn(self._load())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self) -> None:
+        t0 = time.monotonic()
+        try:
+            engine = await asyncio.get_running_loop().run_in_executor(None, LLMEngine, self.engine_config)
+        except Exception:
+            logger.exception("the engine failed to load")
+            self.exit_code = 1
+            self.should_exit = True
+            return
+        engine.detokenize_incrementally = True  # streams need each step's new text
+        bm = engine.block_manager
+        metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks)
+        async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
+                                      stats_interval_s=self.ns.log_stats_interval)
+        async_engine.start(asyncio.get_running_loop())
+        self.state.tokenizer = engine.tokenizer
+        self.state.engine = async_engine
+        logger.info("engine loaded in %.1f s; serving %r (max_model_len %d) on http://%s:%d",
+                    time.monotonic() - t0, self.state.served_model_name, self.state.max_model_len,
+                    self.config.host, self.config.port)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig == signal.SIGTERM and not self.state.draining and not self.should_exit:
+            # Not recorded in _captured_signals: uvicorn would re-raise it at exit, and a
+            # drained server must exit 0.
+            self.state.draining = True
+            self._spawn(self._drain())
+            return
+        if sig == signal.SIGTERM or sig == signal.SIGINT:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def _drain(self) -> None:
+        state = self.state
+        logger.info("SIGTERM: draining %d request(s) in flight (at most %.0f s); new requests get 503",
+                    state.num_in_flight, self.ns.drain_timeout)
+        deadline = time.monotonic() + self.ns.drain_timeout
+        while state.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if state.num_in_flight and state.engine is not None and state.engine.is_running:
+            logger.warning("drain timeout: aborting %d request(s) still in flight", state.num_in_flight)
+            await state.engine.run_on_engine(_abort_all)
+            end = time.monotonic() + 2.0
+            while state.num_in_flight and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+        logger.info("drained; shutting down")
+        self.should_exit = True
+
+
+def _abort_all(engine: LLMEngine) -> None:
+    sched = engine.scheduler
+    for seq in [*sched.running, *sched.waiting, *sched.swapped]:
+        engine.abort_request(seq.request_id)
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser()
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    if ns.max_queue_len is not None and ns.max_queue_len < 0:
+        parser.error(f"--max-queue-len must be >= 0, got {ns.max_queue_len}")
+    if ns.drain_timeout < 0:
+        parser.error(f"--drain-timeout must be >= 0, got {ns.drain_timeout}")
+    try:
+        engine_config = EngineArgs.from_cli_args(ns).create_engine_config()
+    except ValueError as exc:
+        sys.stderr.write(f"kvpilot serve: error: {exc}\n")
+        return 2
+    state = ServerState(
+        served_model_name=engine_config.served_model_name,
+        model_path=engine_config.model_path,
+        max_model_len=engine_config.scheduler.max_model_len,
+        vocab_size=engine_config.model.vocab_size,
+        api_key=ns.api_key or None,
+        max_queue_len=ns.max_queue_len,
+        log_requests=not ns.disable_log_requests,
+        profiler_dir=os.environ.get("VLLM_TORCH_PROFILER_DIR") or None,
+    )
+    if state.profiler_dir:
+        logger.info("torch profiler enabled: POST /start_profile and /stop_profile write traces to %s",
+                    state.profiler_dir)
+    config = uvicorn.Config(build_app(state), host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                            access_log=not ns.disable_uvicorn_access_log, timeout_graceful_shutdown=5,
+                            lifespan="off")
+    server = DrainingServer(config, state, engine_config, ns)
+    try:
+        server.run()
+    finally:
+        if state.engine is not None:
+            state.engine.shutdown()
+    return server.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
