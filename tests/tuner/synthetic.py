@@ -1,0 +1,36 @@
+"""A synthetic engine for tuner tests: a deterministic function from settings to a
+measurement, with the shapes of vLLM's tuning guide (more concurrency serves more until
+the KV cache runs out and preemptions start; a small token budget slows prefill)."""
+from __future__ import annotations
+
+import math
+
+from kvpilot.tuner.failures import TrialFailed
+from kvpilot.tuner.objective import Measurement
+from kvpilot.tuner.settings import EngineSettings
+
+
+class SyntheticRunner:
+    """Records every settings it runs. fail: {max_num_seqs: TrialFailed kind} to raise."""
+
+    def __init__(self, fail: dict[int, str] | None = None, preempt_above: int = 48):
+        self.calls: list[EngineSettings] = []
+        self.fail = fail or {}
+        self.preempt_above = preempt_above
+
+    def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        self.calls.append(settings)
+        if settings.max_num_seqs in self.fail:
+            raise TrialFailed(self.fail[settings.max_num_seqs], f"synthetic failure for {settings.max_num_seqs}")
+        return measure(settings, self.preempt_above)
+
+
+def measure(s: EngineSettings, preempt_above: int = 48) -> Measurement:
+    seqs, budget = s.max_num_seqs, s.max_num_batched_tokens
+    throughput = 10 * math.log2(1 + min(seqs, preempt_above)) * min(1.0, budget / 1024)
+    ttft = 0.2 + 256 / budget + (0.0 if s.enable_chunked_prefill else 0.3)
+    itl = 0.02 + seqs * 0.001 + budget / 50000
+    preemptions = max(0, seqs - preempt_above) * 2.0
+    return Measurement(duration_s=60, completed=int(throughput * 60), throughput_rps=throughput,
+                       goodput_rps=throughput * (1.0 if ttft < 1.0 else 0.5), ttft_p95_s=ttft, itl_p95_s=itl,
+                       e2e_p95_s=ttft + 100 * itl, preemptions=preemptions, source="synthetic")

@@ -1,0 +1,144 @@
+"""Feasibility before cost: decides, without starting anything, whether the engine would
+accept a setting and fit one `max_model_len` sequence in its KV cache.
+
+The rules are the engine's own: `SchedulerConfig`, `CacheConfig` and `ParallelConfig` raise
+ValueError for invariant breaks (budget >= max_num_seqs, budget >= max_model_len without
+chunked prefill, parallel sizes that do not divide the heads), and the KV-cache arithmetic is
+`kvpilot.engine.memory` (`KVCacheBudget`, `kv_cache_block_bytes`, `check_fits`):
+
+    KV blocks = (device memory x gpu_memory_utilization - weights / world - peak activation)
+                // (block_size x 2 x layers x kv_heads x head_dim x bytes / world)
+
+The engine measures the peak activation by profiling a step; the tuner can only estimate it
+(`estimate_activation_bytes`), so a setting near the edge may still fail at startup: the
+runner then classifies it as out of memory (see `kvpilot.tuner.failures`).
+Source: vLLM `Worker.determine_available_memory` and its performance-tuning guide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvpilot.engine.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from kvpilot.engine.memory import KVCacheBudget, check_fits, kv_cache_block_bytes
+from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
+from kvpilot.tuner.settings import EngineSettings
+
+
+def model_config_from_shape(shape: ModelShape, dtype: torch.dtype = torch.bfloat16) -> ModelConfig:
+    """An engine `ModelConfig` for a builtin shape. The shape table has no MLP width, so
+    intermediate_size is derived from the parameter count (exact for Llama-family models)."""
+    h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    embed = shape.vocab_size * h
+    per_layer_rest = h * (q + 2 * kv) + q * h + 2 * h
+    mlp = (shape.num_params - embed - h) / shape.num_layers - per_layer_rest
+    return ModelConfig(
+        vocab_size=shape.vocab_size, hidden_size=h, intermediate_size=max(1, round(mlp / (3 * h))),
+        num_layers=shape.num_layers, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim, max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True, dtype=dtype,
+    )
+
+
+def resolve_model(model: str, dtype: torch.dtype = torch.bfloat16) -> ModelConfig:
+    """The shape of `model`: a builtin name (`smollm2-135m-instruct` or `builtin://...`,
+    from `kvpilot.operator.models`) or a Hugging Face directory with config.json (read by
+    `kvpilot.engine.model_loader.load_model_config`). Raises ValueError otherwise."""
+    name = model.removeprefix(BUILTIN_SCHEME)
+    if name in BUILTIN_MODELS:
+        return model_config_from_shape(BUILTIN_MODELS[name], dtype)
+    path = Path(model)
+    if (path / "config.json").is_file():
+        from kvpilot.engine.model_loader import load_model_config
+
+        return load_model_config(path, None, dtype)
+    raise ValueError(f"unknown model {model!r}: use a builtin name ({', '.join(BUILTIN_MODELS)}) or a HF directory")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the engine will run on.
+
+    device_memory_bytes: memory of one device (GPU, or the CPU's RAM / cgroup limit).
+    num_devices: devices available to one engine (bounds tp x pp).
+    num_gpu_blocks_override: when the engine is started with --num-gpu-blocks-override,
+        the KV cache has exactly this many blocks whatever the memory.
+    activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
+        engine's startup log "peak activation").
+    """
+
+    device_memory_bytes: int
+    num_devices: int = 1
+    num_gpu_blocks_override: int | None = None
+    activation_scale: float = 1.0
+
+
+def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """Rough peak extra memory of one full step, in bytes: per batched token the hidden
+    state, q/k/v and the MLP's gate and up projections in the model's dtype (twice, for
+    the input and output of the widest op), plus float32 logits for up to max_num_seqs
+    sampled tokens. The engine profiles the real value at startup."""
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    per_token = (model.hidden_size * 2 + (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+                 + 2 * model.intermediate_size) * elem * 2
+    sampled = min(max_num_seqs, max_num_batched_tokens)
+    return max_num_batched_tokens * per_token + sampled * model.vocab_size * 4
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """The verdict on one setting. reason is empty when feasible; num_blocks is the
+    predicted KV-cache size in blocks (0 when a rule failed before sizing)."""
+
+    feasible: bool
+    reason: str = ""
+    num_blocks: int = 0
+    max_concurrency: float = 0.0
+
+
+def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> Feasibility:
+    """Applies the engine's rules and KV-cache arithmetic to `settings`; never raises for an
+    infeasible setting, it returns the reason (the engine's own error message)."""
+    try:
+        model = dataclasses.replace(model, max_model_len=settings.max_model_len)
+        SchedulerConfig(
+            max_model_len=settings.max_model_len,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            enable_chunked_prefill=settings.enable_chunked_prefill,
+            preemption_mode=settings.preemption_mode,
+        )
+        CacheConfig(block_size=settings.block_size, gpu_memory_utilization=settings.gpu_memory_utilization,
+                    swap_space=settings.swap_space, enable_prefix_caching=settings.enable_prefix_caching)
+        parallel = ParallelConfig(settings.tensor_parallel_size, settings.pipeline_parallel_size)
+        parallel.check_model(model)
+    except ValueError as e:
+        return Feasibility(False, f"engine rule: {e}")
+    if parallel.world_size > hardware.num_devices:
+        return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
+                                  f"exceeds the {hardware.num_devices} available device(s)")
+    world = parallel.world_size
+    block_bytes = kv_cache_block_bytes(settings.block_size, model.kv_bytes_per_token() // world)
+    if hardware.num_gpu_blocks_override is not None:
+        num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
+    else:
+        elem = torch.empty((), dtype=model.dtype).element_size()
+        activation = estimate_activation_bytes(model, settings.max_num_batched_tokens, settings.max_num_seqs)
+        budget = KVCacheBudget(
+            total_bytes=hardware.device_memory_bytes,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            weights_bytes=model.num_params() * elem // world,
+            activation_bytes=int(activation * hardware.activation_scale) // world,
+            block_bytes=block_bytes,
+            block_size=settings.block_size,
+        )
+        num_blocks, how = budget.num_blocks, "predicted: " + budget.describe()
+    try:
+        check_fits(num_blocks, settings.block_size, settings.max_model_len, block_bytes, how)
+    except ValueError as e:
+        return Feasibility(False, f"KV cache: {e}", num_blocks)
+    return Feasibility(True, "", num_blocks, num_blocks * settings.block_size / settings.max_model_len)

@@ -1,0 +1,199 @@
+"""The tuning loop, ask-and-tell: ask Optuna for a trial, turn it into engine settings,
+check feasibility, run it on a runner (local processes or a cluster), tell the result.
+
+Every trial is told, none hidden (Optuna's ask-and-tell guidance):
+- infeasible settings are told PRUNED with the reason, never deployed;
+- a runner failure is classified; transient ones are retried once, the others told FAIL
+  with the cause, and the same settings, if proposed again, are failed without a run;
+- settings measured before are told the earlier result (a 'duplicate', not re-run);
+- measured trials are told their objective value(s) and their SLO slack for
+  `constraints_func`.
+The engine defaults are enqueued as the first trial. At the end the best few feasible
+trials are measured again (as extra trials tagged `remeasure_of`), and the report ranks
+them by their median, so one lucky window does not pick the winner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from kvpilot.engine.config import ModelConfig
+from kvpilot.tuner import feasibility
+from kvpilot.tuner.failures import TrialFailed
+from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
+                                     slack, values)
+from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.space import SearchSpace
+from kvpilot.tuner.study import NATIVE_CONSTRAINTS, recover_interrupted
+
+logger = logging.getLogger("kvpilot.tuner")
+
+MEASURED, VIOLATES, PRUNED, FAILED, DUPLICATE, KNOWN_FAILURE = (
+    "measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure")
+
+
+class Runner(Protocol):
+    """Runs one trial: deploys `settings`, drives or observes load, returns the window's
+    Measurement. Raises TrialFailed (classified) when the settings cannot run."""
+
+    def run_trial(self, number: int, settings: EngineSettings) -> Measurement: ...
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    """objective: 'goodput' | 'throughput' | 'multi'; latency: the p95 that 'multi'
+    minimises ('ttft' | 'itl' | 'e2e'); n_trials: deployments to spend (measured or failed
+    trials; pruned and duplicate ones are free); remeasure_top: how many of the best
+    feasible trials to measure again at the end; max_asks: stop after this many asks even
+    if the budget is not spent (a space that is mostly infeasible)."""
+
+    objective: str = "goodput"
+    latency: str = "e2e"
+    n_trials: int = 8
+    remeasure_top: int = 2
+    max_asks: int = 200
+
+
+class Tuner:
+    def __init__(self, study: optuna.Study, space: SearchSpace, base: EngineSettings, model: ModelConfig,
+                 hardware: feasibility.Hardware, slo: SLO, runner: Runner, config: TunerConfig = TunerConfig(),
+                 on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None):
+        self.study, self.base, self.model, self.hardware = study, base, model, hardware
+        self.space = space.bounds_with(base)
+        self.slo, self.runner, self.config = slo, runner, config
+        self.on_trial = on_trial or (lambda _t: None)
+        self.n_constraints = len(constraint_names(slo))
+
+    # ------------------------------------------------------------ driver
+    def run(self) -> optuna.Study:
+        """Spends the trial budget (continuing a resumed study), then re-measures the best."""
+        interrupted = recover_interrupted(self.study)
+        if interrupted:
+            logger.info("resuming: trials %s were interrupted and are queued again", interrupted)
+        if not any(t.user_attrs.get("is_defaults") for t in self.study.get_trials(deepcopy=False)):
+            self.study.enqueue_trial(self.space.params_of(self.base, self.model), user_attrs={"is_defaults": True})
+        asks = 0
+        while self.deployed() < self.config.n_trials and asks < self.config.max_asks:
+            asks += 1
+            self.step()
+        if self.config.objective != "multi":
+            self.remeasure_best()
+        return self.study
+
+    def deployed(self) -> int:
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("verdict") in (MEASURED, VIOLATES, FAILED) and "remeasure_of" not in t.user_attrs)
+
+    def step(self) -> optuna.trial.FrozenTrial:
+        """One ask, judge, (maybe) run, tell."""
+        trial = self.study.ask()
+        settings = self.space.suggest(trial, self.base, self.model)
+        trial.set_user_attr("settings", settings.as_dict())
+        if "remeasure_of" not in trial.user_attrs:
+            prior = self.find_prior(settings, trial.number)
+            if prior is not None:
+                return self._tell_prior(trial, prior)
+        verdict = feasibility.check(settings, self.model, self.hardware)
+        trial.set_user_attr("predicted_kv_blocks", verdict.num_blocks)
+        if not verdict.feasible:
+            logger.info("trial %d pruned: %s", trial.number, verdict.reason)
+            trial.set_user_attr("pruned_reason", verdict.reason)
+            return self._tell(trial, PRUNED, state=TrialState.PRUNED)
+        return self._run(trial, settings)
+
+    # ------------------------------------------------------------ outcomes
+    def _run(self, trial: optuna.Trial, settings: EngineSettings) -> optuna.trial.FrozenTrial:
+        for attempt in (1, 2):
+            try:
+                m = self.runner.run_trial(trial.number, settings)
+                break
+            except TrialFailed as e:
+                if e.retryable and attempt == 1:
+                    logger.warning("trial %d: %s; retrying once", trial.number, e)
+                    continue
+                trial.set_user_attr("failure_kind", e.kind)
+                trial.set_user_attr("failure_message", e.message[-2000:])
+                trial.set_user_attr("attempts", attempt)
+                return self._tell(trial, FAILED, state=TrialState.FAIL)
+        trial.set_user_attr("measurement", m.as_dict())
+        constraints = slack(m, self.slo)
+        verdict = MEASURED if is_feasible(constraints) else VIOLATES
+        return self._tell(trial, verdict, constraints=constraints,
+                          values=values(m, self.config.objective, self.config.latency))
+
+    def _tell_prior(self, trial: optuna.Trial, prior: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
+        trial.set_user_attr("duplicate_of", prior.number)
+        if prior.state == TrialState.FAIL:
+            trial.set_user_attr("failure_kind", prior.user_attrs.get("failure_kind"))
+            return self._tell(trial, KNOWN_FAILURE, state=TrialState.FAIL)
+        if prior.state == TrialState.PRUNED:
+            trial.set_user_attr("pruned_reason", prior.user_attrs.get("pruned_reason"))
+            return self._tell(trial, PRUNED, state=TrialState.PRUNED)
+        trial.set_user_attr("measurement", prior.user_attrs["measurement"])
+        return self._tell(trial, DUPLICATE, constraints=prior.user_attrs[CONSTRAINTS_ATTR], values=prior.values)
+
+    def _tell(self, trial: optuna.Trial, verdict: str, *, state: TrialState = TrialState.COMPLETE,
+              constraints: list[float] | None = None, values: list[float] | None = None) -> optuna.trial.FrozenTrial:
+        trial.set_user_attr("verdict", verdict)
+        constraints = constraints or [INFEASIBLE] * self.n_constraints
+        trial.set_user_attr(CONSTRAINTS_ATTR, constraints)
+        if NATIVE_CONSTRAINTS:
+            for name, value in zip(constraint_names(self.slo), constraints):
+                trial.set_constraint(name, value)
+        frozen = self.study.tell(trial, values if state == TrialState.COMPLETE else None, state=state)
+        self.on_trial(frozen)
+        return frozen
+
+    def find_prior(self, settings: EngineSettings, number: int) -> optuna.trial.FrozenTrial | None:
+        """An earlier finished trial with the same settings whose outcome is final: a
+        measurement, an infeasibility, or a non-transient failure."""
+        wanted = settings.as_dict()
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == number or t.user_attrs.get("settings") != wanted:
+                continue
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "remeasure_of" not in t.user_attrs:
+                return t
+            if t.state == TrialState.FAIL and t.user_attrs.get("verdict") == FAILED:
+                return t
+        return None
+
+    # ------------------------------------------------------------ re-measurement
+    def remeasure_best(self) -> None:
+        """Measures the `remeasure_top` best feasible trials once more (each once, also
+        across a resume)."""
+        done = {t.user_attrs["remeasure_of"] for t in self.study.get_trials(deepcopy=False)
+                if "remeasure_of" in t.user_attrs and t.state == TrialState.COMPLETE}
+        for t in best_measured(self.study)[: self.config.remeasure_top]:
+            if t.number in done:
+                continue
+            self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
+            self.step()
+
+
+def best_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Original (not duplicate, not re-measure) feasible trials, best first by their
+    first objective value."""
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    found = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.user_attrs.get("verdict") == MEASURED and "remeasure_of" not in t.user_attrs]
+    return sorted(found, key=lambda t: t.values[0], reverse=maximize)
+
+
+def trial_summary(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """One trial as the report and status.tuning keep it."""
+    m = t.user_attrs.get("measurement") or {}
+    return {
+        "number": t.number, "state": t.state.name, "verdict": t.user_attrs.get("verdict"),
+        "settings": t.user_attrs.get("settings"), "values": list(t.values) if t.values else None,
+        "is_defaults": bool(t.user_attrs.get("is_defaults")), "remeasure_of": t.user_attrs.get("remeasure_of"),
+        "duplicate_of": t.user_attrs.get("duplicate_of"),
+        "reason": t.user_attrs.get("pruned_reason") or t.user_attrs.get("failure_message"),
+        "failure_kind": t.user_attrs.get("failure_kind"), "measurement": m,
+        "constraints": t.user_attrs.get(CONSTRAINTS_ATTR),
+    }

@@ -1,0 +1,107 @@
+"""`PrometheusSource`: measures a window through PromQL, as the dashboards do, with
+`prometheus-api-client`'s `PrometheusConnect.custom_query` (the HTTP API /api/v1/query).
+
+Window edges are real scrapes: `begin()` waits for the first sample taken after it was
+called (the engine is idle then, so nothing changes until the load starts) and `measure()`
+waits for the first sample after the load ended. Each quantity is then the difference of
+the cumulative series at the two edges, with PromQL's `@` modifier:
+
+    histogram_quantile(0.95, sum by (le) (vllm:time_to_first_token_seconds_bucket{sel})
+                             - (sum by (le) (vllm:time_to_first_token_seconds_bucket{sel} @ START)
+                                or sum by (le) (vllm:time_to_first_token_seconds_bucket{sel}) * 0))
+    sum(vllm:num_preemptions_total{sel}) - (sum(vllm:num_preemptions_total{sel} @ START) or vector(0))
+
+evaluated at END. Unlike `increase(...[W])` this neither extrapolates to the window's
+edges nor depends on the window lining up with the scrape interval, so it equals what
+`ScrapeSource` computes from the same two scrapes. `sel` scopes the series to one trial's
+engine (its job or pod labels, or the operator's config-hash label).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from prometheus_api_client import PrometheusConnect
+
+from kvpilot.tuner.objective import SLO, Measurement
+from kvpilot.tuner.window import E2E, HISTOGRAMS, RUNNING, TPOT, TTFT, COUNTERS, Buckets, Snapshot, window_metrics
+
+
+class PrometheusSource:
+    """url: the Prometheus server; selector: PromQL label matchers without braces, e.g.
+    'job="engine",model_name="smollm2-135m-instruct"'; scrape_timeout_s: how long to wait
+    for a fresh sample at a window edge."""
+
+    name = "prometheus"
+
+    def __init__(self, url: str, selector: str = "", scrape_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.time):
+        self.client = PrometheusConnect(url=url, disable_ssl=True)
+        self.selector = selector
+        self.scrape_timeout_s = scrape_timeout_s
+        self.clock = clock
+
+    def _sel(self, name: str) -> str:
+        return f"{name}{{{self.selector}}}"
+
+    def query(self, promql: str, at: float) -> list[dict]:
+        """The instant vector of `promql` at time `at` (s since the epoch)."""
+        return self.client.custom_query(promql, params={"time": f"{at:.3f}"})
+
+    def scalar(self, promql: str, at: float) -> float:
+        """The single value of `promql` at `at`; 0 for an empty vector."""
+        result = self.query(promql, at)
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def latest_sample_time(self) -> float:
+        """Timestamp of the newest scrape of the engine (s), or 0 when there is none."""
+        result = self.query(f"max(timestamp({self._sel(RUNNING)}))", self.clock())
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def wait_for_scrape_after(self, t: float) -> float:
+        """Blocks until Prometheus holds a sample taken at or after `t`; returns its time.
+        Raises TimeoutError after scrape_timeout_s."""
+        deadline = time.monotonic() + self.scrape_timeout_s
+        while time.monotonic() < deadline:
+            latest = self.latest_sample_time()
+            if latest >= t:
+                return latest
+            time.sleep(0.25)
+        raise TimeoutError(f"no scrape of {self._sel(RUNNING)} after t={t:.3f} within {self.scrape_timeout_s} s")
+
+    def begin(self) -> Snapshot:
+        """Marks the window's start at the next scrape."""
+        return Snapshot(time_s=self.wait_for_scrape_after(self.clock()))
+
+    def counter_delta(self, name: str, start: float, end: float) -> float:
+        sel = self._sel(name)
+        return self.scalar(f"sum({sel}) - (sum({sel} @ {start:.3f}) or vector(0))", end)
+
+    def bucket_delta_query(self, histogram: str, start: float) -> str:
+        sel = self._sel(histogram + "_bucket")
+        return f"sum by (le) ({sel}) - (sum by (le) ({sel} @ {start:.3f}) or sum by (le) ({sel}) * 0)"
+
+    def bucket_delta(self, histogram: str, start: float, end: float) -> Buckets:
+        return {float(r["metric"]["le"]): float(r["value"][1])
+                for r in self.query(self.bucket_delta_query(histogram, start), end)}
+
+    def quantile(self, q: float, histogram: str, start: float, end: float) -> float:
+        """PromQL's histogram_quantile over the window's bucket increases; NaN when empty."""
+        result = self.query(f"histogram_quantile({q}, {self.bucket_delta_query(histogram, start)})", end)
+        return float(result[0]["value"][1]) if result else math.nan
+
+    def measure(self, start: Snapshot, slo: SLO) -> Measurement:
+        """The window from `start` to the first scrape after now."""
+        end = self.wait_for_scrape_after(self.clock())
+        end_snap = Snapshot(time_s=end)
+        end_snap.counters = {name: self.counter_delta(name, start.time_s, end) for name in COUNTERS}
+        for name in (TTFT, TPOT, E2E):  # for the goodput estimate
+            end_snap.buckets[name] = self.bucket_delta(name, start.time_s, end)
+        m = window_metrics(Snapshot(time_s=start.time_s), end_snap, slo, self.name)
+        names = dict(zip(("ttft_p95_s", "itl_p95_s", "tpot_p95_s", "e2e_p95_s"), HISTOGRAMS))
+        for attr, histogram in names.items():
+            setattr(m, attr, self.quantile(0.95, histogram, start.time_s, end))
+        return m
+

@@ -1,0 +1,69 @@
+"""`ScrapeSource`: the embedded measurement source, for runs without Prometheus. It reads the
+engine's `/metrics` (Prometheus text format, parsed by `prometheus_client.parser`) at the
+window's start and end and takes the differences (`kvpilot.tuner.window`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpilot.tuner.objective import SLO, Measurement
+from kvpilot.tuner.window import CONFIG_INFO, COUNTERS, HISTOGRAMS, RUNNING, WAITING, Snapshot, window_metrics
+
+
+def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: float | None = None) -> Snapshot:
+    """A Snapshot of the vLLM metrics in a `/metrics` page, summing the series whose labels
+    include `labels` (e.g. {"model_name": "smollm2"}); other metrics are ignored. Counters
+    are keyed by their sample name (`vllm:num_preemptions_total`). `vllm:cache_config_info`
+    is read also when it lacks the filter's labels (upstream vLLM labels it by config only)."""
+    wanted = dict(labels or {})
+    snap = Snapshot(time_s=time.time() if time_s is None else time_s)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            info = family.name == CONFIG_INFO or sample.name == CONFIG_INFO
+            if any(sample.labels.get(k, v if info else None) != v for k, v in wanted.items()):
+                continue
+            name = sample.name
+            if name.endswith("_bucket") and name[: -len("_bucket")] in HISTOGRAMS:
+                le = sample.labels.get("le", "+Inf")
+                bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
+                hist = snap.buckets.setdefault(name[: -len("_bucket")], {})
+                hist[bound] = hist.get(bound, 0.0) + sample.value
+            elif name in COUNTERS:
+                snap.counters[name] = snap.counters.get(name, 0.0) + sample.value
+            elif name in (RUNNING, WAITING):
+                snap.gauges[name] = snap.gauges.get(name, 0.0) + sample.value
+            elif info:
+                snap.config_info.update(sample.labels)
+    return snap
+
+
+class ScrapeSource:
+    """Reads one engine's `/metrics` directly. base_url: the engine's root
+    (http://127.0.0.1:8000); labels narrow the series (e.g. model_name)."""
+
+    name = "scrape"
+
+    def __init__(self, base_url: str, labels: Mapping[str, str] | None = None, timeout_s: float = 10.0,
+                 headers: Mapping[str, str] | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.labels = dict(labels or {})
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+
+    def snapshot(self) -> Snapshot:
+        """The metrics now. Raises httpx.HTTPError when the engine does not answer."""
+        resp = httpx.get(f"{self.base_url}/metrics", timeout=self.timeout_s, headers=self.headers)
+        resp.raise_for_status()
+        return parse_metrics(resp.text, self.labels)
+
+    def begin(self) -> Snapshot:
+        return self.snapshot()
+
+    def measure(self, start: Snapshot, slo: SLO) -> Measurement:
+        """The window from `start` to now."""
+        return window_metrics(start, self.snapshot(), slo, self.name)

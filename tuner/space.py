@@ -1,0 +1,162 @@
+"""The search space: which engine settings the tuner tries, and their bounds.
+
+Per vLLM's performance-tuning guide, the knobs that decide latency and throughput are the
+per-step token budget (`max_num_batched_tokens`: small favours inter-token latency, large
+favours time to first token and throughput), the concurrency cap (`max_num_seqs`: too
+high for the KV cache causes preemptions), the memory fraction
+(`gpu_memory_utilization`: more KV cache, fewer preemptions), chunked prefill, and the
+parallel sizes. The budget takes powers of two (the scale the guide's and the chunked
+prefill study's sweeps use) plus `max_model_len`, the smallest budget chunked prefill
+off accepts; `max_num_seqs` is log-uniform. Parallel sizes are limited to those whose
+product fits the devices and that divide the model's heads (and, for even stages, layers).
+
+Suggest calls follow Optuna's define-by-run API (`suggest_int(..., log=True)`,
+`suggest_categorical`); every setting not searched keeps the base (defaults) value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from kvpilot.engine.config import ModelConfig, ParallelConfig
+from kvpilot.tuner.settings import EngineSettings
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Bounds of the search; `None` or an empty tuple keeps that setting at its base value.
+
+    max_num_batched_tokens: (low, high) tokens; the candidates are the powers of two in it.
+    max_num_seqs: (low, high) requests, sampled log-uniformly.
+    gpu_memory_utilization: (low, high) fraction of device memory.
+    enable_chunked_prefill: the values to try.
+    parallel: search tp x pp over what `num_devices` allows.
+    block_size, enable_prefix_caching: optional values to try.
+    """
+
+    max_num_batched_tokens: tuple[int, int] | None = (128, 8192)
+    max_num_seqs: tuple[int, int] | None = (4, 256)
+    gpu_memory_utilization: tuple[float, float] | None = None
+    enable_chunked_prefill: tuple[bool, ...] = (True, False)
+    parallel: bool = False
+    num_devices: int = 1
+    block_size: tuple[int, ...] = ()
+    enable_prefix_caching: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
+            bounds = getattr(self, name)
+            if bounds is not None and not 0 < bounds[0] <= bounds[1]:
+                raise ValueError(f"{name} bounds must satisfy 0 < low <= high, got {bounds}")
+        if self.gpu_memory_utilization is not None and self.gpu_memory_utilization[1] > 1:
+            raise ValueError(f"gpu_memory_utilization is a fraction <= 1, got {self.gpu_memory_utilization}")
+        if self.num_devices < 1:
+            raise ValueError(f"num_devices must be >= 1, got {self.num_devices}")
+
+    # ------------------------------------------------------------ candidates
+    def batched_tokens_choices(self, base: EngineSettings) -> list[int]:
+        """Powers of two within the bounds, plus max_model_len (the smallest budget that
+        chunked prefill off accepts) when that is within them, plus the base value."""
+        low, high = self.max_num_batched_tokens or (base.max_num_batched_tokens,) * 2
+        choices = {1 << k for k in range(0, 31) if low <= (1 << k) <= high}
+        if low <= base.max_model_len <= high and False in self.enable_chunked_prefill:
+            choices.add(base.max_model_len)
+        choices.add(base.max_num_batched_tokens)
+        return sorted(choices)
+
+    def parallel_choices(self, model: ModelConfig) -> list[str]:
+        """'TPxPP' strings with tp x pp <= num_devices that the engine's ParallelConfig
+        accepts for this model and whose pipeline stages are even."""
+        found = []
+        for tp in range(1, self.num_devices + 1):
+            for pp in range(1, self.num_devices // tp + 1):
+                try:
+                    ParallelConfig(tp, pp).check_model(model)
+                except ValueError:
+                    continue
+                if model.num_layers % pp == 0:
+                    found.append(f"{tp}x{pp}")
+        return found
+
+    def bounds_with(self, base: EngineSettings) -> SearchSpace:
+        """This space widened so that the base (default) settings lie inside it, so the
+        defaults can always be enqueued as trial 0."""
+        def widen(bounds, value):
+            return None if bounds is None else (min(bounds[0], value), max(bounds[1], value))
+        return SearchSpace(
+            max_num_batched_tokens=widen(self.max_num_batched_tokens, base.max_num_batched_tokens),
+            max_num_seqs=widen(self.max_num_seqs, base.max_num_seqs),
+            gpu_memory_utilization=widen(self.gpu_memory_utilization, base.gpu_memory_utilization),
+            enable_chunked_prefill=tuple(dict.fromkeys((*self.enable_chunked_prefill, base.enable_chunked_prefill)))
+            if self.enable_chunked_prefill else (),
+            parallel=self.parallel, num_devices=self.num_devices,
+            block_size=tuple(dict.fromkeys((*self.block_size, base.block_size))) if self.block_size else (),
+            enable_prefix_caching=tuple(dict.fromkeys((*self.enable_prefix_caching, base.enable_prefix_caching)))
+            if self.enable_prefix_caching else (),
+        )
+
+    # ------------------------------------------------------------ sampling
+    def suggest(self, trial: optuna.Trial, base: EngineSettings, model: ModelConfig) -> EngineSettings:
+        """The settings of `trial`: base values with the searched ones suggested."""
+        values: dict[str, Any] = {}
+        if self.max_num_batched_tokens is not None:
+            values["max_num_batched_tokens"] = trial.suggest_categorical(
+                "max_num_batched_tokens", self.batched_tokens_choices(base))
+        if self.max_num_seqs is not None:
+            values["max_num_seqs"] = trial.suggest_int("max_num_seqs", *self.max_num_seqs, log=True)
+        if self.gpu_memory_utilization is not None:
+            values["gpu_memory_utilization"] = trial.suggest_float(
+                "gpu_memory_utilization", *self.gpu_memory_utilization)
+        if len(self.enable_chunked_prefill) > 1:
+            values["enable_chunked_prefill"] = trial.suggest_categorical(
+                "enable_chunked_prefill", list(self.enable_chunked_prefill))
+        elif self.enable_chunked_prefill:
+            values["enable_chunked_prefill"] = self.enable_chunked_prefill[0]
+        if self.parallel:
+            choices = self.parallel_choices(model)
+            if len(choices) > 1:
+                tp, pp = trial.suggest_categorical("parallel", choices).split("x")
+                values.update(tensor_parallel_size=int(tp), pipeline_parallel_size=int(pp))
+        if len(self.block_size) > 1:
+            values["block_size"] = trial.suggest_categorical("block_size", list(self.block_size))
+        if len(self.enable_prefix_caching) > 1:
+            values["enable_prefix_caching"] = trial.suggest_categorical(
+                "enable_prefix_caching", list(self.enable_prefix_caching))
+        return base.replace(**values)
+
+    def params_of(self, settings: EngineSettings, model: ModelConfig) -> dict[str, Any]:
+        """The study parameters that make `suggest` return `settings` (for
+        `study.enqueue_trial`): the inverse of `suggest` over the searched settings."""
+        params: dict[str, Any] = {}
+        if self.max_num_batched_tokens is not None:
+            params["max_num_batched_tokens"] = settings.max_num_batched_tokens
+        if self.max_num_seqs is not None:
+            params["max_num_seqs"] = settings.max_num_seqs
+        if self.gpu_memory_utilization is not None:
+            params["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if len(self.enable_chunked_prefill) > 1:
+            params["enable_chunked_prefill"] = settings.enable_chunked_prefill
+        if self.parallel and len(self.parallel_choices(model)) > 1:
+            params["parallel"] = f"{settings.tensor_parallel_size}x{settings.pipeline_parallel_size}"
+        if len(self.block_size) > 1:
+            params["block_size"] = settings.block_size
+        if len(self.enable_prefix_caching) > 1:
+            params["enable_prefix_caching"] = settings.enable_prefix_caching
+        return params
+
+    def grid(self, base: EngineSettings, model: ModelConfig, max_num_seqs_values: list[int]) -> list[EngineSettings]:
+        """Every combination of the categorical choices with the given max_num_seqs values
+        (for the full-grid comparison of the tuning-quality benchmark)."""
+        out = [base]
+        for name, choices in (("max_num_batched_tokens", self.batched_tokens_choices(base)
+                               if self.max_num_batched_tokens else []),
+                              ("max_num_seqs", max_num_seqs_values if self.max_num_seqs else []),
+                              ("enable_chunked_prefill", list(self.enable_chunked_prefill)),
+                              ("block_size", list(self.block_size)),
+                              ("enable_prefix_caching", list(self.enable_prefix_caching))):
+            if choices:
+                out = [s.replace(**{name: c}) for s in out for c in choices]
+        return list(dict.fromkeys(out))
