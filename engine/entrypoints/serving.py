@@ -228,8 +228,11 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
         async for event in events:
             yield event
         yield "data: [DONE]\n\n"
-    except RequestAborted:
-        logger.info("request %s aborted: the client disconnected", subs[0].request_id.rsplit("-", 1)[0])
+    except RequestAborted:  # our watcher saw the client leave
+        _log_disconnect(subs)
+    except asyncio.CancelledError:  # Starlette's did
+        _log_disconnect(subs)
+        raise
     except (ValueError, APIError) as exc:
         message = exc.message if isinstance(exc, APIError) else str(exc)
         yield sse({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 400}})
@@ -244,6 +247,10 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
         for sub in subs:
             engine.abort(sub.request_id)
         state.release()
+
+
+def _log_disconnect(subs: list[SubRequest]) -> None:
+    logger.info("request %s aborted: the client disconnected", subs[0].request_id.rsplit("-", 1)[0])
 
 
 def log_request(state: ServerState, request_id: str, subs: list[SubRequest]) -> None:
