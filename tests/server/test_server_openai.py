@@ -79,9 +79,9 @@ def test_concurrent_greedy_requests_equal_the_offline_llm(client):
         served = [f.result().choices[0] for f in completions]
         served_chat = chat_future.result().choices[0]
     llm = LLM(**ENGINE_SETTINGS)
-    params = SamplingParams(temperature=0, max_tokens=8)
-    offline = [o.outputs[0] for o in llm.generate(PROMPTS, params)]
-    offline_chat = llm.chat(CHAT, params)[0].outputs[0]
+    prompts = [llm.get_tokenizer().encode(p, add_special_tokens=False) for p in PROMPTS]
+    outputs = llm.generate(prompts + [llm.apply_chat_template(CHAT)], SamplingParams(temperature=0, max_tokens=8))
+    *offline, offline_chat = [o.outputs[0] for o in outputs]  # one batch: as in the server, all at once
     assert [c.text for c in served] == [o.text for o in offline]
     assert [c.finish_reason for c in served] == [o.finish_reason for o in offline]
     assert served_chat.message.content == offline_chat.text
