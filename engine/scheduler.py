@@ -39,7 +39,8 @@ class Scheduler:
     """Each step, gives every sequence tokens so that its num_computed_tokens catches up
     with its length: running sequences first, then swapped, then waiting ones; preempts the
     newest when KV blocks run out. Invariant: sum of num_scheduled_tokens <=
-    max_num_batched_tokens and len(running) <= max_num_seqs."""
+    max_num_batched_tokens; no request is admitted while len(running) >= max_num_seqs
+    (after a live lowering of max_num_seqs, the excess finishes rather than being dropped)."""
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
@@ -98,7 +99,6 @@ class Scheduler:
         out.blocks_to_copy = self.block_manager.pending_copies
         self.block_manager.pending_copies = []
         assert self._budget >= 0 and out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
-        assert len(self.running) <= self.config.max_num_seqs
         return out
 
     def _schedule_running(self, out: SchedulerOutput, decodes: bool) -> None:

@@ -70,6 +70,12 @@ class TorchAttentionBackend(AttentionBackend):
         v = _gather(v_cache, table, nb).to(q.dtype).transpose(1, 2)
         lens = meta.seq_lens[:nd].unsqueeze(1)
         mask = (torch.arange(k.shape[2], device=q.device).unsqueeze(0) < lens)[:, None, None, :]
+        # Slots past a sequence's end hold whatever the pool's memory last held, NaN
+        # included. SDPA adds a boolean mask as -inf (NaN + -inf = NaN) and a zero weight
+        # times NaN is NaN, so clear K and V there.
+        pad = ~mask.transpose(-1, -2)
+        k = k.masked_fill(pad, 0)
+        v = v.masked_fill(pad, 0)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
         )
