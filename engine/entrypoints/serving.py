@@ -196,6 +196,7 @@ async def collect_unless_disconnected(request: Request, coro) -> object:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             task.cancel()
+            logger.info("request aborted: the client disconnected before the answer")
             raise RequestAborted("the client disconnected")
         return task.result()
     finally:

@@ -114,7 +114,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
         choices.append(ChatChoice(index=sub.index, message=AssistantMessage(content=comp.text), logprobs=lp,
                                   finish_reason=comp.finish_reason, stop_reason=comp.stop_reason))
     num_out = sum(len(finals[s.index].outputs[0].token_ids) for s in subs)
-    body = ChatCompletionResponse(id=base, model=model, choices=choices, usage=usage(len(ids) * len(subs), num_out))
+    body = ChatCompletionResponse(id=base, model=model, choices=choices, usage=usage(len(ids), num_out))
     return JSONResponse(body.model_dump(), headers={"X-Request-Id": base})
 
 
@@ -149,6 +149,5 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, engine: AsyncL
         yield chunk(ChatStreamChoice(index=index, delta=delta, logprobs=lp, finish_reason=comp.finish_reason,
                                      stop_reason=comp.stop_reason))
     if req.stream_options is not None and req.stream_options.include_usage:
-        num_prompt = sum(len(s.prompt_token_ids) for s in subs)
         yield sse(ChatCompletionChunk(id=base, created=created, model=model, choices=[],
-                                      usage=usage(num_prompt, num_out)))
+                                      usage=usage(len(subs[0].prompt_token_ids), num_out)))

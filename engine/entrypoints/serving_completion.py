@@ -118,7 +118,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
             lp = _logprobs(state, out, comp.token_ids, 0, req.logprobs, len(echo.get(sub.index, "")))
         choices.append(CompletionChoice(index=sub.index, text=echo.get(sub.index, "") + comp.text, logprobs=lp,
                                         finish_reason=comp.finish_reason, stop_reason=comp.stop_reason))
-    num_prompt = sum(len(s.prompt_token_ids) for s in subs)
+    num_prompt = sum(len(ids) for ids, _ in prompts)  # each prompt once, whatever n is (as OpenAI counts)
     num_out = sum(len(finals[s.index].outputs[0].token_ids) for s in subs)
     body = CompletionResponse(id=base, model=model, choices=choices, usage=usage(num_prompt, num_out))
     return JSONResponse(body.model_dump(), headers={"X-Request-Id": base})
@@ -153,6 +153,6 @@ async def _stream(state: ServerState, req: CompletionRequest, engine: AsyncLLMEn
                                   stop_reason=comp.stop_reason)
         yield sse(CompletionResponse(id=base, created=created, model=model, choices=[choice]))
     if req.stream_options is not None and req.stream_options.include_usage:
-        num_prompt = sum(len(s.prompt_token_ids) for s in subs)
+        num_prompt = sum(len(s.prompt_token_ids) for s in subs if s.index % req.n == 0)
         yield sse(CompletionResponse(id=base, created=created, model=model, choices=[],
                                      usage=usage(num_prompt, num_out)))

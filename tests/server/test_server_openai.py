@@ -97,7 +97,15 @@ def test_batched_prompts_with_n_give_one_choice_per_prompt_and_sample(client):
     r = client.completions.create(model=MODEL, prompt=PROMPTS[:2], n=2, max_tokens=3, temperature=0)
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.choices[0].text == r.choices[1].text != r.choices[2].text == r.choices[3].text
-    assert r.usage.completion_tokens == 12
+    assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens == 5 + 6  # each prompt counted once
+
+
+def test_echo_puts_the_prompt_before_the_completion(client):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, echo=True)
+    assert r.choices[0].text == PROMPTS[0] + " Paris"
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1, temperature=0, echo=True,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == PROMPTS[0] + " Paris"
 
 
 def test_logprobs_have_one_entry_per_token_with_the_top_alternatives(client):
