@@ -66,6 +66,8 @@ class Tuner:
                  on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None):
         self.study, self.base, self.model, self.hardware = study, base, model, hardware
         self.space = space.bounds_with(base)
+        if self.space != space:
+            logger.warning("search bounds widened to include the engine defaults (trial 0): %s", self.space)
         self.slo, self.runner, self.config = slo, runner, config
         self.on_trial = on_trial or (lambda _t: None)
         self.n_constraints = len(constraint_names(slo))

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from prometheus_api_client import PrometheusConnect
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import E2E, HISTOGRAMS, RUNNING, TPOT, TTFT, COUNTERS, Buckets, Snapshot, window_metrics
+from kvpilot.tuner.window import (COUNTERS, E2E, HISTOGRAMS, REQUESTS, RUNNING, TPOT, TTFT, Buckets, Snapshot,
+                                  window_metrics)
 
 
 class PrometheusSource:
@@ -44,7 +45,8 @@ class PrometheusSource:
         self.clock = clock
 
     def _sel(self, name: str) -> str:
-        return f"{name}{{{self.selector}}}"
+        matchers = [m for m in (self.selector, 'finished_reason!="abort"' if name == REQUESTS else "") if m]
+        return f"{name}{{{','.join(matchers)}}}"
 
     def query(self, promql: str, at: float) -> list[dict]:
         """The instant vector of `promql` at time `at` (s since the epoch)."""

@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from kvpilot.tuner.loop import MEASURED, best_measured, trial_summary
-from kvpilot.tuner.objective import SLO
+from kvpilot.tuner.objective import SLO, constraint_names
 
 
 def _ranked(study: optuna.Study) -> list[dict[str, Any]]:
@@ -50,6 +50,10 @@ def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
 def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report as a JSON-able dict."""
     trials = [trial_summary(t) for t in study.get_trials(deepcopy=False)]
+    names = constraint_names(slo)
+    for t in trials:
+        measured = t["verdict"] in ("measured", "violates_slo", "duplicate")
+        t["violations"] = [n for n, v in zip(names, t["constraints"] or ()) if v > 0] if measured else []
     defaults = next((t for t in trials if t["is_defaults"] and t["remeasure_of"] is None and t["values"]), None)
     report: dict[str, Any] = {
         "study": study.study_name, "objective": objective, "slo": vars(slo), "meta": meta or {},
@@ -57,7 +61,8 @@ def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | 
         "counts": {k: sum(1 for t in trials if t["verdict"] == k)
                    for k in ("measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure")},
         "defaults": defaults and {"number": defaults["number"], "settings": defaults["settings"],
-                                  "objective": defaults["values"][0], "feasible": defaults["verdict"] == MEASURED},
+                                  "objective": defaults["values"][0], "feasible": defaults["verdict"] == MEASURED,
+                                  "violations": defaults["violations"]},
     }
     if objective == "multi":
         report["pareto_front"] = pareto_front(study)
@@ -94,6 +99,8 @@ def table(report: dict[str, Any]) -> str:
                                                      else "")
         ms = (lambda k: m[k] * 1000 if m.get(k) is not None else None)
         verdict = (t["verdict"] or t["state"].lower()) + tag
+        if t["violations"]:
+            verdict += " [" + ", ".join(t["violations"]) + "]"
         if t["reason"]:
             verdict += ": " + t["reason"].splitlines()[0][:90]
         lines.append(f"{t['number']:>3} {desc:<44} {_fmt(m.get('goodput_rps')):>8} {_fmt(m.get('throughput_rps')):>7} "
@@ -107,11 +114,13 @@ def table(report: dict[str, Any]) -> str:
     elif best:
         lines.append(f"best: trial #{best['number']} {report['objective']} median {best['median']:.3f} "
                      f"over {len(best['runs'])} run(s), spread {best['spread']:.3f}: {best['settings']}")
-        if defaults:
+        if defaults and defaults["feasible"]:
             ratio = (report.get("improvement") or {}).get("best_over_defaults")
-            lines.append(f"defaults: trial #{defaults['number']} {report['objective']} {defaults['objective']:.3f}"
-                         f"{'' if defaults['feasible'] else ' (violates the SLOs: counts as 0)'}; best/defaults = "
-                         f"{_fmt(ratio)}")
+            lines.append(f"defaults: trial #{defaults['number']} {report['objective']} {defaults['objective']:.3f}; "
+                         f"best/defaults = {_fmt(ratio)}")
+        elif defaults:
+            lines.append(f"defaults: trial #{defaults['number']} {report['objective']} {defaults['objective']:.3f} "
+                         f"but they break the SLOs ({', '.join(defaults['violations'])}); the best meets them")
     else:
         lines.append("no trial met the SLOs")
     return "\n".join(lines)

@@ -12,7 +12,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import CONFIG_INFO, COUNTERS, HISTOGRAMS, RUNNING, WAITING, Snapshot, window_metrics
+from kvpilot.tuner.window import (CONFIG_INFO, COUNTERS, HISTOGRAMS, REQUESTS, RUNNING, WAITING, Snapshot,
+                                  window_metrics)
 
 
 def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: float | None = None) -> Snapshot:
@@ -34,6 +35,8 @@ def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: fl
                 hist = snap.buckets.setdefault(name[: -len("_bucket")], {})
                 hist[bound] = hist.get(bound, 0.0) + sample.value
             elif name in COUNTERS:
+                if name == REQUESTS and sample.labels.get("finished_reason") == "abort":
+                    continue  # aborted requests did not succeed
                 snap.counters[name] = snap.counters.get(name, 0.0) + sample.value
             elif name in (RUNNING, WAITING):
                 snap.gauges[name] = snap.gauges.get(name, 0.0) + sample.value

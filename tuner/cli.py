@@ -1,0 +1,146 @@
+"""`kvpilot tune`: SLO autotuning of the engine's settings.
+
+    kvpilot tune --local [--model M] [--trials 8] [--slo-ttft-ms 2000 --slo-itl-ms 200] ...
+    kvpilot tune --namespace NS --name NAME [--prometheus-url URL] [--target-url URL] ...
+
+Local mode restarts (or live-reconfigures) a `kvpilot serve` process per trial and drives
+ShareGPT load at it; cluster mode patches the InferenceService's spec.engine, waits for the
+rollout and measures through Prometheus (or a direct scrape). Both write a report folder
+(report.json, report.txt) and print the table. Exit 0 when a feasible setting was found,
+1 when none met the SLOs, 2 on bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+
+from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
+from kvpilot.tuner.space import SearchSpace
+from kvpilot.tuner.study import SAMPLERS
+from kvpilot.tuner.workload import Workload
+
+
+def _range(kind):
+    def parse(text: str):
+        low, sep, high = text.partition(":")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"write LOW:HIGH, got {text!r}")
+        return kind(low), kind(high)
+    return parse
+
+
+def _bools(text: str) -> tuple[bool, ...]:
+    return {"both": (True, False), "on": (True,), "off": (False,)}[text]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpilot tune", description=__doc__.split("\n\n")[0])
+    mode = p.add_argument_group("where")
+    mode.add_argument("--local", action="store_true", help="tune local engine processes")
+    mode.add_argument("--namespace", help="the InferenceService's namespace (cluster mode)")
+    mode.add_argument("--name", help="the InferenceService's name (cluster mode)")
+    mode.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    mode.add_argument("--target-url", default=None, help="cluster mode: engine URL to load and scrape "
+                      "(default: status.url's host)")
+    mode.add_argument("--rollout-timeout", type=float, default=600.0, help="seconds to wait for a rollout")
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default="smollm2-135m-instruct", help="builtin alias or HF directory")
+    g.add_argument("--max-model-len", type=int, default=1024)
+    g.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                   help="extra engine flag for every trial (repeat; e.g. --engine-arg=--num-gpu-blocks-override=256)")
+    g.add_argument("--api-key", default=None, help="API key for the local engine (default: a random one)")
+    g.add_argument("--port", type=int, default=0, help="fixed local engine port (for a Prometheus that scrapes it)")
+    g.add_argument("--no-live", action="store_true", help="restart for every trial, never change settings live")
+    g.add_argument("--device-memory-gib", type=float, default=None, help="device memory for the KV-cache "
+                   "prediction (default: this machine's)")
+    g.add_argument("--num-devices", type=int, default=1)
+    s = p.add_argument_group("SLOs (milliseconds; 0 disables)")
+    s.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    s.add_argument("--slo-itl-ms", type=float, default=200.0)
+    s.add_argument("--slo-e2e-ms", type=float, default=0.0)
+    s.add_argument("--max-preemptions-per-min", type=float, default=0.0)
+    o = p.add_argument_group("search")
+    o.add_argument("--objective", choices=OBJECTIVES, default="goodput")
+    o.add_argument("--latency", choices=LATENCIES, default="e2e", help="the p95 that --objective multi minimises")
+    o.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--trials", type=int, default=8, help="deployments to spend (pruned trials are free)")
+    o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
+    o.add_argument("--max-num-batched-tokens", type=_range(int), default=(128, 4096), metavar="LOW:HIGH")
+    o.add_argument("--max-num-seqs", type=_range(int), default=(2, 64), metavar="LOW:HIGH")
+    o.add_argument("--gpu-memory-utilization", type=_range(float), default=None, metavar="LOW:HIGH")
+    o.add_argument("--chunked-prefill", type=_bools, default=(True, False), metavar="both|on|off")
+    o.add_argument("--block-sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=())
+    o.add_argument("--prefix-caching", type=_bools, default=(), metavar="both|on|off")
+    o.add_argument("--parallel", action="store_true", help="search tensor/pipeline parallel sizes")
+    o.add_argument("--storage", default=None, help="Optuna storage, e.g. sqlite:///tune.db (resumes)")
+    o.add_argument("--study-name", default=None)
+    w = p.add_argument_group("workload")
+    w.add_argument("--num-requests", type=int, default=32)
+    w.add_argument("--request-rate", type=float, default=math.inf, help="Poisson requests/s (default: all at once)")
+    w.add_argument("--max-concurrency", type=int, default=None)
+    w.add_argument("--max-output-len", type=int, default=None, help="cap ShareGPT reply lengths (tokens)")
+    w.add_argument("--max-prompt-len", type=int, default=None)
+    w.add_argument("--trace", default=None, help="JSONL trace (timestamp, prompt_len, output_len) to replay")
+    w.add_argument("--warmup-requests", type=int, default=2)
+    m = p.add_argument_group("measurement and output")
+    m.add_argument("--prometheus-url", default=None, help="measure through this Prometheus (default: scrape /metrics)")
+    m.add_argument("--prometheus-selector", default="", help='extra PromQL matchers, e.g. job="engine"')
+    m.add_argument("--metrics-port", type=int, default=None, help="export the tuner's own metrics on this port")
+    m.add_argument("--report-dir", default=None, help="where report.json/report.txt go (default: a temp dir)")
+    m.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parses and checks the flags; exits 2 (argparse) on a bad combination."""
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.local == bool(a.namespace or a.name):
+        p.error("choose --local, or --namespace and --name for an InferenceService")
+    if not a.local and not (a.namespace and a.name):
+        p.error("cluster mode needs both --namespace and --name")
+    if a.trials < 1 or a.num_requests < 1 or a.remeasure_top < 0:
+        p.error("--trials and --num-requests must be >= 1, --remeasure-top >= 0")
+    try:
+        a.space = SearchSpace(max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+                              gpu_memory_utilization=a.gpu_memory_utilization, enable_chunked_prefill=a.chunked_prefill,
+                              parallel=a.parallel, num_devices=a.num_devices, block_size=a.block_sizes,
+                              enable_prefix_caching=a.prefix_caching)
+        a.workload = Workload(dataset=a.trace or "sharegpt", num_requests=a.num_requests, request_rate=a.request_rate,
+                              max_concurrency=a.max_concurrency, max_output_len=a.max_output_len,
+                              max_prompt_len=a.max_prompt_len, warmup_requests=a.warmup_requests, seed=a.seed)
+    except ValueError as e:
+        p.error(str(e))
+    a.slo = SLO(a.slo_ttft_ms, a.slo_itl_ms, a.slo_e2e_ms, a.max_preemptions_per_min)
+    a.engine_args = [part for arg in a.engine_arg for part in arg.split("=", 1)]
+    a.api_key = a.api_key or secrets.token_hex(8)
+    a.report_dir = Path(a.report_dir or tempfile.mkdtemp(prefix="kvpilot-tune-"))
+    return a
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
+                        format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    logging.getLogger("kvpilot.tuner").setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    if a.local:
+        from kvpilot.tuner.local_session import run_local
+
+        report = run_local(a)
+    else:
+        from kvpilot.tuner.cluster_session import run_cluster
+
+        report = run_cluster(a)
+    return 0 if report.get("best") or report.get("pareto_front") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

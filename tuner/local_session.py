@@ -1,0 +1,103 @@
+"""Wires a local tuning session together from parsed `kvpilot tune --local` flags: the
+model's shape, the hardware, the flag check against the engine's --help, the workload,
+the engine process, the measurement source, the study and the tuner; prints a line per
+trial and the report at the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import optuna
+import torch
+
+from kvpilot.tuner import report as reports
+from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
+from kvpilot.tuner.exporter import TunerMetrics
+from kvpilot.tuner.feasibility import Hardware, resolve_model
+from kvpilot.tuner.local import LocalRunner
+from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
+from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.study import open_study
+from kvpilot.tuner.workload import load_requests
+
+
+def hardware_for(a: argparse.Namespace) -> Hardware:
+    """The device the trials run on: --device-memory-gib, else this machine's memory (or
+    the first GPU's); --num-gpu-blocks-override among the engine args fixes the cache."""
+    from kvpilot.engine.memory import GiB, total_device_memory_bytes
+
+    if a.device_memory_gib:
+        memory = int(a.device_memory_gib * GiB)
+    else:
+        memory = total_device_memory_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    override = None
+    if "--num-gpu-blocks-override" in a.engine_args:
+        override = int(a.engine_args[a.engine_args.index("--num-gpu-blocks-override") + 1])
+    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override)
+
+
+def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
+    """Every flag a trial may pass: both spellings of the booleans the space can flip."""
+    flags = base.to_flags() + [f for f in a.engine_args if f.startswith("--")]
+    flags += ["--enable-chunked-prefill", "--no-enable-chunked-prefill"]
+    if a.prefix_caching:
+        flags.append("--enable-prefix-caching")
+    return flags
+
+
+def progress_printer(total: int, metrics: TunerMetrics, study_ref: list[optuna.Study]):
+    """A callback printing one line per finished trial and updating the tuner metrics."""
+    def on_trial(t: optuna.trial.FrozenTrial) -> None:
+        attrs = t.user_attrs
+        m = attrs.get("measurement") or {}
+        best = best_measured(study_ref[0])
+        metrics.record(t.number, attrs.get("verdict", "?"), best[0].values[0] if best else None)
+        how = (m.get("extra") or {}).get("applied", "")
+        what = (f"goodput {m['goodput_rps']:.3f} req/s, p95 ttft {(m.get('ttft_p95_s') or 0) * 1000:.0f} ms, "
+                f"itl {(m.get('itl_p95_s') or 0) * 1000:.0f} ms, {m.get('preemptions', 0):.0f} preemptions"
+                if m else (attrs.get("pruned_reason") or attrs.get("failure_message") or "")[:120])
+        settings = EngineSettings(**attrs["settings"]).describe() if attrs.get("settings") else ""
+        print(f"[trial {t.number:>2}] {settings} {('(' + how + ') ') if how else ''}-> {attrs.get('verdict')}: {what}",
+              file=sys.stderr, flush=True)
+    return on_trial
+
+
+def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
+    """Runs the session and returns the report dict (also written under a.report_dir)."""
+    model = resolve_model(a.model)
+    base = EngineSettings(max_model_len=a.max_model_len)
+    check_flags(KVPILOT_SERVE, searched_flags(base, a))
+    from kvpilot.bench.tokenizers import load_tokenizer
+
+    load = load_requests(load_tokenizer(a.model), a.workload, a.max_model_len)
+    name = a.model.removeprefix("builtin://")
+    engine = EngineProcess(a.model, a.report_dir / "engine.log", a.engine_args, a.api_key, port=a.port)
+    source_for = None
+    if a.prometheus_url:
+        selector = ",".join(s for s in (f'model_name="{name}"', a.prometheus_selector) if s)
+        source_for = lambda _engine: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
+    runner = LocalRunner(engine, a.workload, load, a.slo, name, source_for=source_for, live=not a.no_live)
+    study = open_study(a.study_name or f"kvpilot-local-{name}", a.storage, a.objective, a.sampler, a.seed)
+    metrics = TunerMetrics("local", name)
+    if a.metrics_port:
+        metrics.serve(a.metrics_port)
+    tuner = Tuner(study, a.space, base, model, hardware_for(a), a.slo, runner,
+                  TunerConfig(objective=a.objective, latency=a.latency, n_trials=a.trials,
+                              remeasure_top=a.remeasure_top),
+                  on_trial=progress_printer(a.trials, metrics, [study]))
+    print(f"tuning {name} locally: {a.trials} trials of {a.workload.num_requests} ShareGPT requests; "
+          f"SLOs {vars(a.slo)}; report in {a.report_dir}", file=sys.stderr, flush=True)
+    try:
+        tuner.run()
+    finally:
+        runner.close()
+    meta = {"mode": "local", "model": name, "workload": vars(a.workload), "applied": runner.applied,
+            "engine_args": a.engine_args}
+    rep = reports.build(study, a.slo, a.objective, meta)
+    path = reports.write(rep, a.report_dir)
+    print(reports.table(rep))
+    print(f"\nreport: {path}")
+    return rep
