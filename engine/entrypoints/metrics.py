@@ -125,16 +125,22 @@ class EngineMetrics:
         self.decode_time = histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
                                      REQUEST_LATENCY_BUCKETS)
         self._labels = labels
-        self._info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                           names + list(config_info_labels(config, 0, 0)), registry=reg)
+        self._info_names = names + list(config_info_labels(config, 0, 0))
+        self._info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", self._info_names,
+                           registry=reg)
+        self._info_labels: dict[str, str] | None = None
         self.set_config(config)
         self._last_token_s: dict[str, float] = {}
         self._prefix_seen = (0, 0)
 
     def set_config(self, config: EngineConfig) -> None:
-        """Replaces the `vllm:cache_config_info` series with the running configuration."""
-        self._info.clear()
-        self._info.labels(**self._labels, **config_info_labels(config, self.num_gpu_blocks, self.num_cpu_blocks)).set(1)
+        """Replaces the `vllm:cache_config_info` series with the running configuration (the
+        new series first, so that a scrape never finds none)."""
+        new = {**self._labels, **config_info_labels(config, self.num_gpu_blocks, self.num_cpu_blocks)}
+        self._info.labels(**new).set(1)
+        if self._info_labels is not None and self._info_labels != new:
+            self._info.remove(*(self._info_labels[name] for name in self._info_names))
+        self._info_labels = new
 
     def record_scheduler_state(self, num_running: int, num_waiting: int, num_swapped: int, kv_usage: float,
                                prefix_queries: int, prefix_hits: int) -> None:

@@ -3,6 +3,8 @@ turns /health and new requests to 503, loses no accepted request, and exits 0.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -66,3 +68,11 @@ def test_sigterm_during_streams_finishes_every_accepted_request_and_exits_0(drai
         assert any('"finish_reason": "length"' in e for e in events)
     log = server.log()
     assert "SIGTERM: draining 3 request(s)" in log and "drained; shutting down" in log
+
+
+def test_invalid_engine_flags_exit_2_with_what_to_change():
+    result = subprocess.run(
+        [sys.executable, "-m", "kvpilot.cli.main", "serve", "--max-model-len", "1024", "--no-enable-chunked-prefill",
+         "--max-num-batched-tokens", "512", "--port", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "max_num_batched_tokens (512) is smaller than max_model_len (1024)" in result.stderr

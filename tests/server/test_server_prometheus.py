@@ -134,6 +134,12 @@ def test_num_preemptions_rises_when_the_kv_cache_is_too_small(stack, workload):
     assert "preempted by PreemptionMode.RECOMPUTE" in server.log()
 
 
+def test_stats_lines_report_throughput_and_queues_like_vllm(stack, workload):
+    server, _ = stack
+    line = next(line for line in server.log().splitlines() if "Avg generation throughput" in line)
+    assert "Engine 000: Avg prompt throughput:" in line and "Running:" in line and "GPU KV cache usage:" in line
+
+
 def substitute(expr: str) -> str:
     """Grafana's variables replaced by values that select the test target."""
     values = {"$__rate_interval": "5m", "$namespace": TARGET_LABELS["namespace"],
