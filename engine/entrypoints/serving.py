@@ -163,20 +163,20 @@ async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Asyn
             queue.put_nowait(exc)
 
     tasks = [asyncio.create_task(pump(s)) for s in subs]
+    unfinished = {s.index: s.request_id for s in subs}
     try:
-        remaining = len(subs)
-        while remaining:
+        while unfinished:
             item = await queue.get()
             if isinstance(item, BaseException):
                 raise item
             if item[1].finished:
-                remaining -= 1
+                unfinished.pop(item[0], None)
             yield item
     finally:
         for task in tasks:
             task.cancel()
-        for sub in subs:
-            engine.abort(sub.request_id)
+        for request_id in unfinished.values():
+            engine.abort(request_id)
 
 
 async def wait_for_disconnect(request: Request) -> None:
@@ -225,9 +225,11 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
             engine.abort(sub.request_id)
 
     watcher = asyncio.ensure_future(on_disconnect())
+    done = False
     try:
         async for event in events:
             yield event
+        done = True
         yield "data: [DONE]\n\n"
     except RequestAborted:  # our watcher saw the client leave
         _log_disconnect(subs)
@@ -245,8 +247,9 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
         yield "data: [DONE]\n\n"
     finally:
         watcher.cancel()
-        for sub in subs:
-            engine.abort(sub.request_id)
+        if not done:  # the engine requests may still run
+            for sub in subs:
+                engine.abort(sub.request_id)
         state.release()
 
 
