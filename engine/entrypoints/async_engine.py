@@ -135,6 +135,18 @@ class AsyncLLMEngine:
         """Aborts a request from any thread; its KV blocks are freed before the next step."""
         self._commands.put(lambda: self._abort(request_id))
 
+    async def abort_all(self, reason: str) -> int:
+        """Aborts every request in the engine; their streams raise RequestAborted(reason).
+        Returns how many there were."""
+
+        def abort_all(_: LLMEngine) -> int:
+            request_ids = list(self._streams)
+            for request_id in request_ids:
+                self._abort(request_id, reason)
+            return len(request_ids)
+
+        return await self.run_on_engine(abort_all)
+
     async def run_on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Runs fn(engine) on the engine thread between steps; returns or raises its result."""
         if not self.is_running:
@@ -227,12 +239,12 @@ class AsyncLLMEngine:
             return
         self._streams[stream.request_id] = stream
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, reason: str = "aborted") -> None:
         stream = self._streams.pop(request_id, None)
         if self.engine.abort_request(request_id) and self.metrics is not None:
             self.metrics.record_aborted(request_id)
         if stream is not None:
-            self._deliver_threadsafe([(stream, RequestAborted(f"request {request_id} was aborted"))])
+            self._deliver_threadsafe([(stream, RequestAborted(f"request {request_id} was {reason}"))])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         step = self.engine.last_step

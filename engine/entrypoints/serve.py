@@ -116,18 +116,12 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         if state.num_in_flight and state.engine is not None and state.engine.is_running:
             logger.warning("drain timeout: aborting %d request(s) still in flight", state.num_in_flight)
-            await state.engine.run_on_engine(_abort_all)
+            await state.engine.abort_all("aborted: the server shut down (drain timeout)")
             end = time.monotonic() + 2.0
             while state.num_in_flight and time.monotonic() < end:
                 await asyncio.sleep(0.05)
         logger.info("drained; shutting down")
         self.should_exit = True
-
-
-def _abort_all(engine: LLMEngine) -> None:
-    sched = engine.scheduler
-    for seq in [*sched.running, *sched.waiting, *sched.swapped]:
-        engine.abort_request(seq.request_id)
 
 
 def main(argv: list[str]) -> int:

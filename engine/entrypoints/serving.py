@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
@@ -219,8 +220,12 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
     requests when the client disconnects, ends errors as an error event, then [DONE].
     Releases the admission taken by `admit`."""
 
+    client_gone = False
+
     async def on_disconnect() -> None:
+        nonlocal client_gone
         await wait_for_disconnect(request)
+        client_gone = True
         for sub in subs:
             engine.abort(sub.request_id)
 
@@ -231,8 +236,13 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
             yield event
         done = True
         yield "data: [DONE]\n\n"
-    except RequestAborted:  # our watcher saw the client leave
-        _log_disconnect(subs)
+    except RequestAborted as exc:
+        if client_gone:  # our watcher saw the client leave
+            _log_disconnect(subs)
+        else:  # the server aborted it (drain timeout): tell the client
+            yield sse({"error": {"message": str(exc), "type": "service_unavailable_error", "param": None,
+                                 "code": 503}})
+            yield "data: [DONE]\n\n"
     except asyncio.CancelledError:  # Starlette's did
         _log_disconnect(subs)
         raise
@@ -251,6 +261,14 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
             for sub in subs:
                 engine.abort(sub.request_id)
         state.release()
+
+
+def aborted_answer(state: ServerState, exc: RequestAborted) -> Response:
+    """The answer to a non-streaming request that was aborted: nobody is listening when the
+    client left (499, as nginx logs it); 503 when the server aborted it on shutdown."""
+    if state.draining:
+        raise APIError(503, str(exc), headers={"Connection": "close"})
+    return Response(status_code=499)
 
 
 def _log_disconnect(subs: list[SubRequest]) -> None:

@@ -29,6 +29,7 @@ from kvpilot.engine.entrypoints.serving import (
     ServerState,
     SubRequest,
     admit,
+    aborted_answer,
     check_model,
     collect_unless_disconnected,
     log_request,
@@ -103,8 +104,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
         finals = await collect_unless_disconnected(raw, _collect(engine, subs))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    except RequestAborted:
-        return Response(status_code=499)
+    except RequestAborted as exc:
+        return aborted_answer(state, exc)
     finally:
         state.release()
     choices = []

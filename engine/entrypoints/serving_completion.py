@@ -22,6 +22,7 @@ from kvpilot.engine.entrypoints.serving import (
     ServerState,
     SubRequest,
     admit,
+    aborted_answer,
     check_model,
     collect_unless_disconnected,
     log_request,
@@ -105,8 +106,8 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
         finals = await collect_unless_disconnected(raw, _collect(engine, subs))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    except RequestAborted:
-        return Response(status_code=499)  # nobody is listening any more
+    except RequestAborted as exc:
+        return aborted_answer(state, exc)
     finally:
         state.release()
     choices = []

@@ -1,5 +1,6 @@
 """Startup and shutdown: /health says 503 while the model loads; SIGTERM during streams
-turns /health and new requests to 503, loses no accepted request, and exits 0."""
+turns /health and new requests to 503, lets accepted requests finish (up to the drain
+timeout), and exits 0."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from server_harness import ENGINE_SETTINGS, ServerProcess, engine_flags, wait_un
 
 pytestmark = pytest.mark.slow
 
-MAX_TOKENS = 12
+MAX_TOKENS = 8
+LONG_TOKENS = 1000  # cannot finish within DRAIN_TIMEOUT_S
+DRAIN_TIMEOUT_S = 15
 
 
 @pytest.fixture(scope="module")
 def drained_server(tmp_path_factory: pytest.TempPathFactory):
     proc = ServerProcess(tmp_path_factory.mktemp("drain") / "server.log", *engine_flags(**ENGINE_SETTINGS),
-                         "--drain-timeout", "60")
+                         "--drain-timeout", str(DRAIN_TIMEOUT_S))
     proc.start()
     yield proc
     proc.stop()
@@ -31,28 +34,36 @@ def test_health_is_503_while_the_model_loads_then_200(drained_server):
 
 
 def test_sigterm_during_streams_finishes_every_accepted_request_and_exits_0(drained_server):
+    """Three short streams finish in full during the drain; two requests too long for
+    --drain-timeout are aborted when it runs out and told so (an error event, a 503)."""
     server = drained_server
-    results: dict[int, dict] = {}
-    first_chunk = [threading.Event() for _ in range(3)]
+    results: dict[str, dict] = {}
+    started = {name: threading.Event() for name in ("short0", "short1", "short2", "long-stream")}
 
-    def stream(i: int) -> None:
-        body = {"prompt": f"Story number {i}:", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
+    def stream(name: str, max_tokens: int) -> None:
+        body = {"prompt": f"Story {name}:", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
-        text, events = "", []
+        events = []
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
-                if not line:
-                    continue
-                events.append(line)
-                if line.startswith("data: {") and '"choices": [{' in line:
-                    first_chunk[i].set()
-        results[i] = {"status": r.status_code, "events": events}
+                if line:
+                    events.append(line)
+                    started[name].set()
+        results[name] = {"status": r.status_code, "events": events}
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    def complete(name: str) -> None:
+        r = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                       json={"prompt": "Story:", "max_tokens": LONG_TOKENS, "ignore_eos": True})
+        results[name] = {"status": r.status_code, "body": r.json()}
+
+    threads = [threading.Thread(target=stream, args=(f"short{i}", MAX_TOKENS)) for i in range(3)]
+    threads += [threading.Thread(target=stream, args=("long-stream", LONG_TOKENS)),
+                threading.Thread(target=complete, args=("long",))]
     for t in threads:
         t.start()
-    for event in first_chunk:
+    for event in started.values():
         assert event.wait(60), "streams started"
+    wait_until(lambda: server.metric("vllm:num_requests_running") == 5, 30, what="five running requests")
     server.terminate()
     wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 503, 10, 0.05, "/health to turn 503")
     refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
@@ -62,12 +73,16 @@ def test_sigterm_during_streams_finishes_every_accepted_request_and_exits_0(drai
         t.join(120)
     assert server.wait(60) == 0
     for i in range(3):
-        events = results[i]["events"]
-        assert results[i]["status"] == 200 and events[-1] == "data: [DONE]"
+        events = results[f"short{i}"]["events"]
+        assert results[f"short{i}"]["status"] == 200 and events[-1] == "data: [DONE]"
         assert f'"completion_tokens": {MAX_TOKENS}' in events[-2]  # the usage chunk: every token arrived
         assert any('"finish_reason": "length"' in e for e in events)
+    long_events = results["long-stream"]["events"]
+    assert long_events[-1] == "data: [DONE]" and "drain timeout" in long_events[-2] and '"code": 503' in long_events[-2]
+    assert results["long"]["status"] == 503 and "drain timeout" in results["long"]["body"]["error"]["message"]
     log = server.log()
-    assert "SIGTERM: draining 3 request(s)" in log and "drained; shutting down" in log
+    assert "SIGTERM: draining 5 request(s)" in log and "drain timeout: aborting 2 request(s)" in log
+    assert "drained; shutting down" in log
 
 
 def test_invalid_engine_flags_exit_2_with_what_to_change():
