@@ -36,7 +36,10 @@ def _range(kind):
 
 
 def _bools(text: str) -> tuple[bool, ...]:
-    return {"both": (True, False), "on": (True,), "off": (False,)}[text]
+    choices = {"both": (True, False), "on": (True,), "off": (False,)}
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"choose both, on or off, got {text!r}")
+    return choices[text]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -120,6 +120,7 @@ class LocalRunner:
             start = source.begin()
             results, duration = drive(requests[warm:], self.workload, self.engine.base_url, self.model_name,
                                       self.engine.headers, offsets=offsets[warm:] if offsets else None)
+            self.wait_idle()  # the last request's metrics are recorded after its stream ends
             server = source.measure(start, self.slo)
         except httpx.HTTPError as e:
             tail = self.engine.log_tail(1500)

@@ -82,8 +82,13 @@ def load_requests(tokenizer: Any, w: Workload, max_model_len: int, sharegpt_path
     if w.is_trace:
         return _load_trace(tokenizer, Path(w.dataset), w, max_model_len, sharegpt_path)
     wanted = w.num_requests + w.warmup_requests
-    pool = sample_sharegpt_requests(tokenizer, wanted * 2, seed=w.seed, path=sharegpt_path)
-    fitted = _fit(pool, w, max_model_len)
+    size = wanted * 4
+    while True:  # the length caps drop requests: sample more until enough fit
+        pool = sample_sharegpt_requests(tokenizer, size, seed=w.seed, path=sharegpt_path, oversample=False)
+        fitted = _fit(pool, w, max_model_len)
+        if len(fitted) >= wanted or size >= 4096 or len(pool) < size:
+            break
+        size *= 4
     if len(fitted) < wanted:
         raise ValueError(f"only {len(fitted)} ShareGPT requests fit max_model_len {max_model_len}; need {wanted}")
     return Load(fitted[:wanted])

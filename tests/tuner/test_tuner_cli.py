@@ -1,0 +1,64 @@
+"""`kvpilot tune` flag handling (no engine): bad flags exit 2, good ones build the space,
+SLOs and workload; the top-level CLI routes `tune` here; the tuner's own metrics."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import generate_latest
+
+from kvpilot.cli.main import main as kvpilot_main
+from kvpilot.tuner import cli
+from kvpilot.tuner.demo import DEMO_ARGS
+from kvpilot.tuner.exporter import TunerMetrics
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                                    # neither --local nor a resource
+    ["--local", "--namespace", "default", "--name", "x"],  # both
+    ["--namespace", "default"],                            # no --name
+    ["--local", "--max-num-seqs", "64"],                   # not LOW:HIGH
+    ["--local", "--max-num-seqs", "0:64"],                 # bounds must be > 0
+    ["--local", "--chunked-prefill", "maybe"],
+    ["--local", "--objective", "latency"],
+    ["--local", "--trials", "0"],
+    ["--local", "--request-rate", "0"],
+])
+def test_bad_flags_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse(argv)
+    assert exit_.value.code == 2
+    assert "kvpilot tune" in capsys.readouterr().err
+
+
+def test_flags_build_the_space_slos_and_workload(tmp_path):
+    a = cli.parse(["--local", "--max-num-batched-tokens", "256:2048", "--max-num-seqs", "4:32",
+                   "--gpu-memory-utilization", "0.6:0.9", "--chunked-prefill", "on", "--slo-ttft-ms", "500",
+                   "--engine-arg=--num-gpu-blocks-override=64", "--num-requests", "5", "--report-dir", str(tmp_path)])
+    assert a.space.max_num_batched_tokens == (256, 2048) and a.space.max_num_seqs == (4, 32)
+    assert a.space.gpu_memory_utilization == (0.6, 0.9) and a.space.enable_chunked_prefill == (True,)
+    assert a.slo.ttft_p95_ms == 500 and a.slo.itl_p95_ms == 200
+    assert a.engine_args == ["--num-gpu-blocks-override", "64"]
+    assert a.workload.num_requests == 5 and math.isinf(a.workload.request_rate)
+    assert a.report_dir == tmp_path and a.api_key
+
+
+def test_demo_flags_parse():
+    a = cli.parse(DEMO_ARGS)
+    assert a.local and a.trials >= 3 and a.engine_args[0] == "--num-gpu-blocks-override"
+
+
+def test_top_level_cli_routes_tune_and_bad_flags_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        kvpilot_main(["tune", "--bogus"])
+    assert exit_.value.code == 2
+
+
+def test_tuner_metrics_carry_the_dashboard_names_and_labels():
+    metrics = TunerMetrics("default", "smollm2")
+    metrics.record(3, "measured", 1.25)
+    metrics.record(4, "pruned", None)
+    text = generate_latest(metrics.registry).decode()
+    assert 'kvpilot_tuner_trial{inferenceservice="smollm2",namespace="default"} 4.0' in text
+    assert 'kvpilot_tuner_best_objective{inferenceservice="smollm2",namespace="default"} 1.25' in text
+    assert 'verdict="pruned"' in text
