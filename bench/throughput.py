@@ -1,0 +1,200 @@
+"""`kvpilot bench throughput`: offline throughput of our engine against Hugging Face
+`generate()` on the same ShareGPT requests, in one run.
+
+Requests: vLLM's ShareGPT filter and reference output lengths, generated with
+`ignore_eos` so both sides produce exactly the requested tokens (vLLM's
+`benchmark_throughput`). Hugging Face runs static batches (default 16, left padded): each
+batch decodes until its longest request is done, and only the requested tokens count.
+Also reported: this machine's bf16 matmul peak measured in the same run, the fraction of it
+our total tokens/s reaches (2 x parameters x tokens / time / peak), single-request decode
+tokens/s for both, and where the engine's time goes (torch profiler, by operator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
+
+
+def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 5) -> float:
+    """Best-of-`repeats` GFLOP/s of a size x size x size matmul on this CPU."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
+def run_ours(llm, requests: list[SampleRequest]) -> float:
+    from kvpilot.engine import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=r.expected_output_len, ignore_eos=True) for r in requests]
+    t = time.perf_counter()
+    outs = llm.generate([r.prompt for r in requests], params, use_tqdm=True)
+    elapsed = time.perf_counter() - t
+    got = sum(len(o.outputs[0].token_ids) for o in outs)
+    want = sum(r.expected_output_len for r in requests)
+    if got != want:
+        raise RuntimeError(f"engine produced {got} output tokens, expected {want}")
+    return elapsed
+
+
+def run_hf(model, tokenizer, requests: list[SampleRequest], batch_size: int) -> float:
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(requests), batch_size):
+            batch = requests[i : i + batch_size]
+            enc = tokenizer([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            longest = max(r.expected_output_len for r in batch)
+            model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+    return time.perf_counter() - t
+
+
+def single_request_tok_s(fn, num_tokens: int) -> float:
+    t = time.perf_counter()
+    fn()
+    return num_tokens / (time.perf_counter() - t)
+
+
+def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[tuple[str, float]]:
+    """Share of engine step time by operator group over `steps` steps of a full batch."""
+    from kvpilot.engine import SamplingParams
+
+    engine = llm.engine
+    for i, r in enumerate(requests):
+        engine.add_request(f"profile-{i}", r.prompt, SamplingParams(max_tokens=r.expected_output_len, ignore_eos=True))
+    for _ in range(3):
+        engine.step()  # past the prefills, into steady decode
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    wall_us = (time.perf_counter() - t0) * 1e6
+    for i in range(len(requests)):
+        engine.abort_request(f"profile-{i}")
+    groups = {
+        "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm"),
+        "attention (SDPA)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
+        "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::masked_fill"),
+        "elementwise (norm, RoPE, SiLU, residual)": ("aten::mul", "aten::add", "aten::cat", "aten::silu",
+                                                     "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub"),
+        "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
+        "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort"),
+    }
+    totals = dict.fromkeys(groups, 0.0)
+    for evt in prof.key_averages():
+        for group, prefixes in groups.items():
+            if evt.key.startswith(prefixes):
+                totals[group] += evt.self_cpu_time_total
+                break
+    rows = [(g, t / wall_us) for g, t in totals.items()]
+    rows.append(("python, scheduling and other", max(0.0, 1 - sum(t for _, t in rows))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvpilot bench throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--skip-hf", action="store_true", help="only our engine (no ratio)")
+    p.add_argument("--output-json", default="bench-results/throughput.json")
+    args = p.parse_args(argv)
+    if args.num_prompts < 1:
+        p.error("--num-prompts must be >= 1")
+    logging.basicConfig(level=logging.WARNING)
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvpilot.engine import LLM, SamplingParams
+
+    console = Console()
+    peak = measure_matmul_peak_gflops()
+    console.print(f"bf16 matmul peak on this machine: {peak:.0f} GFLOP/s")
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048)
+    tokenizer = llm.get_tokenizer()
+    requests = sample_sharegpt_requests(tokenizer, args.num_prompts, seed=args.seed)
+    prompt_tokens = sum(r.prompt_len for r in requests)
+    output_tokens = sum(r.expected_output_len for r in requests)
+    num_params = llm.engine.config.model.num_params()
+    llm.generate(requests[0].prompt, SamplingParams(max_tokens=8))  # warm-up
+    ours_s = run_ours(llm, requests)
+    single_ours = single_request_tok_s(
+        lambda: llm.generate(requests[0].prompt, SamplingParams(max_tokens=128, ignore_eos=True)), 128)
+    profile = profile_engine(llm, requests[: min(len(requests), args.max_num_seqs)])
+    results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+               "matmul_peak_gflops": peak, "num_params": num_params}
+
+    def summary(elapsed: float) -> dict:
+        return {"elapsed_s": elapsed, "requests_per_s": len(requests) / elapsed,
+                "output_tokens_per_s": output_tokens / elapsed,
+                "total_tokens_per_s": (prompt_tokens + output_tokens) / elapsed,
+                "fraction_of_peak": 2 * num_params * (prompt_tokens + output_tokens) / elapsed / (peak * 1e9)}
+
+    results["kvpilot"] = summary(ours_s) | {"single_request_decode_tok_s": single_ours}
+    del llm
+    if not args.skip_hf:
+        from transformers import AutoModelForCausalLM
+
+        from kvpilot.engine.model_loader import resolve_model_path
+
+        dtype = getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(args.model)), dtype=dtype).eval()
+        hf_s = run_hf(model, tokenizer, requests, args.hf_batch_size)
+        enc = tokenizer(requests[0].prompt, return_tensors="pt", add_special_tokens=False)
+        single_hf = single_request_tok_s(lambda: model.generate(
+            **enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id), 128)
+        results["hf_generate"] = summary(hf_s) | {"single_request_decode_tok_s": single_hf,
+                                                  "batch_size": args.hf_batch_size}
+        results["output_tokens_per_s_ratio"] = hf_s / ours_s
+
+    table = Table(title=f"Offline throughput: {len(requests)} ShareGPT requests, {args.dtype}")
+    for col in ("engine", "req/s", "output tok/s", "total tok/s", "% of bf16 peak", "1-request decode tok/s"):
+        table.add_column(col, justify="right")
+    for name in ("kvpilot", "hf_generate"):
+        if name in results:
+            r = results[name]
+            table.add_row(name, f"{r['requests_per_s']:.2f}", f"{r['output_tokens_per_s']:.1f}",
+                          f"{r['total_tokens_per_s']:.1f}", f"{100 * r['fraction_of_peak']:.1f}%",
+                          f"{r['single_request_decode_tok_s']:.1f}")
+    console.print(table)
+    if "output_tokens_per_s_ratio" in results:
+        console.print(f"kvpilot / HF generate output tokens/s: {results['output_tokens_per_s_ratio']:.2f}x")
+    prof = Table(title="Where an engine step's time goes (decode-heavy steps, torch profiler)")
+    prof.add_column("operator group")
+    prof.add_column("share of wall time", justify="right")
+    for group, share in profile:
+        prof.add_row(group, f"{100 * share:.1f}%")
+    console.print(prof)
+    results["profile_share"] = dict(profile)
+    out = Path(args.output_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    console.print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
