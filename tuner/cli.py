@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-model-len", type=int, default=1024)
     g.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
                    help="extra engine flag for every trial (repeat; e.g. --engine-arg=--num-gpu-blocks-override=256)")
-    g.add_argument("--api-key", default=None, help="API key for the local engine (default: a random one)")
+    g.add_argument("--api-key", default=None, help="the engine's API key (local default: a random one)")
     g.add_argument("--port", type=int, default=0, help="fixed local engine port (for a Prometheus that scrapes it)")
     g.add_argument("--no-live", action="store_true", help="restart for every trial, never change settings live")
     g.add_argument("--device-memory-gib", type=float, default=None, help="device memory for the KV-cache "
@@ -69,11 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slo-e2e-ms", type=float, default=0.0)
     s.add_argument("--max-preemptions-per-min", type=float, default=0.0)
     o = p.add_argument_group("search")
-    o.add_argument("--objective", choices=OBJECTIVES, default="goodput")
+    o.add_argument("--objective", choices=OBJECTIVES, default=None,
+                   help="default: goodput locally, spec.tuning.objective in a cluster")
     o.add_argument("--latency", choices=LATENCIES, default="e2e", help="the p95 that --objective multi minimises")
     o.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--trials", type=int, default=8, help="deployments to spend (pruned trials are free)")
+    o.add_argument("--trials", type=int, default=None,
+                   help="deployments to spend (pruned trials are free); default 8 locally, spec.tuning.maxTrials")
     o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
     o.add_argument("--max-num-batched-tokens", type=_range(int), default=(128, 4096), metavar="LOW:HIGH")
     o.add_argument("--max-num-seqs", type=_range(int), default=(2, 64), metavar="LOW:HIGH")
@@ -109,7 +111,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("choose --local, or --namespace and --name for an InferenceService")
     if not a.local and not (a.namespace and a.name):
         p.error("cluster mode needs both --namespace and --name")
-    if a.trials < 1 or a.num_requests < 1 or a.remeasure_top < 0:
+    if (a.trials is not None and a.trials < 1) or a.num_requests < 1 or a.remeasure_top < 0:
         p.error("--trials and --num-requests must be >= 1, --remeasure-top >= 0")
     try:
         a.space = SearchSpace(max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
@@ -123,7 +125,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     a.slo = SLO(a.slo_ttft_ms, a.slo_itl_ms, a.slo_e2e_ms, a.max_preemptions_per_min)
     a.engine_args = [part for arg in a.engine_arg for part in arg.split("=", 1)]
-    a.api_key = a.api_key or secrets.token_hex(8)
+    if a.local:
+        a.api_key = a.api_key or secrets.token_hex(8)
+        a.trials = a.trials or 8
+        a.objective = a.objective or "goodput"
     a.report_dir = Path(a.report_dir or tempfile.mkdtemp(prefix="kvpilot-tune-"))
     return a
 
@@ -134,6 +139,9 @@ def main(argv: list[str]) -> int:
                         format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     logging.getLogger("kvpilot.tuner").setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if a.verbose else optuna.logging.WARNING)
     if a.local:
         from kvpilot.tuner.local_session import run_local
 

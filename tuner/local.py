@@ -56,23 +56,94 @@ def combine(client: Measurement, server: Measurement) -> Measurement:
     )
 
 
+class WindowMeasurer:
+    """Measures one trial's window on an engine at base_url: confirm the config it reports,
+    warm up, wait for idle, open the window, drive the load (or, for live traffic, just
+    wait `live_seconds`), wait for idle, close the window. source_for builds the
+    measurement source for an engine URL (default: ScrapeSource of its /metrics)."""
+
+    def __init__(self, workload: Workload, load: Load | None, slo: SLO, model_name: str,
+                 source_for: Callable[[str], Source] | None = None, idle_timeout_s: float = 120.0,
+                 confirm_timeout_s: float = 0.0, live_seconds: float = 0.0):
+        self.workload, self.load, self.slo, self.model_name = workload, load, slo, model_name
+        self.source_for = source_for or (lambda url: ScrapeSource(url, {"model_name": model_name}))
+        self.idle_timeout_s, self.confirm_timeout_s, self.live_seconds = idle_timeout_s, confirm_timeout_s, live_seconds
+
+    def scrape(self, base_url: str) -> ScrapeSource:
+        return ScrapeSource(base_url, {"model_name": self.model_name})
+
+    def confirm(self, base_url: str, settings: EngineSettings) -> dict[str, str]:
+        """The engine's reported config (`vllm:cache_config_info` labels), polled up to
+        confirm_timeout_s. Raises TrialFailed(transient) when it does not show `settings`."""
+        deadline = time.monotonic() + self.confirm_timeout_s
+        while True:
+            try:
+                info = self.scrape(base_url).snapshot().config_info
+                wrong = config_mismatches(info, settings.as_dict())
+            except httpx.HTTPError as e:  # a pod still starting
+                if time.monotonic() >= deadline:
+                    raise
+                info, wrong = {}, {"unreachable": (str(settings), repr(e))}
+            if not wrong:
+                return info
+            if time.monotonic() >= deadline:
+                raise TrialFailed(TRANSIENT, f"the engine reports other settings than the trial's: {wrong}")
+            time.sleep(0.5)
+
+    def wait_idle(self, base_url: str) -> None:
+        """Blocks until no request is running or waiting (measurement hygiene)."""
+        deadline = time.monotonic() + self.idle_timeout_s
+        while time.monotonic() < deadline:
+            if self.scrape(base_url).snapshot().in_flight == 0:
+                return
+            time.sleep(0.2)
+        raise TrialFailed(TRANSIENT, f"the engine did not become idle within {self.idle_timeout_s} s")
+
+    def measure(self, base_url: str, headers: dict[str, str], settings: EngineSettings) -> Measurement:
+        """The trial's Measurement. Raises TrialFailed (transient) when the engine stops
+        answering."""
+        try:
+            info = self.confirm(base_url, settings)
+            if self.load is None:  # live traffic: observe a window of the real load
+                source = self.source_for(base_url)
+                start = source.begin()
+                time.sleep(self.live_seconds)
+                m = source.measure(start, self.slo)
+                m.extra.update(reported_config=info)
+                return m
+            warm = self.workload.warmup_requests
+            requests, offsets = self.load.requests, self.load.offsets
+            if warm:
+                results, _ = drive(requests[:warm], self.workload, base_url, self.model_name, headers,
+                                   offsets=[0.0] * warm if offsets else None)
+                if not any(r.success for r in results):
+                    raise TrialFailed(TRANSIENT, f"warm-up requests failed: {results[0].error[:500]}")
+            self.wait_idle(base_url)
+            source = self.source_for(base_url)
+            start = source.begin()
+            results, duration = drive(requests[warm:], self.workload, base_url, self.model_name, headers,
+                                      offsets=offsets[warm:] if offsets else None)
+            self.wait_idle(base_url)  # the last request's metrics are recorded after its stream ends
+            server = source.measure(start, self.slo)
+        except httpx.HTTPError as e:
+            raise TrialFailed(TRANSIENT, f"engine unreachable during the trial: {e!r}") from e
+        m = combine(client_measurement(results, duration, self.slo), server)
+        m.extra.update(reported_config=info)
+        return m
+
+
 class LocalRunner:
     """engine: the process to (re)start; load: the requests (warm-up first); source_for:
-    builds the measurement source for the running engine (default: ScrapeSource);
+    builds the measurement source for the running engine's URL (default: ScrapeSource);
     live: apply scheduler-only changes without a restart."""
 
     def __init__(self, engine: EngineProcess, workload: Workload, load: Load, slo: SLO, model_name: str,
-                 source_for: Callable[[EngineProcess], Source] | None = None, live: bool = True,
+                 source_for: Callable[[str], Source] | None = None, live: bool = True,
                  idle_timeout_s: float = 120.0):
-        self.engine, self.workload, self.load, self.slo = engine, workload, load, slo
-        self.model_name = model_name
-        self.source_for = source_for or (lambda e: ScrapeSource(e.base_url, {"model_name": model_name}))
+        self.engine = engine
+        self.measurer = WindowMeasurer(workload, load, slo, model_name, source_for, idle_timeout_s)
         self.live = live
-        self.idle_timeout_s = idle_timeout_s
         self.applied: list[str] = []  # per trial: 'live', 'restart' or 'unchanged'
-
-    def scrape(self) -> ScrapeSource:
-        return ScrapeSource(self.engine.base_url, {"model_name": self.model_name})
 
     def apply(self, settings: EngineSettings) -> str:
         """Brings the engine to `settings`; returns how ('unchanged', 'live', 'restart')."""
@@ -85,50 +156,17 @@ class LocalRunner:
         self.engine.start(settings)
         return "restart"
 
-    def confirm(self, settings: EngineSettings) -> dict[str, str]:
-        """The engine's reported config (`vllm:cache_config_info` labels). Raises
-        TrialFailed(transient) when it does not show the trial's settings."""
-        info = self.scrape().snapshot().config_info
-        wrong = config_mismatches(info, settings.as_dict())
-        if wrong:
-            raise TrialFailed(TRANSIENT, f"the engine reports other settings than the trial's: {wrong}")
-        return info
-
-    def wait_idle(self) -> None:
-        """Blocks until no request is running or waiting (measurement hygiene)."""
-        deadline = time.monotonic() + self.idle_timeout_s
-        while time.monotonic() < deadline:
-            if self.scrape().snapshot().in_flight == 0:
-                return
-            time.sleep(0.2)
-        raise TrialFailed(TRANSIENT, f"the engine did not become idle within {self.idle_timeout_s} s")
-
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        how = self.apply(settings)
+        self.applied.append(how)
         try:
-            how = self.apply(settings)
-            self.applied.append(how)
-            info = self.confirm(settings)
-            warm = self.workload.warmup_requests
-            requests, offsets = self.load.requests, self.load.offsets
-            if warm:
-                results, _ = drive(requests[:warm], self.workload, self.engine.base_url, self.model_name,
-                                   self.engine.headers, offsets=[0.0] * warm if offsets else None)
-                if not any(r.success for r in results):
-                    raise TrialFailed(TRANSIENT, f"warm-up requests failed: {results[0].error[:500]}")
-            self.wait_idle()
-            source = self.source_for(self.engine)
-            start = source.begin()
-            results, duration = drive(requests[warm:], self.workload, self.engine.base_url, self.model_name,
-                                      self.engine.headers, offsets=offsets[warm:] if offsets else None)
-            self.wait_idle()  # the last request's metrics are recorded after its stream ends
-            server = source.measure(start, self.slo)
-        except httpx.HTTPError as e:
-            tail = self.engine.log_tail(1500)
+            m = self.measurer.measure(self.engine.base_url, self.engine.headers, settings)
+        except TrialFailed as e:
             if not self.engine.running:
                 self.engine.stop()
-            raise TrialFailed(TRANSIENT, f"engine unreachable during the trial: {e!r}; log: {tail}") from e
-        m = combine(client_measurement(results, duration, self.slo), server)
-        m.extra.update(applied=how, reported_config=info)
+                raise TrialFailed(e.kind, f"{e.message}; engine log: {self.engine.log_tail(1500)}") from e
+            raise
+        m.extra.update(applied=how)
         logger.info("trial %d (%s, %s): goodput %.3f req/s, p95 ttft %.0f ms, itl %.0f ms, %d preemptions",
                     number, settings.describe(), how, m.goodput_rps, m.ttft_p95_s * 1000, m.itl_p95_s * 1000,
                     m.preemptions)

@@ -127,7 +127,7 @@ def test_local_tuning_session_runs_three_trials_live_and_by_restart(engine, prom
     workload = Workload(num_requests=4, max_output_len=16, warmup_requests=1)
     short = Load([SampleRequest(r.prompt, r.prompt_len, min(16, r.expected_output_len)) for r in load.requests[:5]])
     runner = LocalRunner(engine, workload, short, SLOS, MODEL,
-                         source_for=lambda e: PrometheusSource(prometheus.url, f'job="engine",model_name="{MODEL}"'))
+                         source_for=lambda url: PrometheusSource(prometheus.url, f'job="engine",model_name="{MODEL}"'))
     space = SearchSpace(max_num_batched_tokens=(128, 1024), max_num_seqs=(2, 8), enable_chunked_prefill=(True,),
                         block_size=(16, 32))
     study = open_study("e2e", f"sqlite:///{tmp_path / 'tune.db'}")

@@ -1,0 +1,92 @@
+"""The tuner on the project's test cluster with the real operator: `kvpilot tune --namespace
+--name` patches each trial into spec.engine, the operator rolls it out, the engine that the
+pods stand for (a real `kvpilot serve`, see engine_bridge.py) serves the tuner's ShareGPT load,
+a real Prometheus scrapes it with the labels a PodMonitor adds, the tuner measures through
+PromQL, writes status.tuning, and leaves the best settings in spec.engine."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import yaml
+from cluster.harness import TestCluster
+from cluster.tools import ROOT, Kubectl, Operator, wait_for
+from engine_bridge import EngineBridge
+from prometheus_harness import Prometheus
+
+from kvpilot.tuner import cli
+from kvpilot.tuner.cluster import flag_values
+from kvpilot.tuner.scrape import ScrapeSource
+
+pytestmark = pytest.mark.slow
+NAME = "tuned"
+
+
+def manifest() -> str:
+    doc = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
+    doc["metadata"]["name"] = NAME
+    doc["spec"]["engine"].update(maxModelLen=512, maxNumSeqs=8, maxNumBatchedTokens=512,
+                                 extraArgs=["--num-gpu-blocks-override", "48"])
+    doc["spec"]["slo"] = {"ttftP95Ms": 60000, "itlP95Ms": 5000, "maxPreemptionsPerMin": 1000}
+    doc["spec"]["tuning"] = {"enabled": True, "maxTrials": 3, "trialSeconds": 10, "workload": "synthetic",
+                             "objective": "goodput"}
+    return yaml.safe_dump(doc)
+
+
+def ready(kubectl) -> dict | None:
+    obj = kubectl.json("get", "isvc", NAME)
+    conds = {c["type"]: c["status"] for c in obj.get("status", {}).get("conditions", [])}
+    fresh = obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+    return obj if fresh and conds.get("Ready") == "True" else None
+
+
+def test_cluster_tuning_rolls_out_trials_and_leaves_the_best_in_the_spec(tmp_path):
+    with TestCluster(tmp_path) as cluster:
+        kubectl = Kubectl(cluster.kubeconfig)
+        kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
+        operator = Operator(cluster.kubeconfig, tmp_path / "operator.log")
+        operator.start()
+        bridge = EngineBridge(cluster, NAME, tmp_path)
+        prometheus = None
+        try:
+            kubectl.apply(manifest())
+            before = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
+            bridge.start()
+            prometheus = Prometheus(tmp_path, f"127.0.0.1:{bridge.port}",
+                                    {"namespace": "default", "app_kubernetes_io_instance": NAME})
+            prometheus.wait_for('vllm:num_requests_running{app_kubernetes_io_instance="tuned"}', 120)
+            rc = cli.main(["--namespace", "default", "--name", NAME, "--kubeconfig", str(cluster.kubeconfig),
+                           "--target-url", bridge.url, "--prometheus-url", prometheus.url,
+                           "--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96",
+                           "--warmup-requests", "1", "--max-num-batched-tokens", "128:1024",
+                           "--max-num-seqs", "2:8", "--chunked-prefill", "on", "--remeasure-top", "0",
+                           "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--report-dir", str(tmp_path / "report"),
+                           "--rollout-timeout", "120"])
+            assert rc == 0, (tmp_path / "operator.log").read_text()[-3000:]
+            obj = wait_for(lambda: ready(kubectl), 60, what="the final rollout")
+        finally:
+            if prometheus is not None:
+                prometheus.stop()
+            bridge.stop()
+            operator.stop()
+
+    assert bridge.errors == []
+    tuning = obj["status"]["tuning"]
+    assert tuning["phase"] == "Done"
+    assert [h["trial"] for h in tuning["history"]] == [0, 1, 2]
+    assert all(h["verdict"] == "measured" for h in tuning["history"])
+    # the best settings are in the spec, and the pods' flags (appliedEngineArgs) carry them
+    engine = obj["spec"]["engine"]
+    assert {k: engine[k] for k in tuning["bestEngine"]} == tuning["bestEngine"]
+    flags = flag_values(obj["status"]["appliedEngineArgs"])
+    assert flags["max_num_seqs"] == str(engine["maxNumSeqs"])
+    assert flags["max_num_batched_tokens"] == str(engine["maxNumBatchedTokens"])
+    # trials 1 and 2 and the final apply each rolled out a new generation (trial 0 = the spec as it was)
+    assert obj["metadata"]["generation"] > before["metadata"]["generation"]
+    assert len(bridge.rollouts) >= 2 and bridge.rollouts[0][1] == "start"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["defaults"]["settings"]["max_num_seqs"] == 8  # trial 0: what ran before tuning
+    assert {t["measurement"]["source"] for t in report["trials"]} == {"prometheus"}
+    assert report["best"]["number"] == tuning["bestTrial"]
+    assert report["applied"] == tuning["bestEngine"]

@@ -1,0 +1,123 @@
+"""Wires a cluster tuning session from `kvpilot tune --namespace NS --name NAME` flags.
+
+The resource says what to tune against: the model (`spec.model.source`), the SLOs
+(`spec.slo`), the trial budget and workload (`spec.tuning.maxTrials`, `trialSeconds`,
+`workload`: synthetic load driven by the tuner, or live traffic observed for trialSeconds),
+and the starting engine settings (`spec.engine`), which are trial 0, so the report says
+how much better the best is than what ran before. Flags override the budget (--trials)
+and give what the resource cannot: where to reach the engine from the tuner
+(--target-url) and Prometheus (--prometheus-url; scoped to the resource's pods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import optuna
+
+from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.tuner import report as reports
+from kvpilot.tuner.cluster import KubernetesRunner
+from kvpilot.tuner.exporter import TunerMetrics
+from kvpilot.tuner.feasibility import Hardware, resolve_model
+from kvpilot.tuner.kube_client import KubeClient
+from kvpilot.tuner.local import WindowMeasurer
+from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
+from kvpilot.tuner.objective import SLO
+from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.study import open_study
+from kvpilot.tuner.workload import load_requests
+
+_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity ('4Gi', '512Mi', '1G', '1000') in bytes."""
+    for suffix in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * _UNITS[suffix])
+    return int(float(text))
+
+
+def slo_of(spec: InferenceServiceSpec) -> SLO:
+    return SLO(ttft_p95_ms=spec.slo.ttftP95Ms, itl_p95_ms=spec.slo.itlP95Ms, e2e_p95_ms=spec.slo.e2eP95Ms,
+               max_preemptions_per_min=spec.slo.maxPreemptionsPerMin)
+
+
+def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
+    """Device memory from --device-memory-gib, else the pod's memory limit (CPU engines);
+    --num-gpu-blocks-override in extraArgs fixes the cache size."""
+    memory = int(a.device_memory_gib * (1 << 30)) if a.device_memory_gib else quantity_bytes(spec.resources.memory)
+    extra = list(spec.engine.extraArgs)
+    override = None
+    for i, arg in enumerate(extra):
+        if arg.startswith("--num-gpu-blocks-override"):
+            override = int(arg.split("=", 1)[1] if "=" in arg else extra[i + 1])
+    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override)
+
+
+def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[str, Any]:
+    """Tunes one InferenceService; returns the report (also written under a.report_dir)."""
+    kube = kube or KubeClient.from_environment(a.kubeconfig)
+    obj = kube.get_isvc(a.namespace, a.name)
+    spec = InferenceServiceSpec.from_dict(obj.get("spec") or {})
+    if not spec.tuning.enabled:
+        raise SystemExit(f"{a.namespace}/{a.name}: spec.tuning.enabled is false; set it to let the tuner patch "
+                         f"spec.engine")
+    slo, model_name = slo_of(spec), spec.model.display_name
+    original = EngineSettings.from_engine_spec(obj["spec"].get("engine") or {})
+    objective = a.objective or spec.tuning.objective
+    target = (a.target_url or (obj.get("status") or {}).get("url", "").removesuffix("/v1")).rstrip("/")
+    if not target:
+        raise SystemExit("no engine URL: pass --target-url (the resource has no status.url yet)")
+    source_for = None
+    if a.prometheus_url:
+        selector = ",".join(s for s in (f'namespace="{a.namespace}"', f'app_kubernetes_io_instance="{a.name}"',
+                                        a.prometheus_selector) if s)
+        source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
+    load = None
+    if spec.tuning.workload == "synthetic":
+        from kvpilot.bench.tokenizers import load_tokenizer
+
+        load = load_requests(load_tokenizer(spec.model.source.removeprefix("builtin://")), a.workload,
+                             original.max_model_len)
+    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    measurer = WindowMeasurer(a.workload, load, slo, model_name, source_for, confirm_timeout_s=a.rollout_timeout,
+                              live_seconds=float(spec.tuning.trialSeconds))
+    runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),
+                              rollout_timeout_s=a.rollout_timeout)
+    study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", a.storage, objective, a.sampler, a.seed)
+    metrics = TunerMetrics(a.namespace, a.name)
+    if a.metrics_port:
+        metrics.serve(a.metrics_port)
+
+    def on_trial(t: optuna.trial.FrozenTrial) -> None:
+        best = best_measured(study)
+        metrics.record(t.number, t.user_attrs.get("verdict", "?"), best[0].values[0] if best else None)
+        runner.record(study, t)
+        print(f"[trial {t.number:>2}] {EngineSettings(**t.user_attrs['settings']).describe()} -> "
+              f"{t.user_attrs.get('verdict')}", file=sys.stderr, flush=True)
+
+    n_trials = a.trials or spec.tuning.maxTrials
+    model = resolve_model(spec.model.source)
+    tuner = Tuner(study, a.space, original, model, hardware_of(spec, a), slo, runner,
+                  TunerConfig(objective=objective, latency=a.latency, n_trials=n_trials,
+                              remeasure_top=a.remeasure_top), on_trial=on_trial)
+    try:
+        tuner.run()
+    except BaseException:
+        runner.write_tuning(phase="Failed")
+        raise
+    rep = reports.build(study, slo, objective, {"mode": "cluster", "namespace": a.namespace, "name": a.name,
+                                                "target": target})
+    best = rep.get("best")
+    final = runner.finish(EngineSettings(**best["settings"]) if best else None, original,
+                          best["number"] if best else None, best["median"] if best else None)
+    rep["applied"] = final.to_engine_spec()
+    reports.write(rep, a.report_dir)
+    print(reports.table(rep))
+    print(f"\nspec.engine of {a.namespace}/{a.name} now: {final.describe()}; report: {a.report_dir}/report.json")
+    return rep
