@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 
 from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
 from kvpilot.tuner.exporter import TunerMetrics
@@ -118,6 +119,9 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[s
                           best["number"] if best else None, best["median"] if best else None)
     rep["applied"] = final.to_engine_spec()
     reports.write(rep, a.report_dir)
+    artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(a.name, spec.model.source, final, slo,
+                                                                            base=obj))
+    artifacts.write_plots(a.report_dir, study, rep)
     print(reports.table(rep))
     print(f"\nspec.engine of {a.namespace}/{a.name} now: {final.describe()}; report: {a.report_dir}/report.json")
     return rep

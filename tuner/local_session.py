@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 import torch
 
+from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
 from kvpilot.tuner.exporter import TunerMetrics
@@ -98,6 +99,11 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
             "engine_args": a.engine_args}
     rep = reports.build(study, a.slo, a.objective, meta)
     path = reports.write(rep, a.report_dir)
+    best = EngineSettings(**rep["best"]["settings"]) if rep.get("best") else base
+    artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(
+        name.split("-")[0], f"builtin://{name}" if not a.model.startswith("/") else a.model, best, a.slo,
+        extra_args=a.engine_args))
+    artifacts.write_plots(a.report_dir, study, rep)
     print(reports.table(rep))
     print(f"\nreport: {path}")
     return rep

@@ -30,7 +30,8 @@ class SearchSpace:
     """Bounds of the search; `None` or an empty tuple keeps that setting at its base value.
 
     max_num_batched_tokens: (low, high) tokens; the candidates are the powers of two in it.
-    max_num_seqs: (low, high) requests, sampled log-uniformly.
+    max_num_seqs: (low, high) requests, sampled log-uniformly, or among the powers of two
+        in it (and the base value) with max_num_seqs_pow2.
     gpu_memory_utilization: (low, high) fraction of device memory.
     enable_chunked_prefill: the values to try.
     parallel: search tp x pp over what `num_devices` allows.
@@ -45,6 +46,7 @@ class SearchSpace:
     num_devices: int = 1
     block_size: tuple[int, ...] = ()
     enable_prefix_caching: tuple[bool, ...] = ()
+    max_num_seqs_pow2: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
@@ -67,6 +69,11 @@ class SearchSpace:
         choices.add(base.max_num_batched_tokens)
         return sorted(choices)
 
+    def seqs_choices(self, base: EngineSettings) -> list[int]:
+        """Powers of two within the max_num_seqs bounds, plus the base value."""
+        low, high = self.max_num_seqs or (base.max_num_seqs,) * 2
+        return sorted({1 << k for k in range(0, 31) if low <= (1 << k) <= high} | {base.max_num_seqs})
+
     def parallel_choices(self, model: ModelConfig) -> list[str]:
         """'TPxPP' strings with tp x pp <= num_devices that the engine's ParallelConfig
         accepts for this model and whose pipeline stages are even."""
@@ -83,12 +90,13 @@ class SearchSpace:
 
     def bounds_with(self, base: EngineSettings) -> SearchSpace:
         """This space widened so that the base (default) settings lie inside it, so the
-        defaults can always be enqueued as trial 0."""
+        defaults can always be enqueued as trial 0 (only the continuous ranges widen; the
+        discrete choices list the base value)."""
         def widen(bounds, value):
             return None if bounds is None else (min(bounds[0], value), max(bounds[1], value))
-        return SearchSpace(
-            max_num_batched_tokens=widen(self.max_num_batched_tokens, base.max_num_batched_tokens),
-            max_num_seqs=widen(self.max_num_seqs, base.max_num_seqs),
+        return SearchSpace(  # the categorical ones include the base value already
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs if self.max_num_seqs_pow2 else widen(self.max_num_seqs, base.max_num_seqs),
             gpu_memory_utilization=widen(self.gpu_memory_utilization, base.gpu_memory_utilization),
             enable_chunked_prefill=tuple(dict.fromkeys((*self.enable_chunked_prefill, base.enable_chunked_prefill)))
             if self.enable_chunked_prefill else (),
@@ -96,6 +104,7 @@ class SearchSpace:
             block_size=tuple(dict.fromkeys((*self.block_size, base.block_size))) if self.block_size else (),
             enable_prefix_caching=tuple(dict.fromkeys((*self.enable_prefix_caching, base.enable_prefix_caching)))
             if self.enable_prefix_caching else (),
+            max_num_seqs_pow2=self.max_num_seqs_pow2,
         )
 
     # ------------------------------------------------------------ sampling
@@ -105,7 +114,9 @@ class SearchSpace:
         if self.max_num_batched_tokens is not None:
             values["max_num_batched_tokens"] = trial.suggest_categorical(
                 "max_num_batched_tokens", self.batched_tokens_choices(base))
-        if self.max_num_seqs is not None:
+        if self.max_num_seqs is not None and self.max_num_seqs_pow2:
+            values["max_num_seqs"] = trial.suggest_categorical("max_num_seqs", self.seqs_choices(base))
+        elif self.max_num_seqs is not None:
             values["max_num_seqs"] = trial.suggest_int("max_num_seqs", *self.max_num_seqs, log=True)
         if self.gpu_memory_utilization is not None:
             values["gpu_memory_utilization"] = trial.suggest_float(
@@ -147,13 +158,14 @@ class SearchSpace:
             params["enable_prefix_caching"] = settings.enable_prefix_caching
         return params
 
-    def grid(self, base: EngineSettings, model: ModelConfig, max_num_seqs_values: list[int]) -> list[EngineSettings]:
-        """Every combination of the categorical choices with the given max_num_seqs values
-        (for the full-grid comparison of the tuning-quality benchmark)."""
+    def grid(self, base: EngineSettings, max_num_seqs_values: list[int] | None = None) -> list[EngineSettings]:
+        """Every combination of the discrete choices (max_num_seqs: the given values, else
+        its powers of two), for the full-grid comparison of the tuning-quality benchmark."""
+        seqs = max_num_seqs_values or (self.seqs_choices(base) if self.max_num_seqs else [])
         out = [base]
         for name, choices in (("max_num_batched_tokens", self.batched_tokens_choices(base)
                                if self.max_num_batched_tokens else []),
-                              ("max_num_seqs", max_num_seqs_values if self.max_num_seqs else []),
+                              ("max_num_seqs", seqs),
                               ("enable_chunked_prefill", list(self.enable_chunked_prefill)),
                               ("block_size", list(self.block_size)),
                               ("enable_prefix_caching", list(self.enable_prefix_caching))):

@@ -124,7 +124,9 @@ def client_measurement(results: Sequence[RequestResult], duration_s: float, slo:
         throughput_rps=metrics.request_throughput,
         goodput_rps=metrics.request_goodput if slo.goodput_slos_ms() else metrics.request_throughput,
         output_tokens_per_s=metrics.output_throughput, ttft_p95_s=p95["ttft"], itl_p95_s=p95["itl"],
-        tpot_p95_s=p95["tpot"], e2e_p95_s=p95["e2el"], source="client", extra={"errors": errors},
+        tpot_p95_s=p95["tpot"], e2e_p95_s=p95["e2el"], source="client",
+        extra={"errors": errors, "latencies": {"ttft_s": [round(r.ttft, 4) for r in results if r.success],
+                                               "e2e_s": [round(r.latency, 4) for r in results if r.success]}},
     )
 
 

@@ -33,4 +33,7 @@ def measure(s: EngineSettings, preempt_above: int = 48) -> Measurement:
     preemptions = max(0, seqs - preempt_above) * 2.0
     return Measurement(duration_s=60, completed=int(throughput * 60), throughput_rps=throughput,
                        goodput_rps=throughput * (1.0 if ttft < 1.0 else 0.5), ttft_p95_s=ttft, itl_p95_s=itl,
-                       e2e_p95_s=ttft + 100 * itl, preemptions=preemptions, source="synthetic")
+                       e2e_p95_s=ttft + 100 * itl, preemptions=preemptions, source="synthetic",
+                       extra={"client": {"extra": {"latencies": {"ttft_s": [ttft * k / 10 for k in range(1, 11)],
+                                                                 "e2e_s": [(ttft + 100 * itl) * k / 10
+                                                                           for k in range(1, 11)]}}}})

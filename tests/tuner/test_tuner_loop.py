@@ -2,6 +2,8 @@
 failure classification, re-measurement and resuming a killed study."""
 from __future__ import annotations
 
+import pathlib
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -157,3 +159,28 @@ def test_report_table_names_pruned_reasons_and_the_defaults(tmp_path):
     assert text.count("\n") >= len(study.trials) + 2
     path = report.write(rep, tmp_path)
     assert path.is_file() and (tmp_path / "report.txt").read_text().startswith("  #")
+
+
+def test_report_folder_has_plots_and_a_tuned_manifest_the_crd_accepts(tmp_path):
+    import yaml
+
+    from kvpilot.tuner import artifacts
+    from kvpilot.tuner.settings import SPEC_KEYS
+
+    study = tuner(open_study("t", None), SyntheticRunner(), n_trials=6).run()
+    rep = report.build(study, SLOS, "goodput")
+    written = {p.name for p in artifacts.write_plots(tmp_path, study, rep)}
+    assert {"history.png", "importances.png", "latency_cdf.png"} <= written
+    assert all((tmp_path / name).stat().st_size > 1000 for name in written)
+    best = EngineSettings(**rep["best"]["settings"])
+    path = artifacts.write_manifest(tmp_path, artifacts.tuned_inferenceservice(
+        "smollm2", "builtin://smollm2-135m-instruct", best, SLOS, extra_args=["--num-gpu-blocks-override", "64"]))
+    doc = yaml.safe_load(path.read_text())
+    crd = yaml.safe_load((pathlib.Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(doc["spec"]) <= set(schema["properties"])
+    assert set(doc["spec"]["engine"]) <= set(schema["properties"]["engine"]["properties"])
+    assert doc["spec"]["engine"]["maxNumSeqs"] == best.max_num_seqs
+    assert set(SPEC_KEYS.values()) <= set(doc["spec"]["engine"])
+    import jsonschema
+    jsonschema.Draft4Validator(schema).validate(doc["spec"])  # OpenAPI v3 schemas use draft-4 booleans

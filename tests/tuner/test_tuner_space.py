@@ -124,3 +124,15 @@ def test_model_config_from_a_hf_directory(tmp_path):
     assert isinstance(model, ModelConfig) and model.num_kv_heads == 2 and model.head_dim == 16
     with pytest.raises(ValueError, match="unknown model"):
         resolve_model(str(tmp_path / "missing"))
+
+
+def test_power_of_two_concurrency_and_the_grid_cover_the_same_points():
+    base = EngineSettings(max_model_len=512, max_num_seqs=256, max_num_batched_tokens=2048)
+    space = SearchSpace(max_num_batched_tokens=(128, 1024), max_num_seqs=(2, 16), enable_chunked_prefill=(True,),
+                        max_num_seqs_pow2=True).bounds_with(base)
+    assert space.seqs_choices(base) == [2, 4, 8, 16, 256]
+    grid = space.grid(base)
+    assert len(grid) == 5 * 5 and base in grid
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        assert space.suggest(study.ask(), base, SMOL) in grid
