@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--block-sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=())
     o.add_argument("--prefix-caching", type=_bools, default=(), metavar="both|on|off")
     o.add_argument("--parallel", action="store_true", help="search tensor/pipeline parallel sizes")
-    o.add_argument("--storage", default=None, help="Optuna storage, e.g. sqlite:///tune.db (resumes)")
+    o.add_argument("--storage", default=None, help="Optuna storage, e.g. sqlite:///tune.db (resumes); in a cluster "
+                   "the default is 'configmap' (ConfigMap <name>-tuning, owned by the resource)")
     o.add_argument("--study-name", default=None)
     w = p.add_argument_group("workload")
     w.add_argument("--num-requests", type=int, default=32)

@@ -6,7 +6,9 @@ The resource says what to tune against: the model (`spec.model.source`), the SLO
 and the starting engine settings (`spec.engine`), which are trial 0, so the report says
 how much better the best is than what ran before. Flags override the budget (--trials)
 and give what the resource cannot: where to reach the engine from the tuner
-(--target-url) and Prometheus (--prometheus-url; scoped to the resource's pods).
+(--target-url) and Prometheus (--prometheus-url; scoped to the resource's pods). The study
+is kept in the cluster (ConfigMap `<name>-tuning`, see `kvpilot.tuner.journal`) unless
+--storage names another Optuna storage, so a restarted tuner resumes it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
+from kvpilot.tuner.journal import configmap_storage
 from kvpilot.tuner.kube_client import KubeClient
 from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
@@ -90,7 +93,8 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[s
                               live_seconds=float(spec.tuning.trialSeconds))
     runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),
                               rollout_timeout_s=a.rollout_timeout)
-    study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", a.storage, objective, a.sampler, a.seed)
+    storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
+    study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", storage, objective, a.sampler, a.seed)
     metrics = TunerMetrics(a.namespace, a.name)
     if a.metrics_port:
         metrics.serve(a.metrics_port)

@@ -46,6 +46,10 @@ class KubeClient:
     def close(self) -> None:
         self.http.close()
 
+    def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """One API call; PATCH is a JSON merge patch. Raises KubeError on an error status."""
+        return self._call(method, path, body)
+
     def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         headers = {"Content-Type": MERGE_PATCH} if method == "PATCH" else {}
         resp = self.http.request(method, path, json=body, headers=headers)

@@ -2,7 +2,8 @@
 --name` patches each trial into spec.engine, the operator rolls it out, the engine that the
 pods stand for (a real `kvpilot serve`, see engine_bridge.py) serves the tuner's ShareGPT load,
 a real Prometheus scrapes it with the labels a PodMonitor adds, the tuner measures through
-PromQL, writes status.tuning, and leaves the best settings in spec.engine."""
+PromQL, keeps the study in a ConfigMap, writes status.tuning, and leaves the best settings
+in spec.engine."""
 from __future__ import annotations
 
 import json
@@ -61,10 +62,12 @@ def test_cluster_tuning_rolls_out_trials_and_leaves_the_best_in_the_spec(tmp_pat
                            "--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96",
                            "--warmup-requests", "1", "--max-num-batched-tokens", "128:1024",
                            "--max-num-seqs", "2:8", "--chunked-prefill", "on", "--remeasure-top", "0",
-                           "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--report-dir", str(tmp_path / "report"),
+                           "--report-dir", str(tmp_path / "report"),
                            "--rollout-timeout", "120"])
             assert rc == 0, (tmp_path / "operator.log").read_text()[-3000:]
             obj = wait_for(lambda: ready(kubectl), 60, what="the final rollout")
+            journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
+            row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
         finally:
             if prometheus is not None:
                 prometheus.stop()
@@ -72,6 +75,8 @@ def test_cluster_tuning_rolls_out_trials_and_leaves_the_best_in_the_spec(tmp_pat
             operator.stop()
 
     assert bridge.errors == []
+    assert journal["metadata"]["ownerReferences"][0]["name"] == NAME
+    assert "Done" in row  # the TUNING printer column
     tuning = obj["status"]["tuning"]
     assert tuning["phase"] == "Done"
     assert [h["trial"] for h in tuning["history"]] == [0, 1, 2]
