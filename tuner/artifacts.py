@@ -6,6 +6,7 @@ defaults against the best, as PNG (matplotlib, Agg backend)."""
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ def write_plots(folder: Path, study: optuna.Study, report: dict[str, Any]) -> li
         plots = {"pareto.png": lambda: oplt.plot_pareto_front(study, target_names=["throughput", "p95 latency ms"])}
     for name, make in plots.items():
         try:
-            ax = make()
+            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                ax = make()
             ax.figure.savefig(folder / name, dpi=100, bbox_inches="tight")
             plt.close(ax.figure)
             written.append(folder / name)

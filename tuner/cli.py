@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--objective", choices=OBJECTIVES, default=None,
                    help="default: goodput locally, spec.tuning.objective in a cluster")
     o.add_argument("--latency", choices=LATENCIES, default="e2e", help="the p95 that --objective multi minimises")
+    o.add_argument("--capacity-range", type=_range(float), default=(0.1, 4.0), metavar="LOW:HIGH",
+                   help="--objective capacity: request rates (req/s) to search between")
+    o.add_argument("--capacity-steps", type=int, default=3, help="--objective capacity: bisection windows")
     o.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--trials", type=int, default=None,

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import httpx
 
+from kvpilot.tuner.capacity import find_capacity
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.objective import SLO, Measurement
@@ -99,9 +100,10 @@ class WindowMeasurer:
             time.sleep(0.2)
         raise TrialFailed(TRANSIENT, f"the engine did not become idle within {self.idle_timeout_s} s")
 
-    def measure(self, base_url: str, headers: dict[str, str], settings: EngineSettings) -> Measurement:
-        """The trial's Measurement. Raises TrialFailed (transient) when the engine stops
-        answering."""
+    def measure(self, base_url: str, headers: dict[str, str], settings: EngineSettings,
+                request_rate: float | None = None) -> Measurement:
+        """The trial's Measurement (at `request_rate` when given, else the workload's).
+        Raises TrialFailed (transient) when the engine stops answering."""
         try:
             info = self.confirm(base_url, settings)
             if self.load is None:  # live traffic: observe a window of the real load
@@ -122,7 +124,7 @@ class WindowMeasurer:
             source = self.source_for(base_url)
             start = source.begin()
             results, duration = drive(requests[warm:], self.workload, base_url, self.model_name, headers,
-                                      offsets=offsets[warm:] if offsets else None)
+                                      offsets=offsets[warm:] if offsets else None, request_rate=request_rate)
             self.wait_idle(base_url)  # the last request's metrics are recorded after its stream ends
             server = source.measure(start, self.slo)
         except httpx.HTTPError as e:
@@ -135,12 +137,14 @@ class WindowMeasurer:
 class LocalRunner:
     """engine: the process to (re)start; load: the requests (warm-up first); source_for:
     builds the measurement source for the running engine's URL (default: ScrapeSource);
-    live: apply scheduler-only changes without a restart."""
+    live: apply scheduler-only changes without a restart; capacity: (low, high, steps) to
+    measure each trial's capacity (`find_capacity`) instead of one window."""
 
     def __init__(self, engine: EngineProcess, workload: Workload, load: Load, slo: SLO, model_name: str,
                  source_for: Callable[[str], Source] | None = None, live: bool = True,
-                 idle_timeout_s: float = 120.0):
+                 idle_timeout_s: float = 120.0, capacity: tuple[float, float, int] | None = None):
         self.engine = engine
+        self.slo, self.capacity = slo, capacity  # (low req/s, high req/s, bisection steps)
         self.measurer = WindowMeasurer(workload, load, slo, model_name, source_for, idle_timeout_s)
         self.live = live
         self.applied: list[str] = []  # per trial: 'live', 'restart' or 'unchanged'
@@ -160,7 +164,13 @@ class LocalRunner:
         how = self.apply(settings)
         self.applied.append(how)
         try:
-            m = self.measurer.measure(self.engine.base_url, self.engine.headers, settings)
+            if self.capacity:
+                low, high, steps = self.capacity
+                m = find_capacity(lambda rate: self.measurer.measure(self.engine.base_url, self.engine.headers,
+                                                                     settings, request_rate=rate),
+                                  self.slo, low, high, steps)
+            else:
+                m = self.measurer.measure(self.engine.base_url, self.engine.headers, settings)
         except TrialFailed as e:
             if not self.engine.running:
                 self.engine.stop()

@@ -80,7 +80,9 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
     if a.prometheus_url:
         selector = ",".join(s for s in (f'model_name="{name}"', a.prometheus_selector) if s)
         source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
-    runner = LocalRunner(engine, a.workload, load, a.slo, name, source_for=source_for, live=not a.no_live)
+    capacity = (*a.capacity_range, a.capacity_steps) if a.objective == "capacity" else None
+    runner = LocalRunner(engine, a.workload, load, a.slo, name, source_for=source_for, live=not a.no_live,
+                         capacity=capacity)
     study = open_study(a.study_name or f"kvpilot-local-{name}", a.storage, a.objective, a.sampler, a.seed)
     metrics = TunerMetrics("local", name)
     if a.metrics_port:

@@ -7,7 +7,8 @@ Constraints follow Optuna's contract (`Trial.set_constraint`, and `constraints_f
 `optuna.samplers.TPESampler` / `GPSampler` before Optuna 5): each value is
 `measured - limit`, and a trial is feasible when every value is <= 0. The values are also
 kept in the trial's user attributes, so `constraints_func` only reads them back.
-A multi-objective mode maximises throughput and minimises a p95 latency (Pareto front).
+A multi-objective mode maximises throughput and minimises a p95 latency (Pareto front);
+'capacity' maximises the highest request rate that meets the SLOs (`kvpilot.tuner.capacity`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import optuna
 
 CONSTRAINTS_ATTR = "constraints"
 INFEASIBLE = 1e9  # the slack recorded for a trial that never ran (pruned or failed)
-OBJECTIVES = ("goodput", "throughput", "multi")
+OBJECTIVES = ("goodput", "throughput", "capacity", "multi")
 LATENCIES = ("ttft", "itl", "e2e")
 
 
@@ -61,6 +62,7 @@ class Measurement:
     tpot_p95_s: float = math.nan
     e2e_p95_s: float = math.nan
     preemptions: float = 0.0
+    capacity_rps: float = math.nan
     source: str = "client"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -133,10 +135,12 @@ def directions(objective: str) -> list[str]:
 
 
 def values(m: Measurement, objective: str, latency: str = "e2e") -> list[float]:
-    """What Optuna is told: [goodput] or [throughput] (requests/s), or for 'multi'
-    [throughput requests/s, p95 `latency` in ms]."""
+    """What Optuna is told: [goodput], [throughput] or [capacity] (requests/s), or for
+    'multi' [throughput requests/s, p95 `latency` in ms]."""
     if objective == "goodput":
         return [m.goodput_rps]
+    if objective == "capacity":
+        return [0.0 if math.isnan(m.capacity_rps) else m.capacity_rps]
     if objective == "throughput":
         return [m.throughput_rps]
     p95 = {"ttft": m.ttft_p95_s, "itl": m.itl_p95_s, "e2e": m.e2e_p95_s}[latency]

@@ -184,3 +184,35 @@ def test_report_folder_has_plots_and_a_tuned_manifest_the_crd_accepts(tmp_path):
     assert set(SPEC_KEYS.values()) <= set(doc["spec"]["engine"])
     import jsonschema
     jsonschema.Draft4Validator(schema).validate(doc["spec"])  # OpenAPI v3 schemas use draft-4 booleans
+
+
+def test_capacity_search_finds_the_highest_rate_within_the_slos():
+    from kvpilot.tuner.capacity import find_capacity
+    from kvpilot.tuner.objective import Measurement
+
+    def measure(rate):  # TTFT grows with the rate; the 1000 ms SLO breaks at 2.5 req/s
+        return Measurement(duration_s=60, completed=60, ttft_p95_s=0.4 * rate, itl_p95_s=0.05)
+
+    m = find_capacity(measure, SLOS, 0.25, 8.0, steps=4)
+    rates = [r for r, _ in m.extra["capacity_probes"]]
+    assert rates[:2] == [0.25, 8.0] and len(rates) == 2 + 4
+    assert 2.0 <= m.capacity_rps <= 2.5 and m.ttft_p95_s == pytest.approx(0.4 * m.capacity_rps)
+    assert all(ok == (r <= 2.5) for r, ok in m.extra["capacity_probes"])
+    assert find_capacity(measure, SLOS, 3.0, 8.0).capacity_rps == 0.0
+    assert find_capacity(measure, SLOS, 0.5, 2.0).capacity_rps == 2.0
+    with pytest.raises(ValueError):
+        find_capacity(measure, SLOS, 2.0, 1.0)
+
+
+def test_capacity_objective_is_maximised():
+    class CapacityRunner(SyntheticRunner):
+        def run_trial(self, number, settings):
+            m = super().run_trial(number, settings)
+            m.capacity_rps = m.throughput_rps / 10
+            return m
+
+    study = tuner(open_study("cap", None, objective="capacity"), CapacityRunner(), n_trials=5,
+                  objective="capacity").run()
+    rep = report.build(study, SLOS, "capacity")
+    best = rep["best"]
+    assert best and best["median"] == pytest.approx(measure(EngineSettings(**best["settings"])).throughput_rps / 10)
