@@ -7,6 +7,8 @@ may refuse them: a rejected trial), wait until the operator reports the rollout 
 into `status.tuning` (phase, trial, bestTrial, bestObjective, bestEngine, a short history)
 through the status subresource, which the operator's own status writes leave alone.
 `finish` writes the best settings into `spec.engine`, so the pods' flags match what runs.
+With live traffic, a trial cut short for a clear SLO violation puts the best known settings
+back at once (the next trial's rollout, or `finish`, follows).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import optuna
 
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed
 from kvpilot.tuner.kube_client import KubeClient, KubeError
+from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.loop import best_measured
 from kvpilot.tuner.objective import Measurement
 from kvpilot.tuner.settings import SPEC_KEYS, EngineSettings
@@ -57,6 +60,8 @@ class KubernetesRunner:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.measure = measure
         self.rollout_timeout_s, self.poll_s = rollout_timeout_s, poll_s
+        self.best_settings: EngineSettings | None = None  # kept current by `record`
+        self.best_trial: int | None = None
 
     # ------------------------------------------------------------ status
     def write_tuning(self, **fields: Any) -> None:
@@ -80,8 +85,10 @@ class KubernetesRunner:
         fields: dict[str, Any] = {"phase": "Running", "trial": frozen.number, "history": history}
         best = best_measured(study)
         if best:
+            self.best_settings = EngineSettings(**best[0].user_attrs["settings"])
+            self.best_trial = best[0].number
             fields.update(bestTrial=best[0].number, bestObjective=best[0].values[0],
-                          bestEngine=EngineSettings(**best[0].user_attrs["settings"]).to_engine_spec())
+                          bestEngine=self.best_settings.to_engine_spec())
         self.write_tuning(**fields)
 
     # ------------------------------------------------------------ rollout
@@ -122,7 +129,13 @@ class KubernetesRunner:
         self.write_tuning(phase="Running", trial=number)
         generation = self.apply(settings)
         self.wait_rollout(generation, settings)
-        m = self.measure(number, settings)
+        try:
+            m = self.measure(number, settings)
+        except TrialCutShort:
+            if self.best_settings is not None:  # users get the best known settings back at once
+                logger.warning("trial %d cut short; restoring trial %s's settings", number, self.best_trial)
+                self.apply(self.best_settings)
+            raise
         m.extra.update(generation=generation)
         logger.info("trial %d (%s, generation %d): goodput %.3f req/s", number, settings.describe(), generation,
                     m.goodput_rps)

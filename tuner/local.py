@@ -22,7 +22,7 @@ import httpx
 from kvpilot.tuner.capacity import find_capacity
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
-from kvpilot.tuner.objective import SLO, Measurement
+from kvpilot.tuner.objective import SLO, Measurement, constraint_names, slack
 from kvpilot.tuner.scrape import ScrapeSource
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.window import Snapshot, config_mismatches
@@ -55,6 +55,31 @@ def combine(client: Measurement, server: Measurement) -> Measurement:
         preemptions=server.preemptions, source=server.source,
         extra={"client": client.as_dict(), "server": server.as_dict()},
     )
+
+
+class TrialCutShort(Exception):
+    """A live-traffic trial stopped early because it clearly breaks an SLO; carries the
+    partial measurement (the tuner records the trial as pruned)."""
+
+    def __init__(self, measurement: Measurement, reason: str):
+        super().__init__(reason)
+        self.measurement, self.reason = measurement, reason
+
+
+def violations(m: Measurement, slo: SLO) -> dict[str, float]:
+    """{constraint: measured - limit} for the violated constraints."""
+    return {n: round(v, 3) for n, v in zip(constraint_names(slo), slack(m, slo)) if v > 0}
+
+
+def clearly_violates(m: Measurement, slo: SLO, min_requests: int = 10, margin: float = 1.5) -> bool:
+    """Whether a partial window already decides the trial: enough requests, and a p95
+    over `margin` x its limit, or more preemptions than the whole window may have."""
+    if m.completed < min_requests:
+        return False
+    limits = [(m.ttft_p95_s, slo.ttft_p95_ms), (m.itl_p95_s, slo.itl_p95_ms), (m.e2e_p95_s, slo.e2e_p95_ms)]
+    if any(limit > 0 and not math.isnan(v) and v * 1000 > margin * limit for v, limit in limits):
+        return True
+    return m.preemptions_per_min > margin * slo.max_preemptions_per_min and m.preemptions > 0
 
 
 class WindowMeasurer:
@@ -100,6 +125,19 @@ class WindowMeasurer:
             time.sleep(0.2)
         raise TrialFailed(TRANSIENT, f"the engine did not become idle within {self.idle_timeout_s} s")
 
+    def observe(self, source: Source, checks: int = 4) -> Measurement:
+        """A live-traffic window of live_seconds, looked at `checks` times on the way: when
+        the SLO violation is already clear (`clearly_violates`), raises TrialCutShort with
+        the partial window instead of serving users bad settings any longer."""
+        start = source.begin()
+        for i in range(1, checks + 1):
+            time.sleep(self.live_seconds / checks)
+            m = source.measure(start, self.slo)
+            if i < checks and clearly_violates(m, self.slo):
+                raise TrialCutShort(m, f"SLO violation clear after {m.duration_s:.0f} s of {self.live_seconds:.0f} s: "
+                                       f"{violations(m, self.slo)}")
+        return m
+
     def measure(self, base_url: str, headers: dict[str, str], settings: EngineSettings,
                 request_rate: float | None = None) -> Measurement:
         """The trial's Measurement (at `request_rate` when given, else the workload's).
@@ -107,10 +145,7 @@ class WindowMeasurer:
         try:
             info = self.confirm(base_url, settings)
             if self.load is None:  # live traffic: observe a window of the real load
-                source = self.source_for(base_url)
-                start = source.begin()
-                time.sleep(self.live_seconds)
-                m = source.measure(start, self.slo)
+                m = self.observe(self.source_for(base_url))
                 m.extra.update(reported_config=info)
                 return m
             warm = self.workload.warmup_requests

@@ -3,6 +3,8 @@ check feasibility, run it on a runner (local processes or a cluster), tell the r
 
 Every trial is told, none hidden (Optuna's ask-and-tell guidance):
 - infeasible settings are told PRUNED with the reason, never deployed;
+- a live-traffic trial cut short because it clearly broke an SLO is told PRUNED with its
+  partial measurement;
 - a runner failure is classified; transient ones are retried once, the others told FAIL
   with the cause, and the same settings, if proposed again, are failed without a run;
 - settings measured before are told the earlier result (a 'duplicate', not re-run);
@@ -26,6 +28,7 @@ from optuna.trial import TrialState
 from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner import feasibility
 from kvpilot.tuner.failures import TrialFailed
+from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
                                      slack, values)
 from kvpilot.tuner.settings import EngineSettings
@@ -34,8 +37,8 @@ from kvpilot.tuner.study import NATIVE_CONSTRAINTS, recover_interrupted
 
 logger = logging.getLogger("kvpilot.tuner")
 
-MEASURED, VIOLATES, PRUNED, FAILED, DUPLICATE, KNOWN_FAILURE = (
-    "measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure")
+MEASURED, VIOLATES, PRUNED, FAILED, DUPLICATE, KNOWN_FAILURE, CUT_SHORT = (
+    "measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure", "cut_short")
 
 
 class Runner(Protocol):
@@ -89,8 +92,10 @@ class Tuner:
         return self.study
 
     def deployed(self) -> int:
+        """Trials that deployed settings (measured or failed), re-measurements not counted."""
         return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("verdict") in (MEASURED, VIOLATES, FAILED) and "remeasure_of" not in t.user_attrs)
+                   if t.user_attrs.get("verdict") in (MEASURED, VIOLATES, FAILED, CUT_SHORT)
+                   and "remeasure_of" not in t.user_attrs)
 
     def step(self) -> optuna.trial.FrozenTrial:
         """One ask, judge, (maybe) run, tell."""
@@ -115,6 +120,11 @@ class Tuner:
             try:
                 m = self.runner.run_trial(trial.number, settings)
                 break
+            except TrialCutShort as e:
+                trial.set_user_attr("measurement", e.measurement.as_dict())
+                trial.set_user_attr("pruned_reason", e.reason)
+                return self._tell(trial, CUT_SHORT, state=TrialState.PRUNED,
+                                  constraints=slack(e.measurement, self.slo))
             except TrialFailed as e:
                 if e.retryable and attempt == 1:
                     logger.warning("trial %d: %s; retrying once", trial.number, e)

@@ -16,6 +16,8 @@ from optuna.trial import TrialState
 from kvpilot.tuner.loop import MEASURED, best_measured, trial_summary
 from kvpilot.tuner.objective import SLO, constraint_names
 
+VERDICTS = ("measured", "violates_slo", "pruned", "cut_short", "failed", "duplicate", "known_failure")
+
 
 def _ranked(study: optuna.Study) -> list[dict[str, Any]]:
     """Feasible original trials with their re-measurements, best median first."""
@@ -58,8 +60,7 @@ def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | 
     report: dict[str, Any] = {
         "study": study.study_name, "objective": objective, "slo": vars(slo), "meta": meta or {},
         "trials": trials,
-        "counts": {k: sum(1 for t in trials if t["verdict"] == k)
-                   for k in ("measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure")},
+        "counts": {k: sum(1 for t in trials if t["verdict"] == k) for k in VERDICTS},
         "defaults": defaults and {"number": defaults["number"], "settings": defaults["settings"],
                                   "objective": defaults["values"][0], "feasible": defaults["verdict"] == MEASURED,
                                   "violations": defaults["violations"]},

@@ -39,8 +39,8 @@ def make_sampler(name: str, seed: int | None = 0, n_startup_trials: int = 4) -> 
     raise ValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
 
 
-def open_study(name: str, storage: str | optuna.storages.BaseStorage | None, objective: str = "goodput", sampler: str = "tpe",
-               seed: int | None = 0) -> optuna.Study:
+def open_study(name: str, storage: str | optuna.storages.BaseStorage | None, objective: str = "goodput",
+               sampler: str = "tpe", seed: int | None = 0) -> optuna.Study:
     """Creates the study, or loads it when `storage` already holds one called `name`
     (its directions must then match `objective`). storage None keeps it in memory."""
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,

@@ -106,7 +106,8 @@ def _load_trace(tokenizer: Any, path: Path, w: Workload, max_model_len: int, sha
         ids = tokenizer.encode(source.prompt, add_special_tokens=False)[:prompt_len]
         output = min(int(row["output_len"]), max(1, max_model_len - prompt_len))
         requests.append(SampleRequest(tokenizer.decode(ids), len(ids), output))
-    warm = [SampleRequest(r.prompt, r.prompt_len, min(r.expected_output_len, 16)) for r in requests[: w.warmup_requests]]
+    warm = [SampleRequest(r.prompt, r.prompt_len, min(r.expected_output_len, 16))
+            for r in requests[: w.warmup_requests]]
     return Load(warm + requests, [0.0] * len(warm) + [float(r["timestamp"]) - t0 for r in rows])
 
 

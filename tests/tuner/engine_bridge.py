@@ -25,8 +25,7 @@ def pod_engine(args: list[str]) -> tuple[str, EngineSettings, list[str]]:
     for flag in ("--port", "--api-key", "--host"):
         parser.add_argument(flag)
     ns, _ = parser.parse_known_args(args)
-    settings = EngineSettings(**{k: getattr(ns, k) for k in EngineSettings.__dataclass_fields__ if k != "max_model_len"},
-                              max_model_len=ns.max_model_len)
+    settings = EngineSettings(**{k: getattr(ns, k) for k in EngineSettings.__dataclass_fields__})
     other = ["--dtype", ns.dtype, "--seed", str(ns.seed)]
     if ns.num_gpu_blocks_override:
         other += ["--num-gpu-blocks-override", str(ns.num_gpu_blocks_override)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 import yaml
 from cluster.harness import TestCluster
@@ -18,7 +17,6 @@ from prometheus_harness import Prometheus
 
 from kvpilot.tuner import cli
 from kvpilot.tuner.cluster import flag_values
-from kvpilot.tuner.scrape import ScrapeSource
 
 pytestmark = pytest.mark.slow
 NAME = "tuned"

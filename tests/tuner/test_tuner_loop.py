@@ -176,7 +176,8 @@ def test_report_folder_has_plots_and_a_tuned_manifest_the_crd_accepts(tmp_path):
     path = artifacts.write_manifest(tmp_path, artifacts.tuned_inferenceservice(
         "smollm2", "builtin://smollm2-135m-instruct", best, SLOS, extra_args=["--num-gpu-blocks-override", "64"]))
     doc = yaml.safe_load(path.read_text())
-    crd = yaml.safe_load((pathlib.Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.dev.yaml").read_text())
+    crd_path = pathlib.Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.dev.yaml"
+    crd = yaml.safe_load(crd_path.read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert set(doc["spec"]) <= set(schema["properties"])
     assert set(doc["spec"]["engine"]) <= set(schema["properties"]["engine"]["properties"])

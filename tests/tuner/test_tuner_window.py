@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvpilot.tuner.failures import OUT_OF_MEMORY, REJECTED, TRANSIENT, TrialFailed, classify
 from kvpilot.tuner.objective import SLO, Measurement, slack
@@ -108,7 +108,8 @@ def test_slack_marks_each_violated_slo_and_empty_windows():
 
 
 @pytest.mark.parametrize("code, log, kind", [
-    (1, "ValueError: To serve one request of max_model_len (8192 tokens), 512 KV blocks (0.1 GiB) are needed", OUT_OF_MEMORY),
+    (1, "ValueError: To serve one request of max_model_len (8192 tokens), 512 KV blocks (0.1 GiB) are needed",
+     OUT_OF_MEMORY),
     (-9, "", OUT_OF_MEMORY),
     (1, "torch.OutOfMemoryError: CUDA out of memory", OUT_OF_MEMORY),
     (2, "kvpilot serve: error: argument --block-size: invalid int value", REJECTED),
