@@ -10,5 +10,12 @@
     scrape.py       ScrapeSource: the engine's /metrics directly
     promql.py       PrometheusSource: the same through PromQL
     failures.py     classifying a trial that failed to start
-    report.py       the report (JSON and table)
+    workload.py     ShareGPT / trace load through the serving benchmark's client
+    capacity.py     the highest request rate within the SLOs
+    engine_process.py, local.py, local_session.py   local mode (`kvpilot tune --local`)
+    kube_client.py, cluster.py, cluster_session.py  cluster mode (`kvpilot tune --namespace --name`)
+    journal.py      a study kept in a ConfigMap (Optuna journal backend)
+    exporter.py     kvpilot_tuner_trial / kvpilot_tuner_best_objective
+    report.py, artifacts.py   report.json/.txt, plots, the tuned InferenceService YAML
+    cli.py, demo.py the `kvpilot tune` command and `make demo`'s session
 """

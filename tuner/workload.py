@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,4 +157,4 @@ def drive(requests: Sequence[SampleRequest], w: Workload, base_url: str, model: 
     return asyncio.run(run_benchmark(
         requests, api_url=api_url, model=model, request_rate=request_rate or w.request_rate,
         max_concurrency=w.max_concurrency, seed=w.seed, ignore_eos=w.ignore_eos, headers=dict(headers or {}),
-        progress=False))
+        progress=sys.stderr.isatty()))  # a bar per trial window on a terminal
