@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner import feasibility
-from kvpilot.tuner.failures import TrialFailed
+from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
                                      slack, values)
@@ -164,14 +164,15 @@ class Tuner:
 
     def find_prior(self, settings: EngineSettings, number: int) -> optuna.trial.FrozenTrial | None:
         """An earlier finished trial with the same settings whose outcome is final: a
-        measurement, an infeasibility, or a non-transient failure."""
+        measurement, an infeasibility, or a failure that was not transient."""
         wanted = settings.as_dict()
         for t in self.study.get_trials(deepcopy=False):
             if t.number == number or t.user_attrs.get("settings") != wanted:
                 continue
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "remeasure_of" not in t.user_attrs:
                 return t
-            if t.state == TrialState.FAIL and t.user_attrs.get("verdict") == FAILED:
+            if (t.state == TrialState.FAIL and t.user_attrs.get("verdict") == FAILED
+                    and t.user_attrs.get("failure_kind") != TRANSIENT):  # a transient one may pass later
                 return t
         return None
 
