@@ -67,8 +67,9 @@ def write_plots(folder: Path, study: optuna.Study, report: dict[str, Any]) -> li
         plots = {"pareto.png": lambda: oplt.plot_pareto_front(study, target_names=["throughput", "p95 latency ms"])}
     for name, make in plots.items():
         try:
-            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
+            with warnings.catch_warnings():  # experimental plots; the importance target's sign is handled
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                warnings.simplefilter("ignore", UserWarning)
                 ax = make()
             ax.figure.savefig(folder / name, dpi=100, bbox_inches="tight")
             plt.close(ax.figure)
