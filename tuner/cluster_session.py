@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -28,7 +29,7 @@ from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.journal import configmap_storage
 from kvpilot.tuner.kube_client import KubeClient
 from kvpilot.tuner.local import WindowMeasurer
-from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
+from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.promql import PrometheusSource
 from kvpilot.tuner.settings import EngineSettings
@@ -63,8 +64,12 @@ def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override)
 
 
-def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[str, Any]:
-    """Tunes one InferenceService; returns the report (also written under a.report_dir)."""
+def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Callable[[], bool] = lambda: False,
+                on_event: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """Tunes one InferenceService; returns the report (also written under a.report_dir).
+    stop: checked between trials (raises TuningStopped; status.tuning stays Running so a
+    restarted tuner resumes); on_event(reason, message): e.g. Kubernetes events."""
+    event = on_event or (lambda reason, message: None)
     kube = kube or KubeClient.from_environment(a.kubeconfig)
     obj = kube.get_isvc(a.namespace, a.name)
     spec = InferenceServiceSpec.from_dict(obj.get("spec") or {})
@@ -103,18 +108,24 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[s
         best = best_measured(study)
         metrics.record(t.number, t.user_attrs.get("verdict", "?"), best[0].values[0] if best else None)
         runner.record(study, t)
-        print(f"[trial {t.number:>2}] {EngineSettings(**t.user_attrs['settings']).describe()} -> "
-              f"{t.user_attrs.get('verdict')}", file=sys.stderr, flush=True)
+        settings = EngineSettings(**t.user_attrs["settings"]).describe()
+        line = f"trial {t.number}: {settings} -> {t.user_attrs.get('verdict')}"
+        print(f"[{line}]", file=sys.stderr, flush=True)
+        event("TuningTrial", line)
 
     n_trials = a.trials or spec.tuning.maxTrials
     model = resolve_model(spec.model.source)
     tuner = Tuner(study, a.space, original, model, hardware_of(spec, a), slo, runner,
                   TunerConfig(objective=objective, latency=a.latency, n_trials=n_trials,
                               remeasure_top=a.remeasure_top), on_trial=on_trial)
+    event("TuningStarted", f"tuning {n_trials} trials against {vars(slo)}")
     try:
-        tuner.run()
-    except BaseException:
+        tuner.run(stop)
+    except TuningStopped:
+        raise
+    except BaseException as e:
         runner.write_tuning(phase="Failed")
+        event("TuningFailed", f"{type(e).__name__}: {e}"[:1000])
         raise
     rep = reports.build(study, slo, objective, {"mode": "cluster", "namespace": a.namespace, "name": a.name,
                                                 "target": target})
@@ -122,6 +133,8 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None) -> dict[s
     final = runner.finish(EngineSettings(**best["settings"]) if best else None, original,
                           best["number"] if best else None, best["median"] if best else None)
     rep["applied"] = final.to_engine_spec()
+    event("TuningDone", f"spec.engine now {final.describe()}" + (f" (trial {best['number']})" if best else
+                                                                  " (no trial met the SLOs: the original settings)"))
     reports.write(rep, a.report_dir)
     artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(a.name, spec.model.source, final, slo,
                                                                             base=obj))

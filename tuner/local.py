@@ -106,6 +106,8 @@ class WindowMeasurer:
             try:
                 info = self.scrape(base_url).snapshot().config_info
                 wrong = config_mismatches(info, settings.as_dict())
+                if not info:  # a server still loading its model serves no metrics yet
+                    wrong = {"vllm:cache_config_info": ("the trial's settings", "not reported")}
             except httpx.HTTPError as e:  # a pod still starting
                 if time.monotonic() >= deadline:
                     raise

@@ -41,6 +41,10 @@ MEASURED, VIOLATES, PRUNED, FAILED, DUPLICATE, KNOWN_FAILURE, CUT_SHORT = (
     "measured", "violates_slo", "pruned", "failed", "duplicate", "known_failure", "cut_short")
 
 
+class TuningStopped(Exception):
+    """The tuner was asked to stop (e.g. the operator shuts down); the study resumes later."""
+
+
 class Runner(Protocol):
     """Runs one trial: deploys `settings`, drives or observes load, returns the window's
     Measurement. Raises TrialFailed (classified) when the settings cannot run."""
@@ -76,8 +80,10 @@ class Tuner:
         self.n_constraints = len(constraint_names(slo))
 
     # ------------------------------------------------------------ driver
-    def run(self) -> optuna.Study:
-        """Spends the trial budget (continuing a resumed study), then re-measures the best."""
+    def run(self, stop: Callable[[], bool] = lambda: False) -> optuna.Study:
+        """Spends the trial budget (continuing a resumed study), then re-measures the best.
+        `stop()` is checked before each trial; when it turns true the run raises
+        TuningStopped (the study keeps every finished trial and resumes later)."""
         interrupted = recover_interrupted(self.study)
         if interrupted:
             logger.info("resuming: trials %s were interrupted and are queued again", interrupted)
@@ -85,10 +91,12 @@ class Tuner:
             self.study.enqueue_trial(self.space.params_of(self.base, self.model), user_attrs={"is_defaults": True})
         asks = 0
         while self.deployed() < self.config.n_trials and asks < self.config.max_asks:
+            if stop():
+                raise TuningStopped(f"stopped after {self.deployed()} of {self.config.n_trials} trials")
             asks += 1
             self.step()
         if self.config.objective != "multi":
-            self.remeasure_best()
+            self.remeasure_best(stop)
         return self.study
 
     def deployed(self) -> int:
@@ -177,7 +185,7 @@ class Tuner:
         return None
 
     # ------------------------------------------------------------ re-measurement
-    def remeasure_best(self) -> None:
+    def remeasure_best(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Measures the `remeasure_top` best feasible trials once more (each once, also
         across a resume)."""
         done = {t.user_attrs["remeasure_of"] for t in self.study.get_trials(deepcopy=False)
@@ -185,6 +193,8 @@ class Tuner:
         for t in best_measured(self.study)[: self.config.remeasure_top]:
             if t.number in done:
                 continue
+            if stop():
+                raise TuningStopped("stopped before the re-measurements")
             self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
             self.step()
 

@@ -1,21 +1,25 @@
-"""The tuner on the project's test cluster with the real operator: `kvpilot tune --namespace
---name` patches each trial into spec.engine, the operator rolls it out, the engine that the
-pods stand for (a real `kvpilot serve`, see engine_bridge.py) serves the tuner's ShareGPT load,
-a real Prometheus scrapes it with the labels a PodMonitor adds, the tuner measures through
-PromQL, keeps the study in a ConfigMap, writes status.tuning, and leaves the best settings
-in spec.engine."""
+"""The tuner on the project's test cluster with the real operator: `kubectl apply` of an
+InferenceService with tuning on starts the tuning daemon (kvpilot.tuner.daemon, loaded into
+the operator's Kopf process), which patches each trial into spec.engine; the operator rolls
+it out; the engine that the pods stand for (a real `kvpilot serve`, see engine_bridge.py)
+serves the tuner's ShareGPT load; a real Prometheus scrapes it with the labels a PodMonitor
+adds; the tuner measures through PromQL, keeps the study in a ConfigMap, writes
+status.tuning and events, and leaves the best settings in spec.engine."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
 
 import pytest
 import yaml
 from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, Operator, wait_for
+from cluster.tools import ROOT, Kubectl, wait_for
 from engine_bridge import EngineBridge
 from prometheus_harness import Prometheus
 
-from kvpilot.tuner import cli
 from kvpilot.tuner.cluster import flag_values
 
 pytestmark = pytest.mark.slow
@@ -40,37 +44,45 @@ def ready(kubectl) -> dict | None:
     return obj if fresh and conds.get("Ready") == "True" else None
 
 
-def test_cluster_tuning_rolls_out_trials_and_leaves_the_best_in_the_spec(tmp_path):
+def operator_with_tuner(kubeconfig, log, tuner_args: list[str], prometheus_url: str) -> subprocess.Popen:
+    """The operator's handlers and the tuning daemon in one Kopf process."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
+           "KVPILOT_WATCH_TIMEOUT_SECONDS": "30", "KVPILOT_TUNER_ARGS": shlex.join(tuner_args),
+           "KVPILOT_PROMETHEUS_URL": prometheus_url}
+    return subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", "default",
+                             "-m", "kvpilot.operator.handlers", "-m", "kvpilot.tuner.daemon"],
+                            env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_spec(tmp_path):
     with TestCluster(tmp_path) as cluster:
         kubectl = Kubectl(cluster.kubeconfig)
         kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
-        operator = Operator(cluster.kubeconfig, tmp_path / "operator.log")
-        operator.start()
         bridge = EngineBridge(cluster, NAME, tmp_path)
-        prometheus = None
+        prometheus = Prometheus(tmp_path, f"127.0.0.1:{bridge.port}",
+                                {"namespace": "default", "app_kubernetes_io_instance": NAME})
+        log = tmp_path / "operator.log"
+        operator = operator_with_tuner(cluster.kubeconfig, log, [
+            "--target-url", bridge.url, "--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96",
+            "--warmup-requests", "1", "--max-num-batched-tokens", "128:1024", "--max-num-seqs", "2:8",
+            "--chunked-prefill", "on", "--remeasure-top", "0", "--rollout-timeout", "120",
+            "--report-dir", str(tmp_path / "report")], prometheus.url)
         try:
-            kubectl.apply(manifest())
-            before = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
             bridge.start()
-            prometheus = Prometheus(tmp_path, f"127.0.0.1:{bridge.port}",
-                                    {"namespace": "default", "app_kubernetes_io_instance": NAME})
-            prometheus.wait_for('vllm:num_requests_running{app_kubernetes_io_instance="tuned"}', 120)
-            rc = cli.main(["--namespace", "default", "--name", NAME, "--kubeconfig", str(cluster.kubeconfig),
-                           "--target-url", bridge.url, "--prometheus-url", prometheus.url,
-                           "--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96",
-                           "--warmup-requests", "1", "--max-num-batched-tokens", "128:1024",
-                           "--max-num-seqs", "2:8", "--chunked-prefill", "on", "--remeasure-top", "0",
-                           "--report-dir", str(tmp_path / "report"),
-                           "--rollout-timeout", "120"])
-            assert rc == 0, (tmp_path / "operator.log").read_text()[-3000:]
+            kubectl.apply(manifest())
+            first = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
+            done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
+                            == "Done", 300, what="status.tuning.phase Done")
+            assert done, log.read_text()[-3000:]
             obj = wait_for(lambda: ready(kubectl), 60, what="the final rollout")
             journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
             row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
+            events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
         finally:
-            if prometheus is not None:
-                prometheus.stop()
+            operator.terminate()
+            operator.wait(30)
+            prometheus.stop()
             bridge.stop()
-            operator.stop()
 
     assert bridge.errors == []
     assert journal["metadata"]["ownerReferences"][0]["name"] == NAME
@@ -86,9 +98,12 @@ def test_cluster_tuning_rolls_out_trials_and_leaves_the_best_in_the_spec(tmp_pat
     assert flags["max_num_seqs"] == str(engine["maxNumSeqs"])
     assert flags["max_num_batched_tokens"] == str(engine["maxNumBatchedTokens"])
     # trials 1 and 2 and the final apply each rolled out a new generation (trial 0 = the spec as it was)
-    assert obj["metadata"]["generation"] > before["metadata"]["generation"]
+    assert obj["metadata"]["generation"] > first["metadata"]["generation"]
+    reasons = [e["reason"] for e in events]
+    assert "TuningStarted" in reasons and reasons.count("TuningTrial") == 3 and "TuningDone" in reasons
     assert len(bridge.rollouts) >= 2 and bridge.rollouts[0][1] == "start"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert (tmp_path / "report" / "inferenceservice.yaml").is_file()
     assert report["defaults"]["settings"]["max_num_seqs"] == 8  # trial 0: what ran before tuning
     assert {t["measurement"]["source"] for t in report["trials"]} == {"prometheus"}
     assert report["best"]["number"] == tuning["bestTrial"]

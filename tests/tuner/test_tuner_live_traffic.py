@@ -113,3 +113,19 @@ def test_cluster_trial_cut_short_restores_the_best_known_settings_at_once():
     with pytest.raises(TrialCutShort):
         runner.run_trial(3, EngineSettings(max_num_seqs=200))
     assert [p["maxNumSeqs"] for p in kube.patches] == [200, 16]
+
+
+def test_a_config_is_confirmed_only_by_the_engines_own_report():
+    from kvpilot.tuner.failures import TrialFailed
+
+    measurer = WindowMeasurer(Workload(), None, SLOS, "m", confirm_timeout_s=0)
+    reports = {"loading": Snapshot(time_s=0),
+               "other": Snapshot(time_s=0, config_info={"max_num_seqs": "8"}),
+               "same": Snapshot(time_s=0, config_info={"max_num_seqs": "4", "block_size": "16"})}
+    for name, snap in reports.items():
+        measurer.scrape = lambda url, snap=snap: type("S", (), {"snapshot": lambda self: snap})()
+        if name == "same":
+            assert measurer.confirm("u", EngineSettings(max_num_seqs=4)) == snap.config_info
+        else:
+            with pytest.raises(TrialFailed, match="other settings"):
+                measurer.confirm("u", EngineSettings(max_num_seqs=4))
