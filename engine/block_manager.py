@@ -70,6 +70,12 @@ class BlockManager:
         self._hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
         self._num_registered: dict[str, int] = {}
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst)
+        # Blocks handed out for the first time since the pool was allocated: their memory
+        # is uninitialised (it may hold NaN bit patterns), so the runner zeroes them before
+        # the step. Keeping every block finite lets attention mask padded slots by score
+        # alone (a zero weight times a finite value is zero).
+        self._ever_used = [False] * num_blocks
+        self.fresh_blocks: list[int] = []
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
 
@@ -140,6 +146,9 @@ class BlockManager:
     def _pop_free(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
+        if not self._ever_used[block_id]:
+            self._ever_used[block_id] = True
+            self.fresh_blocks.append(block_id)
         if block.block_hash is not None:  # evict from the prefix cache
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]

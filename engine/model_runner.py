@@ -61,8 +61,13 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
         """Allocates the per-layer caches [num_blocks, block_size, num_kv_heads, head_dim]
-        on the device and the swap space on the host."""
+        on the device and the swap space on the host. Block 0 is zeroed now (block-table
+        padding points at it); other blocks are zeroed at their first use
+        (SchedulerOutput.blocks_to_zero), so a large pool is never touched up front."""
         self.kv_caches = self._allocate(num_blocks, self.device)
+        for k, v in self.kv_caches:
+            k[0].zero_()
+            v[0].zero_()
         self.swap_caches = self._allocate(num_swap_blocks, torch.device("cpu")) if num_swap_blocks else []
 
     def profile_peak_activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> int:
@@ -79,7 +84,7 @@ class ModelRunner:
             seq.block_table = list(range(next_block, next_block + blocks))
             next_block += blocks
             seqs.append((seq, n))
-        self.kv_caches = self._allocate(next_block, self.device)
+        self.kv_caches = [(k.zero_(), v.zero_()) for k, v in self._allocate(next_block, self.device)]
         try:
             with PeakMemoryProbe(self.device) as probe:
                 self.execute(SchedulerOutput(scheduled=seqs))
@@ -151,8 +156,13 @@ class ModelRunner:
         return input_ids, positions, meta, torch.tensor(sample_idx, device=dev), sample_seqs
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
-        """Swap-out first (its device blocks may be reused by this very step), then
-        swap-in, then copy-on-write copies; all before the forward pass writes."""
+        """Zero fresh blocks, then swap-out (its device blocks may be reused by this very
+        step), swap-in and copy-on-write copies; all before the forward pass writes."""
+        if out.blocks_to_zero:
+            fresh = torch.tensor(out.blocks_to_zero, device=self.device)
+            for k, v in self.kv_caches:
+                k.index_fill_(0, fresh, 0)
+                v.index_fill_(0, fresh, 0)
         for pairs, src_caches, dst_caches in (
             (out.blocks_to_swap_out, self.kv_caches, self.swap_caches),
             (out.blocks_to_swap_in, self.swap_caches, self.kv_caches),

@@ -18,12 +18,14 @@ logger = logging.getLogger("kvpilot.engine.scheduler")
 @dataclass
 class SchedulerOutput:
     """One step's work. `scheduled` lists (sequence, num_scheduled_tokens), decodes first.
-    Block copies must run before the forward pass, in the order swap-out, swap-in, copy."""
+    Block operations run before the forward pass, in the order zero, swap-out, swap-in,
+    copy (a zeroed block is never a copy's source)."""
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_zero: list[int] = field(default_factory=list)  # first use since allocation
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -98,6 +100,8 @@ class Scheduler:
         out.scheduled = decodes + prefills
         out.blocks_to_copy = self.block_manager.pending_copies
         self.block_manager.pending_copies = []
+        out.blocks_to_zero = self.block_manager.fresh_blocks
+        self.block_manager.fresh_blocks = []
         assert self._budget >= 0 and out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
         return out
 

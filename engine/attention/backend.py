@@ -15,6 +15,10 @@ KV-cache layout (per layer, one tensor for K and one for V), as in vLLM's PagedA
     t % block_size; its flat slot is block_id * block_size + offset, and
     slot_mapping[i] is that slot for the i-th query token of the batch.
 
+Every slot of the pool holds a finite value, even slots no sequence owns: the model runner
+zeroes block 0 (where block-table padding points) at allocation and every other block
+before its first use. A backend may therefore read whole blocks and mask by score alone.
+
 Source: vLLM PagedAttention (Kwon et al., SOSP'23); vLLM v1 `FlashAttentionMetadata`.
 """
 

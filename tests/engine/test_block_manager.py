@@ -203,3 +203,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerProperties = BlockManagerMachine.TestCase
 TestBlockManagerProperties.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_blocks_are_reported_fresh_exactly_once():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a = make_seq("a", [1, 2, 3])
+    assert compute(bm, a, 3)
+    assert sorted(bm.fresh_blocks) == sorted(a.block_table)
+    bm.fresh_blocks.clear()
+    a.status = SequenceStatus.FINISHED_STOPPED
+    bm.release(a)
+    b = make_seq("b", [4, 5, 6, 7, 8, 9, 10])
+    assert compute(bm, b, 7)
+    assert len(bm.fresh_blocks) == 2  # two of b's four blocks were never used before

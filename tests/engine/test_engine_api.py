@@ -174,3 +174,19 @@ def test_chat_applies_the_template(small_llm):
     ids = small_llm.apply_chat_template([{"role": "user", "content": "hi"}])
     text = small_llm.get_tokenizer().decode(ids)
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_uninitialised_pool_memory_never_reaches_outputs(model_path):
+    """Fresh pool memory may hold NaN bit patterns; blocks are zeroed at first use, so a
+    NaN-filled pool (block 0, the padding target, zeroed at allocation) changes nothing."""
+    from kvpilot.engine import LLM
+
+    prompts = ["Hello there, how are you", "What is 2+2? Answer briefly.", "List three fruits:"] * 3
+    params = SamplingParams(temperature=0, max_tokens=24)
+    args = dict(dtype="float32", max_model_len=512, max_num_seqs=8, num_gpu_blocks_override=40, swap_space=0.05)
+    clean = [o.outputs[0].token_ids for o in LLM(str(model_path), **args).generate(prompts, params)]
+    llm = LLM(str(model_path), **args)
+    for k, v in llm.engine.runner.kv_caches:
+        k[1:].fill_(float("nan"))
+        v[1:].fill_(float("nan"))
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == clean
