@@ -115,6 +115,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("choose --local, or --namespace and --name for an InferenceService")
     if not a.local and not (a.namespace and a.name):
         p.error("cluster mode needs both --namespace and --name")
+    if a.local and a.prometheus_url and not a.port:
+        p.error("--local with --prometheus-url needs --port: the engine port your Prometheus scrapes")
     if (a.trials is not None and a.trials < 1) or a.num_requests < 1 or a.remeasure_top < 0:
         p.error("--trials and --num-requests must be >= 1, --remeasure-top >= 0")
     try:

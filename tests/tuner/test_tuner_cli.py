@@ -23,6 +23,7 @@ from kvpilot.tuner.exporter import TunerMetrics
     ["--local", "--objective", "latency"],
     ["--local", "--trials", "0"],
     ["--local", "--request-rate", "0"],
+    ["--local", "--prometheus-url", "http://127.0.0.1:9090"],  # which engine port does it scrape?
 ])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
