@@ -63,3 +63,18 @@ def test_tuner_metrics_carry_the_dashboard_names_and_labels():
     assert 'kvpilot_tuner_trial{inferenceservice="smollm2",namespace="default"} 4.0' in text
     assert 'kvpilot_tuner_best_objective{inferenceservice="smollm2",namespace="default"} 1.25' in text
     assert 'verdict="pruned"' in text
+
+
+def test_daemon_builds_its_session_flags_from_the_environment():
+    from kvpilot.tuner.daemon import session_args, wants_tuning
+
+    env = {"KVPILOT_TUNER_ARGS": "--num-requests 16 --target-url 'http://engine:8000'",
+           "KVPILOT_PROMETHEUS_URL": "http://prometheus:9090"}
+    argv = session_args("prod", "llm", env)
+    a = cli.parse(argv)
+    assert (a.namespace, a.name, a.num_requests, a.target_url, a.prometheus_url) == \
+        ("prod", "llm", 16, "http://engine:8000", "http://prometheus:9090")
+    assert a.trials is None and a.objective is None  # the resource's spec.tuning decides
+    assert wants_tuning(spec={"tuning": {"enabled": True}}, status={})
+    assert not wants_tuning(spec={"tuning": {"enabled": True}}, status={"tuning": {"phase": "Done"}})
+    assert not wants_tuning(spec={"tuning": {"enabled": False}}, status={})
