@@ -1,5 +1,7 @@
-"""`kvpilot demo`: chat replies from the builtin SmolLM2 model to real ShareGPT prompts,
-generated as one continuous batch, printed with the throughput."""
+"""`kvpilot demo` (what `make demo` runs): chat replies from the builtin SmolLM2 model to
+real ShareGPT prompts, generated as one continuous batch and printed with the throughput;
+then a short SLO-tuning session on the same model (`kvpilot.tuner.demo`, about 5 minutes
+on a 2-core CPU) that prints the best engine settings against the defaults."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the tuning session")
     args = p.parse_args(argv)
     if args.num_prompts < 1 or args.max_tokens < 1:
         p.error("--num-prompts and --max-tokens must be >= 1")
@@ -45,4 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(outputs)} requests in {elapsed:.2f} s: {output_tokens / elapsed:.1f} output tok/s, "
         f"{(prompt_tokens + output_tokens) / elapsed:.1f} total tok/s"
     )
-    return 0
+    if not args.tune:
+        return 0
+    del llm
+    console.rule("SLO tuning: kvpilot tune --local (8 trials)")
+    from kvpilot.tuner import demo as tuner_demo
+
+    return tuner_demo.main([])

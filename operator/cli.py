@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="take part in Kopf peering under this name (default: standalone)")
     parser.add_argument("--resync-seconds", type=float, default=None,
                         help="interval of the drift-repair timer (default 30, or KVPILOT_RESYNC_SECONDS)")
+    parser.add_argument("--tuner", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get("KVPILOT_TUNER", "") == "1",
+                        help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
+                             "(default: off, or KVPILOT_TUNER=1)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -41,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers; reads the resync interval)
+
+    if args.tuner:
+        from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
