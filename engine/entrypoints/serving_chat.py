@@ -80,6 +80,7 @@ def _logprobs(state: ServerState, out: RequestOutput, token_ids: list[int], star
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state: ServerState) -> Response:
     check_model(state, req.model)
+    state.ready_engine()  # 503 while loading: the tokenizer comes with the engine
     reject_unsupported(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", param="top_logprobs")

@@ -76,6 +76,7 @@ def _logprobs(state: ServerState, out: RequestOutput, token_ids: list[int], star
 
 async def create_completion(req: CompletionRequest, raw: Request, state: ServerState) -> Response:
     check_model(state, req.model)
+    state.ready_engine()  # 503 while loading: the tokenizer comes with the engine
     reject_unsupported(req)
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")

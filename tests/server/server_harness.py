@@ -43,6 +43,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.health_codes: list[int] = []
+        self.loading_request_codes: dict[str, int] = {}  # API calls made while /health was 503
 
     def start(self, timeout_s: float = 240.0) -> ServerProcess:
         cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
@@ -58,6 +59,11 @@ class ServerProcess:
                 self.health_codes.append(code)
                 if code == 200:
                     return self
+                if code == 503 and not self.loading_request_codes:
+                    for route, body in (("completions", {"prompt": "hi", "max_tokens": 2}),
+                                        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+                        self.loading_request_codes[route] = httpx.post(
+                            f"{self.url}/v1/{route}", json=body, timeout=5).status_code
             except httpx.TransportError:
                 pass
             time.sleep(0.1)

@@ -31,6 +31,8 @@ def drained_server(tmp_path_factory: pytest.TempPathFactory):
 def test_health_is_503_while_the_model_loads_then_200(drained_server):
     codes = drained_server.health_codes
     assert codes[-1] == 200 and 503 in codes[:-1]
+    # the API answers 503 (not a 500 from a missing tokenizer) while the model loads
+    assert drained_server.loading_request_codes == {"completions": 503, "chat/completions": 503}
 
 
 def test_sigterm_during_streams_finishes_every_accepted_request_and_exits_0(drained_server):
