@@ -1,0 +1,116 @@
+"""A benchmark's server subprocess: start a command on a free port, poll `GET /health`
+until 200, stop with SIGTERM (the server drains) and SIGKILL after a grace period.
+
+A server that exits before it is healthy is a `ServerRefused` carrying its exit code and
+the last lines of its output, e.g. `kvpilot serve` exiting 2 with "max_num_batched_tokens
+(128) is smaller than max_model_len (256) with chunked prefill off ...".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+KVPILOT_SERVE = [sys.executable, "-m", "kvpilot.cli.main", "serve"]
+
+
+class ServerRefused(RuntimeError):
+    """The server exited (or never got healthy) before serving. `exit_code` is None for a
+    startup timeout; `message` is the most telling line of its log (an `error:` line when
+    there is one), `log_tail` the end of the log."""
+
+    def __init__(self, exit_code: int | None, message: str, log_tail: str) -> None:
+        super().__init__(f"server exited with {exit_code}: {message}" if exit_code is not None else message)
+        self.exit_code, self.message, self.log_tail = exit_code, message, log_tail
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refusal_message(log: str) -> str:
+    """The line that says why a server refused to start: the last line containing
+    "error" (case-insensitive), else the last non-empty line, else ""."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [""])[-1]
+
+
+class ServerProcess:
+    """`command` (a list, without --port) started with `--port P` appended, its stdout and
+    stderr in `log_path`. Use as a context manager: entering waits for health."""
+
+    def __init__(self, command: list[str], log_path: Path, *, port: int = 0, host: str = "127.0.0.1",
+                 startup_timeout_s: float = 300.0, stop_timeout_s: float = 30.0, health_path: str = "/health") -> None:
+        self.command = list(command)
+        self.log_path = Path(log_path)
+        self.host, self.port = host, port or free_port()
+        self.startup_timeout_s, self.stop_timeout_s = startup_timeout_s, stop_timeout_s
+        self.health_path = health_path  # llama-cpp-python's server has no /health: /v1/models there
+        self.proc: subprocess.Popen | None = None
+        self.startup_s = 0.0  # seconds from spawn to the first healthy answer
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def start(self) -> ServerProcess:
+        """Spawn and wait for 200 on health_path. Raises ServerRefused when the process exits
+        first or is not healthy within startup_timeout_s (it is then stopped)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        while time.monotonic() - t0 < self.startup_timeout_s:
+            code = self.proc.poll()
+            if code is not None:
+                self.proc = None
+                log = self.log()
+                raise ServerRefused(code, refusal_message(log), log[-3000:])
+            try:
+                if httpx.get(self.base_url + self.health_path, timeout=2).status_code == 200:
+                    self.startup_s = time.monotonic() - t0
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        log = self.log()
+        raise ServerRefused(None, f"not healthy after {self.startup_timeout_s:.0f} s", log[-3000:])
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after stop_timeout_s; returns the exit code."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

