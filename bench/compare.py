@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
         print(f"error: llama_cpp is not importable. Build and install it with:\n  {PIP_COMMAND}", file=sys.stderr)
         return 2
     gguf = Path(a.gguf) if a.gguf else smollm2_gguf()
-    tokenizer = load_tokenizer(a.model_name)
+    tokenizer = load_tokenizer(str(gguf) if a.gguf else a.model_name)  # the builtin name skips GGUF parsing
     pool = sample_sharegpt_requests(tokenizer, 4 * a.num_prompts + 32, seed=a.seed)
     requests = fit_requests(pool, a.max_model_len, a.max_output_len or None, a.num_prompts)
     Path(a.output_dir).mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ and summary.md, which checks the conclusions of the published study listed in DE
 Defaults are sized to finish in about 15 minutes on this 2-core CPU when it is otherwise
 idle: 8 prompts, max_model_len 512 (so chunked off refuses budgets 64-256), at most 64
 output tokens per request, max_num_seqs 16, all requests at once. Each server start costs
-10-25 s (model load) and each run 10-30 s of load; 25 configurations run, 3 are refused.
+10-25 s (model load) and each run 10-30 s of load; of the 16 configurations, chunked off
+with budgets 64-256 is refused at startup (a few seconds each) and 13 run.
 Flags not listed below go to `kvpilot serve` unchanged (e.g. --num-gpu-blocks-override 64
 --dtype bfloat16).
 """
