@@ -20,8 +20,8 @@ from kvpilot.engine.memory import (
     kv_cache_block_bytes,
     total_device_memory_bytes,
 )
+from kvpilot.engine.executor import create_executor
 from kvpilot.engine.model_loader import load_tokenizer
-from kvpilot.engine.model_runner import ModelRunner
 from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
@@ -46,9 +46,14 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer_for(config)
         t0 = time.monotonic()
-        self.runner = ModelRunner(config)
-        num_blocks, num_swap_blocks = self._size_kv_cache()
-        self.runner.initialize_kv_cache(num_blocks, num_swap_blocks)
+        # one rank: a ModelRunner; more: the tensor-parallel executor with the same API
+        self.runner = create_executor(config)
+        try:
+            num_blocks, num_swap_blocks = self._size_kv_cache()
+            self.runner.initialize_kv_cache(num_blocks, num_swap_blocks)
+        except BaseException:
+            self.close()
+            raise
         self.block_manager = BlockManager(
             num_blocks, config.cache.block_size, num_swap_blocks, config.cache.enable_prefix_caching
         )
@@ -58,6 +63,12 @@ class LLMEngine:
         self.detokenize_incrementally = False  # the server turns it on for streaming
         self.last_step: StepStats | None = None
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
+
+    def close(self) -> None:
+        """Stops the tensor-parallel worker processes, if any (also run at exit)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:

@@ -96,9 +96,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ a step
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+    def execute(self, out: SchedulerOutput, sample: bool = True) -> dict[str, SampleResult]:
         """Runs one step. Returns {request_id: (token_id, logprobs)} for the sequences
-        whose scheduled tokens reach their end (partial prefill chunks sample nothing)."""
+        whose scheduled tokens reach their end (partial prefill chunks sample nothing).
+        `sample=False` (tensor-parallel workers) still computes the logits, whose vocabulary
+        all-gather every rank must join, but samples nothing and returns {}."""
         self._copy_blocks(out)
         if not out.scheduled:
             return {}
@@ -107,6 +109,8 @@ class ModelRunner:
         if not sample_seqs:
             return {}
         logits = self.model.compute_logits(hidden[sample_idx])
+        if not sample:
+            return {}
         results = self.sampler(
             logits, [s.request_id for s in sample_seqs], [s.sampling_params for s in sample_seqs]
         )

@@ -159,6 +159,7 @@ def main(argv: list[str]) -> int:
     finally:
         if state.engine is not None:
             state.engine.shutdown()
+            state.engine.engine.close()  # stops tensor-parallel workers (atexit would too)
     return server.exit_code
 
 
