@@ -125,16 +125,19 @@ class ModelRunner:
         seq_lens: list[int] = []
         sample_idx: list[int] = []
         sample_seqs: list[Sequence] = []
-        num_decodes = 0
-        max_blocks = max(len(s.block_table) for s, _ in out.scheduled)
-        tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
-        for i, (seq, n) in enumerate(out.scheduled):
+        # Decodes first, longest first, so that attention backends can batch decodes of
+        # similar lengths together (any order is correct; the results are keyed by id).
+        decodes = [(s, n) for s, n in out.scheduled if n == 1 and not s.is_prefill]
+        decodes.sort(key=lambda item: -item[0].num_computed_tokens)
+        scheduled = decodes + [(s, n) for s, n in out.scheduled if n != 1 or s.is_prefill]
+        num_decodes = len(decodes)
+        max_blocks = max(len(s.block_table) for s, _ in scheduled)
+        tables = np.zeros((len(scheduled), max_blocks), dtype=np.int32)
+        for i, (seq, n) in enumerate(scheduled):
             start = seq.num_computed_tokens
             end = start + n
             table = np.asarray(seq.block_table, dtype=np.int64)
             tables[i, : len(table)] = table
-            if n == 1 and num_decodes == i and not seq.is_prefill:
-                num_decodes += 1
             ids.extend(seq.token_ids_range(start, end))
             pos = np.arange(start, end, dtype=np.int64)
             pos_chunks.append(pos)

@@ -25,7 +25,7 @@ Source: vLLM PagedAttention (Kwon et al., SOSP'23); vLLM v1 `FlashAttentionMetad
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,8 @@ class AttentionMetadata:
     query_start_loc_cpu / query_lens_cpu / seq_lens_cpu: the same values as Python
                      lists, so that backends that loop over sequences need no
                      device-to-host copy.
+    backend_state:   per-step scratch: a backend may compute something once, in the
+                     first layer, and reuse it in every other layer of the same step.
     """
 
     slot_mapping: torch.Tensor
@@ -53,6 +55,7 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    backend_state: dict = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

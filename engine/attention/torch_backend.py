@@ -1,17 +1,33 @@
 """Pure-PyTorch paged attention: the CPU backend and the engine's reference behaviour.
 
-Decodes run batched: each sequence's blocks are gathered into a padded [num_decodes,
-max_seq_len] view and masked by its length. Prefill/extend chunks run one sequence at a
-time; a fresh prefill (nothing cached) attends to its own new K/V without a gather.
+Decodes run in length buckets: consecutive decode rows whose lengths are close (padding at
+most `MAX_PADDING` of the bucket) share one gather of their blocks into a dense
+[rows, num_blocks * block_size] view and one batched SDPA call, masked by each row's
+length; buckets are split so that one gather stays under `WORKSPACE_BYTES`, which keeps
+the gathered K/V in cache while SDPA reads it. The model runner orders decodes by
+length, longest first, so buckets are tight; any order is still correct.
+Prefill/extend chunks run one sequence at a time; a fresh prefill (nothing cached) attends
+to its own new K/V without a gather.
+
+The plan (buckets, block ids, masks) depends only on the step's metadata, so it is built
+once per step, in the first layer, and kept in `meta.backend_state`. Gathers write into a
+workspace reused across layers and steps instead of fresh allocations (on CPU a large
+fresh tensor costs a page fault per 4 KiB).
 Source: vLLM PagedAttention (SOSP'23); the cache layout is in attention/backend.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
+
+MAX_PADDING = 0.25
+WORKSPACE_BYTES = 8 << 20
+_PLAN_KEY = "torch_paged_plan"
 
 
 def write_kv_cache(
@@ -25,57 +41,112 @@ def write_kv_cache(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """cache [NB, BS, KVH, D], block_table [..., >=num_blocks] -> [..., num_blocks*BS, KVH, D].
-    index_select over whole blocks as rows: about twice as fast as advanced indexing."""
-    nb, bs, kvh, d = cache.shape
-    table = block_table[..., :num_blocks]
-    rows = cache.view(nb, bs * kvh * d).index_select(0, table.reshape(-1))
-    return rows.view(*table.shape[:-1], num_blocks * bs, kvh, d)
+@dataclass
+class _Gather:
+    """Rows [start, end) of the batch (sequences for decodes, tokens for an extend) and
+    the blocks to gather for them: block_ids [rows * num_blocks] int64."""
+
+    start: int
+    end: int
+    num_blocks: int
+    block_ids: torch.Tensor
+    mask: torch.Tensor | None
+
+
+def plan_decode_buckets(seq_lens: list[int], block_size: int, max_rows_blocks: int,
+                        max_padding: float = MAX_PADDING) -> list[tuple[int, int, int]]:
+    """Splits decode rows into consecutive buckets (start, end, num_blocks): a bucket pads
+    every row to its longest row's blocks, with padded blocks at most (1 + max_padding) x
+    the blocks its rows use (or a tiny bucket), and rows x num_blocks <= max_rows_blocks."""
+    buckets: list[tuple[int, int, int]] = []
+    start, width, used = 0, 0, 0
+    for i, n in enumerate(seq_lens):
+        nb = -(-n // block_size)
+        new_width = max(width, nb)
+        rows = i - start + 1
+        fits = rows * new_width <= max(max_rows_blocks, new_width)
+        tight = rows * new_width <= (used + nb) * (1 + max_padding) or rows * new_width <= 64
+        if i > start and not (fits and tight):
+            buckets.append((start, i, width))
+            start, new_width, used = i, nb, 0
+        width, used = new_width, used + nb
+    if seq_lens:
+        buckets.append((start, len(seq_lens), width))
+    return buckets
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self) -> None:
+        self._workspace: torch.Tensor | None = None
+
     def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale):
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        plan = meta.backend_state.get(_PLAN_KEY)
+        if plan is None:
+            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache)
+        decodes, extends = plan
         out = torch.empty_like(query)
+        for g in decodes:
+            k, v = self._gather(k_cache, v_cache, g, query.dtype)  # [rows, L, KVH, D]
+            o = F.scaled_dot_product_attention(
+                query[g.start:g.end].unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=g.mask, scale=scale, enable_gqa=True,
+            )
+            out[g.start:g.end] = o.squeeze(2)
+        for g in extends:
+            if g.num_blocks == 0:  # fresh prefill: its own K/V are all there is
+                k, v = key[g.start:g.end], value[g.start:g.end]
+            else:
+                k, v = (t[0] for t in self._gather(k_cache, v_cache, g, query.dtype))
+            o = F.scaled_dot_product_attention(
+                query[g.start:g.end].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=True,
+            )
+            out[g.start:g.end] = o.transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _plan(meta: AttentionMetadata, k_cache: torch.Tensor) -> tuple[list[_Gather], list[_Gather]]:
+        block_size = k_cache.shape[1]
+        block_bytes = k_cache[0].numel() * k_cache.element_size()
+        tables = meta.block_tables.to(torch.int64)
+        dev = k_cache.device
         nd = meta.num_decodes
-        if nd:
-            out[:nd] = self._decode(query[:nd], k_cache, v_cache, meta, scale)
+        decodes = []
+        for s, e, nb in plan_decode_buckets(meta.seq_lens_cpu[:nd], block_size,
+                                            max(1, WORKSPACE_BYTES // block_bytes)):
+            lens = meta.seq_lens[s:e].to(dev).unsqueeze(1)
+            mask = torch.arange(nb * block_size, device=dev).unsqueeze(0) < lens
+            decodes.append(_Gather(s, e, nb, tables[s:e, :nb].reshape(-1), mask[:, None, None, :]))
+        extends = []
         starts = meta.query_start_loc_cpu
         for i in range(nd, meta.num_seqs):
             s, e = starts[i], starts[i + 1]
             seq_len, q_len = meta.seq_lens_cpu[i], e - s
-            if seq_len == q_len:  # fresh prefill: its own K/V are all there is
-                k, v = key[s:e], value[s:e]
-                mask = None
-            else:
-                nb = -(-seq_len // k_cache.shape[1])
-                k = _gather(k_cache, meta.block_tables[i], nb)[:seq_len].to(query.dtype)
-                v = _gather(v_cache, meta.block_tables[i], nb)[:seq_len].to(query.dtype)
-                pos_q = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)
-                mask = torch.arange(seq_len).unsqueeze(0) <= pos_q  # [q_len, seq_len]
-            o = F.scaled_dot_product_attention(
-                query[s:e].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
-            )
-            out[s:e] = o.transpose(0, 1)
-        return out
+            if seq_len == q_len:
+                extends.append(_Gather(s, e, 0, tables[i, :0], None))
+                continue
+            nb = -(-seq_len // block_size)
+            pos_q = torch.arange(seq_len - q_len, seq_len, device=dev).unsqueeze(1)
+            mask = torch.arange(nb * block_size, device=dev).unsqueeze(0) <= pos_q  # [q_len, L]
+            extends.append(_Gather(s, e, nb, tables[i, :nb], mask))
+        return decodes, extends
 
-    @staticmethod
-    def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale) -> torch.Tensor:
-        nd = q.shape[0]
-        max_len = max(meta.seq_lens_cpu[:nd])
-        nb = -(-max_len // k_cache.shape[1])
-        table = meta.block_tables[:nd]
-        k = _gather(k_cache, table, nb).to(q.dtype).transpose(1, 2)  # [nd, KVH, L, D]
-        v = _gather(v_cache, table, nb).to(q.dtype).transpose(1, 2)
-        lens = meta.seq_lens[:nd].unsqueeze(1)
-        mask = (torch.arange(k.shape[2], device=q.device).unsqueeze(0) < lens)[:, None, None, :]
-        # Slots past a sequence's end hold stale but finite values (the runner zeroes
-        # every block before its first use), so masking the scores is enough.
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        return o.squeeze(2)
+    def _gather(self, k_cache, v_cache, g: _Gather, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies the blocks of g into the workspace: two [rows, num_blocks * block_size,
+        num_kv_heads, head_dim] views (K, V). Rows are sequences for decodes; an extend
+        gathers one sequence (rows = 1)."""
+        nb_total, bs, kvh, d = k_cache.shape
+        n = g.block_ids.numel()
+        row = bs * kvh * d
+        ws = self._workspace
+        if ws is None or ws.numel() < 2 * n * row or ws.dtype != k_cache.dtype or ws.device != k_cache.device:
+            ws = self._workspace = torch.empty(2 * n * row, dtype=k_cache.dtype, device=k_cache.device)
+        rows = max(1, n // max(g.num_blocks, 1))
+        k = torch.index_select(k_cache.view(nb_total, row), 0, g.block_ids, out=ws[: n * row].view(n, row))
+        v = torch.index_select(v_cache.view(nb_total, row), 0, g.block_ids,
+                               out=ws[n * row : 2 * n * row].view(n, row))
+        shape = (rows, g.num_blocks * bs, kvh, d)
+        return k.view(shape).to(dtype), v.view(shape).to(dtype)

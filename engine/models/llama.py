@@ -22,11 +22,13 @@ from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [num_tokens, 1, head_dim / 2]
 
 
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a precomputed cos/sin table [max_positions, head_dim / 2]
-    (float32, cast to the activations' dtype when applied)."""
+    (float32). The model looks up a step's positions once (`cos_sin`) and every layer
+    rotates its q and k heads with them (`rotate`)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
@@ -35,10 +37,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim] -> same shape and dtype, rotated."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """positions [num_tokens] int64 -> (cos, sin), each [num_tokens, 1, head_dim / 2]."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """x: [num_tokens, heads, head_dim] -> a new tensor of the same shape and dtype."""
+        cos, sin = rope
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -67,17 +73,14 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_size, kv_size, kv_size], cfg.dtype)
         self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, cfg.dtype)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.backend = backend
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
-        q = self.rotary(positions, q.view(n, self.num_heads, self.head_dim))
-        k = self.rotary(positions, k.view(n, self.num_kv_heads, self.head_dim))
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(n, -1, self.head_dim)  # [n, heads + 2 kv_heads, head_dim]
+        qk = RotaryEmbedding.rotate(qkv[:, : self.num_heads + self.num_kv_heads], rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
         out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -102,8 +105,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions, x, kv_cache, meta):
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -118,6 +121,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.lm_head = (
             self.embed_tokens
             if cfg.tie_word_embeddings
@@ -133,8 +137,9 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary_emb.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(positions, x, kv_cache, meta)
+            x = layer(rope, x, kv_cache, meta)
         return self.norm(x)
 
     @torch.inference_mode()
