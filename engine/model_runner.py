@@ -77,7 +77,7 @@ class ModelRunner:
         lens = [max_num_batched_tokens // num_seqs] * num_seqs
         lens[-1] += max_num_batched_tokens - sum(lens)
         lens = [min(n, max_model_len) for n in lens]
-        seqs, tables, next_block = [], [], 0
+        seqs, next_block = [], 0
         for i, n in enumerate(lens):
             seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
             blocks = -(-n // self.block_size)

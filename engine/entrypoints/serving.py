@@ -8,11 +8,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
@@ -202,6 +202,38 @@ async def collect_unless_disconnected(request: Request, coro) -> object:
         return task.result()
     finally:
         watcher.cancel()
+
+
+async def stream_or_collect(request: Request, state: ServerState, engine: AsyncLLMEngine, subs: list[SubRequest],
+                            request_id: str, events: Callable[[], AsyncIterator[str]] | None
+                            ) -> Response | dict[int, RequestOutput]:
+    """The shared tail of the completion handlers. With `events` (stream=true): an SSE
+    response over them. Without: the final output of every sub-request, by index, or the
+    answer for a client that left. Bad input found by the engine becomes HTTP 400. The
+    admission taken by `admit` is released either way."""
+    if events is not None:
+        try:
+            return StreamingResponse(stream_events(request, state, engine, subs, events()),
+                                     media_type="text/event-stream", headers={"X-Request-Id": request_id})
+        except BaseException:
+            state.release()
+            raise
+    try:
+        return await collect_unless_disconnected(request, _collect_finals(engine, subs))
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except RequestAborted as exc:
+        return aborted_answer(state, exc)
+    finally:
+        state.release()
+
+
+async def _collect_finals(engine: AsyncLLMEngine, subs: list[SubRequest]) -> dict[int, RequestOutput]:
+    finals = {}
+    async for index, out in merged_outputs(engine, subs):
+        if out.finished:
+            finals[index] = out
+    return finals
 
 
 def sse(payload: BaseModel | dict | str) -> str:

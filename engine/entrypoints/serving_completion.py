@@ -8,9 +8,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
+from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.errors import bad_request
 from kvpilot.engine.entrypoints.protocol import (
     CompletionChoice,
@@ -22,15 +22,13 @@ from kvpilot.engine.entrypoints.serving import (
     ServerState,
     SubRequest,
     admit,
-    aborted_answer,
     check_model,
-    collect_unless_disconnected,
     log_request,
     merged_outputs,
     reject_unsupported,
     sampling_params,
     sse,
-    stream_events,
+    stream_or_collect,
     token_logprobs,
     usage,
 )
@@ -95,22 +93,10 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
     engine = admit(state, len(subs))
     log_request(state, base, subs)
     model = req.model or state.served_model_name
-    if req.stream:
-        try:
-            events = _stream(state, req, engine, subs, base, model, echo)
-            return StreamingResponse(stream_events(raw, state, engine, subs, events), media_type="text/event-stream",
-                                     headers={"X-Request-Id": base})
-        except BaseException:
-            state.release()
-            raise
-    try:
-        finals = await collect_unless_disconnected(raw, _collect(engine, subs))
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    except RequestAborted as exc:
-        return aborted_answer(state, exc)
-    finally:
-        state.release()
+    events = (lambda: _stream(state, req, engine, subs, base, model, echo)) if req.stream else None
+    finals = await stream_or_collect(raw, state, engine, subs, base, events)
+    if isinstance(finals, Response):
+        return finals
     choices = []
     for sub in subs:
         out = finals[sub.index]
@@ -124,14 +110,6 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
     num_out = sum(len(finals[s.index].outputs[0].token_ids) for s in subs)
     body = CompletionResponse(id=base, model=model, choices=choices, usage=usage(num_prompt, num_out))
     return JSONResponse(body.model_dump(), headers={"X-Request-Id": base})
-
-
-async def _collect(engine: AsyncLLMEngine, subs: list[SubRequest]) -> dict[int, RequestOutput]:
-    finals = {}
-    async for index, out in merged_outputs(engine, subs):
-        if out.finished:
-            finals[index] = out
-    return finals
 
 
 async def _stream(state: ServerState, req: CompletionRequest, engine: AsyncLLMEngine, subs: list[SubRequest],
