@@ -116,6 +116,12 @@ class CacheConfig:
             raise ValueError(f"num_gpu_blocks_override must be >= 1, got {self.num_gpu_blocks_override}")
 
 
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int) -> int:
+    """The token budget when none is given: 2048 with chunked prefill, else
+    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults)."""
+    return 2048 if enable_chunked_prefill else max(max_model_len, 2048)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits.
@@ -137,7 +143,7 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
-            default = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+            default = default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len)
             object.__setattr__(self, "max_num_batched_tokens", default)
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

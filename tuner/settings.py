@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.engine.arg_utils import EngineArgs
+from kvpilot.engine.config import default_max_num_batched_tokens
+
 LIVE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode")
 
 # snake_case field -> InferenceService spec.engine key (crds/inferenceservices.kvpilot.dev.yaml)
@@ -44,20 +47,20 @@ class EngineSettings:
     """
 
     max_model_len: int = 2048
-    max_num_seqs: int = 256
+    max_num_seqs: int = EngineArgs.max_num_seqs
     max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_chunked_prefill: bool = True
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    block_size: int = 16
-    enable_prefix_caching: bool = False
-    preemption_mode: str = "recompute"
-    swap_space: float = 4.0
+    gpu_memory_utilization: float = EngineArgs.gpu_memory_utilization
+    enable_chunked_prefill: bool = EngineArgs.enable_chunked_prefill
+    tensor_parallel_size: int = EngineArgs.tensor_parallel_size
+    pipeline_parallel_size: int = EngineArgs.pipeline_parallel_size
+    block_size: int = EngineArgs.block_size
+    enable_prefix_caching: bool = EngineArgs.enable_prefix_caching
+    preemption_mode: str = EngineArgs.preemption_mode
+    swap_space: float = EngineArgs.swap_space
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
-            default = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+            default = default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len)
             object.__setattr__(self, "max_num_batched_tokens", default)
         object.__setattr__(self, "gpu_memory_utilization", round(float(self.gpu_memory_utilization), 3))
 
