@@ -17,6 +17,7 @@ import torch
 from kvpilot.engine import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.layers.linear import pack_weights_for_cpu
 from kvpilot.engine.memory import PeakMemoryProbe
 from kvpilot.engine.model_loader import iter_weights
 from kvpilot.engine.models.llama import LlamaForCausalLM
@@ -41,13 +42,15 @@ class ModelRunner:
             self.model = LlamaForCausalLM(config.model, get_attn_backend(config.attention_backend))
         self.model.load_weights(iter_weights(Path(config.model_path)))
         self.model.eval()
+        self.packed_weights_bytes = pack_weights_for_cpu(self.model) if self.device.type == "cpu" else 0
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
     def weights_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        plain = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return plain + self.packed_weights_bytes
 
     def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.config.model

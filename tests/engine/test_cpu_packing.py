@@ -1,0 +1,65 @@
+"""oneDNN weight prepacking on CPU (bfloat16): packed layers compute what F.linear
+computes, float32 stays unpacked, and the engine's greedy tokens do not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvpilot.engine import LLM, SamplingParams
+from kvpilot.engine import model_runner
+from kvpilot.engine.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    pack_weights_for_cpu,
+)
+
+
+def _layers(dtype):
+    col = ColumnParallelLinear(64, [96, 32], dtype)
+    row = RowParallelLinear(96, 64, dtype)
+    emb = VocabParallelEmbedding(500, 64, dtype)
+    for layer in (col, row, emb):
+        layer.weight.data.copy_(torch.randn_like(layer.weight, dtype=torch.float32).to(dtype))
+    return torch.nn.ModuleList([col, row, emb])
+
+
+def test_packed_bf16_layers_match_f_linear():
+    layers = _layers(torch.bfloat16)
+    extra = pack_weights_for_cpu(layers)
+    if layers[0].packed is None:
+        pytest.fail("oneDNN bf16 linear is unavailable on this CPU/torch build: the fast path is not tested")
+    assert extra == sum(m.weight.numel() * 2 for m in layers)
+    col, row, emb = layers
+    for x, layer in ((torch.randn(5, 64), col), (torch.randn(1, 96), row), (torch.randn(130, 96), row)):
+        x = x.to(torch.bfloat16)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1.6e-2, atol=1e-2)
+    hidden = torch.randn(7, 64).to(torch.bfloat16)
+    torch.testing.assert_close(emb.logits(hidden), F.linear(hidden, emb.weight).float(), rtol=1.6e-2, atol=1e-2)
+    ids = torch.tensor([0, 499, 17])
+    assert torch.equal(emb(ids), emb.weight[ids])  # the lookup still reads the plain weight
+    assert pack_weights_for_cpu(layers) == 0  # idempotent
+
+
+def test_float32_layers_stay_unpacked():
+    layers = _layers(torch.float32)
+    assert pack_weights_for_cpu(layers) == 0
+    assert all(m.packed is None for m in layers)
+
+
+def test_engine_greedy_tokens_are_the_same_with_and_without_packing(monkeypatch):
+    prompts = ["The three primary colors are", "def fibonacci(n):", "Paris is the capital of"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    packed = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256)
+    runner = packed.engine.runner
+    assert runner.packed_weights_bytes > 0
+    want = [o.outputs[0].token_ids for o in packed.generate(prompts, params)]
+    packed.engine.close()
+    monkeypatch.setattr(model_runner, "pack_weights_for_cpu", lambda model: 0)
+    plain = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256)
+    assert plain.engine.runner.packed_weights_bytes == 0
+    got = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    plain.engine.close()
+    assert got == want
