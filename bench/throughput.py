@@ -79,8 +79,11 @@ def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[
     engine = llm.engine
     for i, r in enumerate(requests):
         engine.add_request(f"profile-{i}", r.prompt, SamplingParams(max_tokens=r.expected_output_len, ignore_eos=True))
-    for _ in range(3):
-        engine.step()  # past the prefills, into steady decode
+    sched = engine.scheduler
+    for _ in range(1000):  # past the prefills, into steady decode
+        if not sched.waiting and not any(seq.is_prefill for seq in sched.running):
+            break
+        engine.step()
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -89,9 +92,11 @@ def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[
     for i in range(len(requests)):
         engine.abort_request(f"profile-{i}")
     groups = {
-        "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm"),
+        "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
+                                            "mkldnn::_linear_pointwise"),
         "attention (SDPA)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
-        "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::masked_fill"),
+        "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::index_select",
+                                            "aten::masked_fill"),
         "elementwise (norm, RoPE, SiLU, residual)": ("aten::mul", "aten::add", "aten::cat", "aten::silu",
                                                      "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub"),
         "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
