@@ -170,7 +170,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor and pipeline parallel sizes (world size = tp x pp)."""
+    """Tensor and pipeline parallel sizes (world size = tp x pp). Pipeline stages get
+    contiguous layer ranges split as vLLM's get_pp_indices does (engine/parallel_layout.py),
+    so pipeline_parallel_size need not divide the layers."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -185,12 +187,18 @@ class ParallelConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def check_model(self, model: ModelConfig) -> None:
-        """Raises ValueError when the sizes do not divide the model's heads or layers."""
+        """Raises ValueError when tensor_parallel_size does not divide the model's heads,
+        KV heads or MLP width, or pipeline_parallel_size exceeds its layers."""
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         if model.num_heads % tp or model.num_kv_heads % tp:
             raise ValueError(
                 f"tensor_parallel_size {tp} must divide the model's {model.num_heads} attention "
                 f"heads and {model.num_kv_heads} KV heads"
+            )
+        if model.intermediate_size % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the model's MLP width (intermediate_size "
+                f"{model.intermediate_size})"
             )
         if pp > model.num_layers:
             raise ValueError(

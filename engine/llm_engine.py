@@ -13,16 +13,11 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.block_manager import BlockManager
 from kvpilot.engine.config import EngineConfig, SchedulerConfig
 from kvpilot.engine.detokenizer import IncrementalDetokenizer
-from kvpilot.engine.memory import (
-    GiB,
-    KVCacheBudget,
-    check_fits,
-    kv_cache_block_bytes,
-    total_device_memory_bytes,
-)
-from kvpilot.engine.executor import create_executor
+from kvpilot.engine.executor import create_executor, profile_rank_memory
+from kvpilot.engine.memory import GiB, KVCachePlan, check_fits, total_device_memory_bytes
 from kvpilot.engine.model_loader import load_tokenizer
 from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
 from kvpilot.engine.sequence import Sequence, SequenceStatus
@@ -46,7 +41,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer_for(config)
         t0 = time.monotonic()
-        # one rank: a ModelRunner; more: the tensor-parallel executor with the same API
+        # one rank: a ModelRunner; more: the multi-process executor with the same API
         self.runner = create_executor(config)
         try:
             num_blocks, num_swap_blocks = self._size_kv_cache()
@@ -65,7 +60,7 @@ class LLMEngine:
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
 
     def close(self) -> None:
-        """Stops the tensor-parallel worker processes, if any (also run at exit)."""
+        """Stops the worker ranks' processes, if any (also run at exit)."""
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
@@ -76,32 +71,35 @@ class LLMEngine:
 
     # -------------------------------------------------------------- KV sizing
     def _size_kv_cache(self) -> tuple[int, int]:
+        """Blocks every rank holds (the same number on all: block ids are global) and swap
+        blocks. Each rank's bytes per block are its stage's layers x its KV-head shard;
+        the count is the minimum over ranks' devices, or, on CPU where the ranks share the
+        machine's memory, what one pool fits for all of them (memory.KVCachePlan)."""
         cfg = self.config
-        block_bytes = kv_cache_block_bytes(cfg.cache.block_size, cfg.model.kv_bytes_per_token() // cfg.parallel.world_size)
-        max_len = cfg.scheduler.max_model_len
+        bs, max_len = cfg.cache.block_size, cfg.scheduler.max_model_len
+        rank_block_bytes = [bs * rank_kv_bytes_per_token(cfg.model, cfg.parallel, r)
+                            for r in range(cfg.parallel.world_size)]
+        block_bytes = sum(rank_block_bytes)  # one block id over all ranks
         if cfg.cache.num_gpu_blocks_override is not None:
             num_blocks = cfg.cache.num_gpu_blocks_override
-            check_fits(num_blocks, cfg.cache.block_size, max_len, block_bytes, "num_gpu_blocks_override")
+            check_fits(num_blocks, bs, max_len, block_bytes, "num_gpu_blocks_override")
         else:
-            activation = self.runner.profile_peak_activation_bytes(
-                cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs, max_len
-            )
-            budget = KVCacheBudget(
+            plan = KVCachePlan.build(
                 total_bytes=total_device_memory_bytes(self.runner.device),
                 gpu_memory_utilization=cfg.cache.gpu_memory_utilization,
-                weights_bytes=self.runner.weights_bytes,
-                activation_bytes=activation,
-                block_bytes=block_bytes,
-                block_size=cfg.cache.block_size,
+                block_size=bs,
+                ranks=profile_rank_memory(self.runner, cfg),
+                shared_memory=self.runner.device.type == "cpu",
             )
-            logger.info("KV cache sizing: %s", budget.describe())
-            num_blocks = budget.num_blocks
-            check_fits(num_blocks, cfg.cache.block_size, max_len, block_bytes, budget.describe())
-        num_swap = int(cfg.cache.swap_space * GiB) // block_bytes
+            logger.info("KV cache sizing: %s", plan.describe())
+            num_blocks = plan.num_blocks
+            check_fits(num_blocks, bs, max_len, plan.budgets[plan.limiting].block_bytes, plan.describe())
+        # swap_space is per rank (vLLM: per GPU); the rank with the largest blocks bounds it
+        num_swap = int(cfg.cache.swap_space * GiB) // max(rank_block_bytes)
         logger.info(
-            "# KV blocks: %d (%d tokens); maximum concurrency for %d tokens per request: %.2fx; "
-            "swap blocks: %d", num_blocks, num_blocks * cfg.cache.block_size, max_len,
-            num_blocks * cfg.cache.block_size / max_len, num_swap,
+            "# KV blocks: %d (%d tokens) on each of %d rank(s); maximum concurrency for %d tokens per "
+            "request: %.2fx; swap blocks: %d", num_blocks, num_blocks * bs, cfg.parallel.world_size,
+            max_len, num_blocks * bs / max_len, num_swap,
         )
         return num_blocks, num_swap
 

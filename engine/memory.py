@@ -2,8 +2,15 @@
 weights and the peak activation of a profiled step are taken out.
 
 KV cache per token = 2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per element.
-The same arithmetic (`kv_cache_num_blocks`) serves the engine at startup and the tuner's
-feasibility check before it tries a configuration. On CPU, device memory is the machine's
+The same arithmetic (`KVCachePlan`) serves the engine at startup and the tuner's
+feasibility check before it tries a configuration.
+
+With several ranks each holds its stage's layers and its share of the KV heads, so its
+bytes per block differ, but block ids are global (one block manager on the driver): every
+rank must hold the same number of blocks. On GPUs each rank has its own device, so the
+number of blocks is the minimum over ranks of what each device fits. On CPU all ranks
+share one machine's memory, so one pool pays for every rank's weights, activations and
+its slice of each block. On CPU, device memory is the machine's
 memory or the cgroup's limit, whichever is smaller; the peak activation is measured as the
 growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs).
 Source: vLLM `Worker.determine_available_memory` / `check_enough_kv_cache_memory`.
@@ -108,6 +115,68 @@ class KVCacheBudget:
             f"activation {self.activation_bytes / GiB:.3f} GiB = KV cache "
             f"{self.kv_cache_bytes / GiB:.3f} GiB ({self.num_blocks} blocks of {self.block_size} tokens)"
         )
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's share, in bytes: its weights, the peak activation of its profiled step,
+    and its KV bytes per block (its stage's layers x its KV-head shard x block_size)."""
+
+    rank: int
+    weights_bytes: int
+    activation_bytes: int
+    block_bytes: int
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    """How many KV blocks every rank holds. shared_memory (CPU): one KVCacheBudget over the
+    whole machine with the ranks' weights, activations and block bytes summed. Otherwise
+    (one device per rank): one KVCacheBudget per rank, and the smallest count wins.
+    Source: vLLM `Executor.determine_num_available_blocks` (minimum over workers)."""
+
+    budgets: tuple[KVCacheBudget, ...]
+    ranks: tuple[RankMemory, ...]
+    shared_memory: bool
+
+    @classmethod
+    def build(cls, total_bytes: int, gpu_memory_utilization: float, block_size: int,
+              ranks: list[RankMemory], shared_memory: bool) -> KVCachePlan:
+        """total_bytes: memory of one device (shared_memory=False) or of the machine."""
+        def budget(weights, activation, block_bytes):
+            return KVCacheBudget(total_bytes, gpu_memory_utilization, weights, activation, block_bytes, block_size)
+        if shared_memory or len(ranks) == 1:
+            budgets = (budget(sum(r.weights_bytes for r in ranks), sum(r.activation_bytes for r in ranks),
+                              sum(r.block_bytes for r in ranks)),)
+        else:
+            budgets = tuple(budget(r.weights_bytes, r.activation_bytes, r.block_bytes) for r in ranks)
+        return cls(budgets, tuple(ranks), shared_memory)
+
+    @property
+    def limiting(self) -> int:
+        """Index into `budgets` (and, per device, `ranks`) of the budget with fewest blocks."""
+        return min(range(len(self.budgets)), key=lambda i: self.budgets[i].num_blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.budgets[self.limiting].num_blocks
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block id costs over all ranks (the whole model's KV for block_size tokens)."""
+        return sum(r.block_bytes for r in self.ranks)
+
+    def describe(self) -> str:
+        budget = self.budgets[self.limiting]
+        if len(self.ranks) == 1:
+            return budget.describe()
+        per_rank = ", ".join(f"rank {r.rank}: {r.block_bytes / 1024:.0f}" for r in self.ranks)
+        if len(self.budgets) == 1:
+            return (f"{len(self.ranks)} ranks share one memory; summed over them: {budget.describe()}; "
+                    f"KiB per block by rank: {per_rank}")
+        rank = self.ranks[self.limiting].rank
+        return (f"rank {rank} has the fewest blocks, every rank holds that many: {budget.describe()}; "
+                f"KiB per block by rank: {per_rank}")
 
 
 def kv_cache_block_bytes(block_size: int, kv_bytes_per_token: int) -> int:

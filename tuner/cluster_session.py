@@ -53,15 +53,17 @@ def slo_of(spec: InferenceServiceSpec) -> SLO:
 
 
 def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
-    """Device memory from --device-memory-gib, else the pod's memory limit (CPU engines);
-    --num-gpu-blocks-override in extraArgs fixes the cache size."""
+    """Device memory from --device-memory-gib (one GPU per rank), else the pod's memory
+    limit (CPU engines: every rank shares it); --num-gpu-blocks-override in extraArgs
+    fixes the cache size."""
     memory = int(a.device_memory_gib * (1 << 30)) if a.device_memory_gib else quantity_bytes(spec.resources.memory)
     extra = list(spec.engine.extraArgs)
     override = None
     for i, arg in enumerate(extra):
         if arg.startswith("--num-gpu-blocks-override"):
             override = int(arg.split("=", 1)[1] if "=" in arg else extra[i + 1])
-    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override)
+    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
+                    shared_memory=not a.device_memory_gib)
 
 
 def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Callable[[], bool] = lambda: False,

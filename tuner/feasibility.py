@@ -4,10 +4,16 @@ accept a setting and fit one `max_model_len` sequence in its KV cache.
 The rules are the engine's own: `SchedulerConfig`, `CacheConfig` and `ParallelConfig` raise
 ValueError for invariant breaks (budget >= max_num_seqs, budget >= max_model_len without
 chunked prefill, parallel sizes that do not divide the heads), and the KV-cache arithmetic is
-`kvpilot.engine.memory` (`KVCacheBudget`, `kv_cache_block_bytes`, `check_fits`):
+`kvpilot.engine.memory` (`KVCachePlan`, `check_fits`) over the per-rank shares of
+`kvpilot.engine.parallel_layout` (the engine's own layer split and rank layout):
 
-    KV blocks = (device memory x gpu_memory_utilization - weights / world - peak activation)
-                // (block_size x 2 x layers x kv_heads x head_dim x bytes / world)
+    rank r holds: its stage's layers' weights / tp (+ embedding shard on the first stage,
+                  LM head shard on the last), a peak activation, and per block
+                  block_size x 2 x its stage's layers x kv_heads / tp x head_dim x bytes
+    one device per rank: KV blocks = min over r of
+                  (device memory x gpu_memory_utilization - weights_r - activation_r) // block_bytes_r
+    shared memory (CPU, all ranks in one machine or pod): KV blocks =
+                  (memory x gpu_memory_utilization - sum weights_r - sum activation_r) // sum block_bytes_r
 
 The engine measures the peak activation by profiling a step; the tuner can only estimate it
 (`estimate_activation_bytes`), so a setting near the edge may still fail at startup: the
@@ -24,7 +30,8 @@ from pathlib import Path
 import torch
 
 from kvpilot.engine.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
-from kvpilot.engine.memory import KVCacheBudget, check_fits, kv_cache_block_bytes
+from kvpilot.engine.memory import KVCachePlan, RankMemory, check_fits
+from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
 from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
 
@@ -65,6 +72,8 @@ class Hardware:
 
     device_memory_bytes: memory of one device (GPU, or the CPU's RAM / cgroup limit).
     num_devices: devices available to one engine (bounds tp x pp).
+    shared_memory: every rank draws on the same device_memory_bytes (a CPU engine: its
+        ranks are processes on one machine or in one pod), instead of one device each.
     num_gpu_blocks_override: when the engine is started with --num-gpu-blocks-override,
         the KV cache has exactly this many blocks whatever the memory.
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
@@ -75,18 +84,38 @@ class Hardware:
     num_devices: int = 1
     num_gpu_blocks_override: int | None = None
     activation_scale: float = 1.0
+    shared_memory: bool = False
 
 
-def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """Rough peak extra memory of one full step, in bytes: per batched token the hidden
-    state, q/k/v and the MLP's gate and up projections in the model's dtype (twice, for
-    the input and output of the widest op), plus float32 logits for up to max_num_seqs
-    sampled tokens. The engine profiles the real value at startup."""
+def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int,
+                              tensor_parallel_size: int = 1, with_logits: bool = True) -> int:
+    """Rough peak extra memory of one full step on one rank, in bytes: per batched token
+    the hidden state, q/k/v and the MLP's gate and up projections in the model's dtype
+    (the last three split over tensor_parallel_size; twice, for the input and output of
+    the widest op), plus float32 logits for up to max_num_seqs sampled tokens on ranks
+    that hold them (with_logits: the last pipeline stage and the driver). The engine
+    profiles the real value at startup."""
     elem = torch.empty((), dtype=model.dtype).element_size()
-    per_token = (model.hidden_size * 2 + (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-                 + 2 * model.intermediate_size) * elem * 2
+    tp = tensor_parallel_size
+    per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+                                          + 2 * model.intermediate_size) // tp) * elem * 2
     sampled = min(max_num_seqs, max_num_batched_tokens)
-    return max_num_batched_tokens * per_token + sampled * model.vocab_size * 4
+    return max_num_batched_tokens * per_token + (sampled * model.vocab_size * 4 if with_logits else 0)
+
+
+def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
+                         activation_scale: float = 1.0) -> list[RankMemory]:
+    """Every rank's predicted weights, activation and KV bytes per block, in rank order,
+    from the engine's layer split (`parallel_layout`)."""
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    ranks = []
+    for rank in range(parallel.world_size):
+        pos = RankPosition.of(rank, parallel)
+        activation = estimate_activation_bytes(model, settings.max_num_batched_tokens, settings.max_num_seqs,
+                                               pos.tp_size, with_logits=pos.is_last_stage or rank == 0)
+        ranks.append(RankMemory(rank, rank_num_params(model, parallel, rank) * elem, int(activation * activation_scale),
+                                settings.block_size * rank_kv_bytes_per_token(model, parallel, rank)))
+    return ranks
 
 
 @dataclass(frozen=True)
@@ -121,22 +150,15 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     if parallel.world_size > hardware.num_devices:
         return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
                                   f"exceeds the {hardware.num_devices} available device(s)")
-    world = parallel.world_size
-    block_bytes = kv_cache_block_bytes(settings.block_size, model.kv_bytes_per_token() // world)
+    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
+        block_bytes = sum(r.block_bytes for r in ranks)
     else:
-        elem = torch.empty((), dtype=model.dtype).element_size()
-        activation = estimate_activation_bytes(model, settings.max_num_batched_tokens, settings.max_num_seqs)
-        budget = KVCacheBudget(
-            total_bytes=hardware.device_memory_bytes,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            weights_bytes=model.num_params() * elem // world,
-            activation_bytes=int(activation * hardware.activation_scale) // world,
-            block_bytes=block_bytes,
-            block_size=settings.block_size,
-        )
-        num_blocks, how = budget.num_blocks, "predicted: " + budget.describe()
+        plan = KVCachePlan.build(hardware.device_memory_bytes, settings.gpu_memory_utilization,
+                                 settings.block_size, ranks, hardware.shared_memory)
+        num_blocks, how = plan.num_blocks, "predicted: " + plan.describe()
+        block_bytes = plan.budgets[plan.limiting].block_bytes
     try:
         check_fits(num_blocks, settings.block_size, settings.max_model_len, block_bytes, how)
     except ValueError as e:

@@ -27,17 +27,20 @@ from kvpilot.tuner.workload import load_requests
 
 def hardware_for(a: argparse.Namespace) -> Hardware:
     """The device the trials run on: --device-memory-gib, else this machine's memory (or
-    the first GPU's); --num-gpu-blocks-override among the engine args fixes the cache."""
+    the first GPU's); --num-gpu-blocks-override among the engine args fixes the cache. On
+    CPU (no GPU here) every rank of a parallel trial shares that memory."""
     from kvpilot.engine.memory import GiB, total_device_memory_bytes
 
+    on_gpu = torch.cuda.is_available()
     if a.device_memory_gib:
         memory = int(a.device_memory_gib * GiB)
     else:
-        memory = total_device_memory_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        memory = total_device_memory_bytes(torch.device("cuda" if on_gpu else "cpu"))
     override = None
     if "--num-gpu-blocks-override" in a.engine_args:
         override = int(a.engine_args[a.engine_args.index("--num-gpu-blocks-override") + 1])
-    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override)
+    return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
+                    shared_memory=not on_gpu)
 
 
 def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:

@@ -2,8 +2,12 @@
 
 The flattened batch has no padding: `input_ids` and `positions` are [num_tokens], and each
 attention layer reads and writes its layer's KV cache through the attention backend with
-the step's `AttentionMetadata`. Layers are tensor-parallel aware (see layers/linear.py);
-`start_layer`/`end_layer` leave room for pipeline stages.
+the step's `AttentionMetadata`. Layers are tensor-parallel aware (see layers/linear.py).
+With pipeline parallelism the model holds only its stage's layers [start_layer,
+end_layer) (vLLM's get_pp_indices split, engine/parallel_layout.py; the other indices are
+`PPMissingLayer` placeholders so checkpoint names keep their layer numbers), the
+embedding on the first stage and the final norm and LM head on the last; a stage other
+than the last returns its intermediate tensors for the next stage instead of hidden states.
 Source: Touvron et al., LLaMA (2023); HF transformers `modeling_llama.py` for the weight
 names and RoPE convention (rotate-half); vLLM `vllm/model_executor/models/llama.py`.
 """
@@ -20,9 +24,11 @@ from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from kvpilot.engine.parallel_layout import get_pp_indices
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [num_tokens, 1, head_dim / 2]
+IntermediateTensors = dict[str, torch.Tensor]
 
 
 class RotaryEmbedding(nn.Module):
@@ -110,23 +116,45 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class PPMissingLayer(nn.Module):
+    """Stands for a layer that lives on another pipeline stage (vLLM's placeholder)."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this layer lives on another pipeline stage")
+
+
 class LlamaForCausalLM(nn.Module):
-    """forward(input_ids [T] int64, positions [T] int64, kv_caches, meta) -> hidden [T, H];
-    compute_logits(hidden [n, H]) -> [n, vocab_size] float32."""
+    """forward(input_ids [T] int64, positions [T] int64, kv_caches (this stage's layers),
+    meta, intermediate) -> hidden [T, H] on the last stage, else IntermediateTensors
+    {"hidden_states": [T, H]} (the model's dtype) for the next stage, which passes them as
+    `intermediate` (the first stage embeds input_ids instead);
+    compute_logits(hidden [n, H]) -> [n, vocab_size] float32 (last stage only)."""
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = cfg
-        self.start_layer, self.end_layer = 0, cfg.num_layers
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.lm_head = (
-            self.embed_tokens
-            if cfg.tie_word_embeddings
-            else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        pp_rank, pp_size = ps.get_pp_rank(), ps.get_pp_size()
+        self.is_first_stage, self.is_last_stage = pp_rank == 0, pp_rank == pp_size - 1
+        self.start_layer, self.end_layer = get_pp_indices(cfg.num_layers, pp_rank, pp_size)
+
+        def new_embedding() -> VocabParallelEmbedding:
+            return VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+
+        self.embed_tokens = new_embedding() if self.is_first_stage else None
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, backend) if self.start_layer <= i < self.end_layer else PPMissingLayer()
+            for i in range(cfg.num_layers)
         )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype) if self.is_last_stage else None
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.lm_head = None
+        if self.is_last_stage:
+            tied_here = cfg.tie_word_embeddings and self.is_first_stage
+            self.lm_head = self.embed_tokens if tied_here else new_embedding()
+
+    def intermediate_shapes(self, num_tokens: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Name -> (shape, dtype) of the IntermediateTensors a stage sends for num_tokens."""
+        return {"hidden_states": ((num_tokens, self.config.hidden_size), self.config.dtype)}
 
     @torch.inference_mode()
     def forward(
@@ -135,20 +163,40 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        x = self.embed_tokens(input_ids) if self.is_first_stage else intermediate["hidden_states"]
         rope = self.rotary_emb.cos_sin(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(rope, x, kv_cache, meta)
+        for i, kv_cache in zip(range(self.start_layer, self.end_layer), kv_caches):
+            x = self.layers[i](rope, x, kv_cache, meta)
+        if not self.is_last_stage:
+            return {"hidden_states": x}
         return self.norm(x)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)
 
+    def _stage_name(self, name: str) -> str | None:
+        """The parameter name a checkpoint tensor loads into on this stage, or None when
+        it belongs to another stage. A tied LM head off the first stage loads the
+        embedding."""
+        parts = name.split(".")
+        if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
+            return name if self.start_layer <= int(parts[1]) < self.end_layer else None
+        if parts[0] == "embed_tokens":
+            if self.is_first_stage:
+                return name
+            tied_head = self.is_last_stage and self.config.tie_word_embeddings
+            return name.replace("embed_tokens", "lm_head", 1) if tied_head else None
+        if parts[0] in ("norm", "lm_head"):
+            return name if self.is_last_stage else None
+        return name
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads HF Llama checkpoint tensors (full, unsharded), fusing q/k/v and gate/up.
-        Raises ValueError on a missing or unexpected tensor."""
+        """Loads HF Llama checkpoint tensors (full, unsharded), fusing q/k/v and gate/up,
+        keeping this stage's layers and this rank's shards. Raises ValueError on a missing
+        or unexpected tensor."""
         fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
         params = dict(self.named_parameters())
@@ -157,6 +205,9 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if (name == "lm_head.weight" and self.config.tie_word_embeddings) or "rotary_emb" in name:
+                continue
+            name = self._stage_name(name)
+            if name is None:
                 continue
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in fused:

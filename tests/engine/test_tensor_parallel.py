@@ -9,42 +9,21 @@ import signal
 import time
 
 import pytest
-import torch
 
 from kvpilot.engine import LLM, SamplingParams
 from kvpilot.engine import parallel_state
 
+from tiny_llama import save_tiny_llama, tiny_prompts
+
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 96
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    """A 2-layer GQA Llama (4 heads over 2 KV heads, head_dim 32) with random weights and a
-    word-level tokenizer, saved as an HF directory (as in the Triton end-to-end test)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    path = tmp_path_factory.mktemp("tiny-llama-tp")
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.2, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
-    )
-    torch.manual_seed(1234)
-    transformers.LlamaForCausalLM(config).to(torch.float32).save_pretrained(path, safe_serialization=True)
-    word_level = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(VOCAB)}, unk_token="w2"))
-    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=word_level, bos_token="w0", eos_token="w1", unk_token="w2"
-    ).save_pretrained(path)
-    return path
-
-
-def _tiny_prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 22, 40)]
+    """A 2-layer GQA Llama (4 heads over 2 KV heads, head_dim 32) with random weights."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-tp"), num_layers=2)
 
 
 def _tiny_llm(path, tp: int) -> LLM:
@@ -62,7 +41,7 @@ def _generate(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
 
 
 def test_tiny_llama_tp2_gives_the_same_greedy_tokens_as_one_process(tiny_llama):
-    prompts = _tiny_prompts()
+    prompts = tiny_prompts()
     expected = _generate(_tiny_llm(tiny_llama, 1), prompts)
     actual = _generate(_tiny_llm(tiny_llama, 2), prompts)
     assert actual == expected
@@ -89,13 +68,13 @@ def test_tp2_on_smollm2_is_refused_at_startup_with_the_reason(model_path):
 def test_a_killed_worker_rank_ends_the_engine_with_an_error_naming_it(tiny_llama):
     llm = _tiny_llm(tiny_llama, 2)
     try:
-        assert len(llm.generate(_tiny_prompts()[:1], GREEDY)[0].outputs[0].token_ids) == 16
+        assert len(llm.generate(tiny_prompts()[:1], GREEDY)[0].outputs[0].token_ids) == 16
         worker = llm.engine.runner.workers[0]
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(5)
         t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) died"):
-            llm.generate(_tiny_prompts()[:1], GREEDY)
+        with pytest.raises(RuntimeError, match=r"rank 1 \(tensor-parallel rank 1, pipeline stage 0, pid \d+\) died"):
+            llm.generate(tiny_prompts()[:1], GREEDY)
         assert time.monotonic() - t0 < 5
         with pytest.raises(RuntimeError, match="rank 1"):  # stays failed, no hang
             llm.engine.step()
@@ -120,8 +99,8 @@ def test_a_worker_killed_during_a_step_is_reported_within_seconds(tiny_llama, mo
     try:
         monkeypatch.setattr(runner.runner, "execute", execute_after_kill)
         t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1"):
-            llm.generate(_tiny_prompts()[:1], GREEDY)
+        with pytest.raises(RuntimeError, match=r"rank 1 \(tensor-parallel rank 1"):
+            llm.generate(tiny_prompts()[:1], GREEDY)
         assert time.monotonic() - t0 < 10
     finally:
         llm.engine.close()

@@ -1,0 +1,112 @@
+"""One rank of a tensor x pipeline parallel engine: a ModelRunner that holds its stage's
+layers (and their KV cache) and runs a step as micro-batches passed along the pipeline.
+
+Every rank gets the same step inputs (the executor broadcasts them) and computes the same
+micro-batch split. Per micro-batch m:
+
+    stage 0:       embed -> its layers -> send IntermediateTensors(m) to stage 1
+    stage s:       recv(m) -> its layers -> send(m) to stage s+1
+    last stage:    recv(m) -> its layers -> norm -> logits of m's rows to sample
+                   (tp rank 0 sends them to the driver)
+    driver (rank 0, stage 0, tp rank 0): after its sends, receives every m's logits and
+                   samples once over all rows, in the step's order, as one process does.
+
+What overlaps: within a step, stage s computes micro-batch m+1 while stage s+1 computes m
+(receives are posted before computing and sends are asynchronous), so with M micro-batches
+and P stages the busy share of a stage is M / (M + P - 1). What does not: consecutive
+steps. Step n+1 is scheduled only after step n's tokens are sampled, so the pipeline
+drains at every step boundary, and the driver's scheduling, sampling and detokenizing run
+while the other stages idle. vLLM overlaps steps with "virtual engines" (v0: pp
+independent schedulers over disjoint requests) or asynchronous scheduling (v1); both change
+the scheduler's semantics, which this engine keeps.
+Source: vLLM `vllm/v1/worker/gpu_model_runner.py` (IntermediateTensors between ranks);
+Huang et al., GPipe (2019) for the micro-batch schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.memory import RankMemory
+from kvpilot.engine.model_runner import ModelRunner, SampleResult
+from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token
+from kvpilot.engine.pipeline import StageLink, split_micro_batches
+from kvpilot.engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger("kvpilot.engine.stage_runner")
+
+
+class StageRunner(ModelRunner):
+    """A ModelRunner for one rank of a multi-rank engine. `execute` returns the sampled
+    tokens on the driver (rank 0) and {} elsewhere. num_micro_batches: how many
+    micro-batches a step is cut into when pipeline_parallel_size > 1 (1 otherwise)."""
+
+    def __init__(self, config: EngineConfig, position: RankPosition, num_micro_batches: int) -> None:
+        super().__init__(config)
+        self.position = position
+        self.num_micro_batches = num_micro_batches if position.pp_size > 1 else 1
+        self.link = StageLink(
+            None if position.is_first_stage else position.prev_rank,
+            None if position.is_last_stage else position.next_rank,
+            self.device,
+        )
+        self._last_stage_rank0 = (position.pp_size - 1) * position.tp_size
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, sample: bool = True) -> dict[str, SampleResult]:
+        """Runs this rank's part of one step (see the module docstring). `sample` is
+        accepted for ModelRunner's signature; only the driver samples."""
+        self._copy_blocks(out)
+        if not out.scheduled:
+            return {}
+        pos, model = self.position, self.model
+        batches = [self._prepare(SchedulerOutput(scheduled=mb))
+                   for mb in split_micro_batches(out.scheduled, self.num_micro_batches)]
+        inbound = []
+        if not pos.is_first_stage:  # post every receive now, so transfers overlap compute
+            inbound = [self.link.recv_intermediate(model.intermediate_shapes(len(b[0])), m)
+                       for m, b in enumerate(batches)]
+        driver_waits_logits = pos.rank == 0 and not pos.is_last_stage
+        logits_in = []
+        if driver_waits_logits:
+            logits_in = [self.link.recv_logits(self._last_stage_rank0, len(b[4]), self.config.model.vocab_size, m)
+                         for m, b in enumerate(batches) if b[4]]
+        local_logits = []
+        try:
+            for m, (input_ids, positions, meta, sample_idx, sample_seqs) in enumerate(batches):
+                intermediate = inbound[m].wait() if inbound else None
+                result = model(input_ids, positions, self.kv_caches, meta, intermediate)
+                if not pos.is_last_stage:
+                    self.link.send_intermediate(result, m)
+                elif sample_seqs:
+                    logits = model.compute_logits(result[sample_idx])
+                    if pos.sends_logits:
+                        self.link.send_logits(logits, m)
+                    else:
+                        local_logits.append(logits)
+            if driver_waits_logits:
+                local_logits = [pending.wait() for pending in logits_in]
+        finally:
+            self.link.flush()
+        if pos.rank != 0 or not local_logits:
+            return {}
+        seqs = [s for b in batches for s in b[4]]
+        results = self.sampler(torch.cat(local_logits), [s.request_id for s in seqs],
+                               [s.sampling_params for s in seqs])
+        return {s.request_id: r for s, r in zip(seqs, results)}
+
+    def memory_report(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> RankMemory:
+        """Profiles a full step (every rank must call this together) and returns this
+        rank's weights, peak activation and KV bytes per block."""
+        activation = self.profile_peak_activation_bytes(max_num_batched_tokens, max_num_seqs, max_model_len)
+        return rank_memory(self, self.position.rank, activation)
+
+
+def rank_memory(runner: ModelRunner, rank: int, activation_bytes: int) -> RankMemory:
+    """`runner`'s share of memory as a RankMemory (block bytes from its config)."""
+    cfg = runner.config
+    per_token = rank_kv_bytes_per_token(cfg.model, cfg.parallel, rank)
+    return RankMemory(rank, runner.weights_bytes, activation_bytes, cfg.cache.block_size * per_token)

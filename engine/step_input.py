@@ -1,0 +1,59 @@
+"""A step's inputs as plain picklable data, for broadcasting from the driver to the other
+ranks: each scheduled sequence reduced to what a rank needs to build the flattened batch
+(the tokens it computes this step, its block table) plus the step's block operations.
+Source: vLLM v1 `SchedulerOutput` / `NewRequestData` (what crosses the process boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepSequence:
+    """What a worker needs of a scheduled sequence: the tokens it computes this step and
+    where their KV goes. Quacks like `Sequence` for `ModelRunner._prepare`."""
+
+    request_id: str
+    num_computed_tokens: int
+    num_tokens: int
+    is_prefill: bool
+    block_table: list[int]
+    token_ids: list[int]  # tokens [num_computed_tokens, num_computed_tokens + scheduled)
+    sampling_params: SamplingParams
+
+    def token_ids_range(self, start: int, end: int) -> list[int]:
+        base = self.num_computed_tokens
+        return self.token_ids[start - base : end - base]
+
+
+@dataclass
+class StepInput:
+    """A SchedulerOutput as picklable plain data: (sequence, num_scheduled_tokens) pairs
+    and the block operations to run before the forward pass."""
+
+    scheduled: list[tuple[StepSequence, int]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_zero: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_scheduler_output(cls, out: SchedulerOutput) -> StepInput:
+        scheduled = []
+        for seq, n in out.scheduled:
+            start = seq.num_computed_tokens
+            scheduled.append((StepSequence(
+                seq.request_id, start, seq.num_tokens, seq.is_prefill, list(seq.block_table),
+                seq.token_ids_range(start, start + n), seq.sampling_params,
+            ), n))
+        return cls(scheduled, list(out.blocks_to_swap_out), list(out.blocks_to_swap_in),
+                   list(out.blocks_to_copy), list(out.blocks_to_zero))
+
+    def to_scheduler_output(self) -> SchedulerOutput:
+        return SchedulerOutput(scheduled=self.scheduled, blocks_to_swap_out=self.blocks_to_swap_out,
+                               blocks_to_swap_in=self.blocks_to_swap_in, blocks_to_copy=self.blocks_to_copy,
+                               blocks_to_zero=self.blocks_to_zero)
