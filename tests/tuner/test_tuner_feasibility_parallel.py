@@ -1,0 +1,68 @@
+"""Feasibility for parallel sizes: refused sizes carry the engine's own message, and the
+KV cache is predicted per rank (its stage's layers, its KV-head shard), from one shared
+pool on CPU or the smallest device on GPUs, as the engine sizes it."""
+from __future__ import annotations
+
+import pytest
+
+from kvpilot.engine.config import ParallelConfig
+from kvpilot.engine.memory import GiB
+from kvpilot.tuner.feasibility import Hardware, check, estimate_rank_memory, resolve_model
+from kvpilot.tuner.settings import EngineSettings
+
+SMOL = resolve_model("smollm2-135m-instruct")  # 30 layers, 9 heads, 3 KV heads, bf16
+BASE = EngineSettings(max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8, gpu_memory_utilization=0.5)
+
+
+def _engine_message(tp: int, pp: int) -> str:
+    try:
+        ParallelConfig(tp, pp).check_model(SMOL)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("the engine accepts it")
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (6, 1), (4, 2), (1, 31)])
+def test_sizes_the_engine_refuses_are_infeasible_with_its_message(tp, pp):
+    verdict = check(BASE.replace(tensor_parallel_size=tp, pipeline_parallel_size=pp), SMOL,
+                    Hardware(64 * GiB, num_devices=64))
+    assert not verdict.feasible
+    assert verdict.reason == f"engine rule: {_engine_message(tp, pp)}"
+
+
+def test_uneven_pipeline_stages_are_accepted_as_the_engine_accepts_them():
+    verdict = check(BASE.replace(pipeline_parallel_size=4), SMOL, Hardware(64 * GiB, num_devices=4))
+    assert verdict.feasible  # 30 layers: stages of 7, 8, 8, 7
+
+
+def test_per_rank_kv_bytes_follow_the_stage_layers_and_the_head_shard():
+    ranks = estimate_rank_memory(BASE, SMOL, ParallelConfig(3, 2))
+    per_block = [2 * 15 * 1 * 64 * 2 * 16] * 6  # 15 layers, 1 of 3 KV heads, bf16, 16 tokens
+    assert [r.block_bytes for r in ranks] == per_block
+    assert sum(r.block_bytes for r in ranks) == 16 * SMOL.kv_bytes_per_token()
+    # stage 0 holds the embedding shard, stage 1 its tied copy as LM head
+    assert ranks[0].weights_bytes == ranks[3].weights_bytes - 576 * 2
+
+
+def test_gpus_take_the_tightest_rank_and_cpu_ranks_share_one_pool():
+    pp2 = BASE.replace(pipeline_parallel_size=2)
+    ranks = estimate_rank_memory(pp2, SMOL, ParallelConfig(1, 2))
+    per_device = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2))
+    assert per_device.num_blocks == min((GiB - r.weights_bytes - r.activation_bytes) // r.block_bytes for r in ranks)
+    shared = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2, shared_memory=True))
+    pool = GiB - sum(r.weights_bytes + r.activation_bytes for r in ranks)
+    assert shared.num_blocks == pool // sum(r.block_bytes for r in ranks)
+    # two devices give each rank its own memory: about twice the blocks of one shared pool
+    assert per_device.num_blocks > 1.8 * shared.num_blocks
+    single = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True))
+    assert single.num_blocks == check(BASE, SMOL, Hardware(2 * GiB)).num_blocks  # one rank: the same
+
+
+def test_a_pipeline_that_needs_a_copy_of_the_tied_embedding_can_tip_a_tight_cpu_over():
+    # one rank: 257 MiB of bf16 weights + 7 MiB activation + 180 MiB of KV for 8192 tokens
+    # fits in 520 MiB x 0.9; two stages add a 54 MiB embedding copy and a second activation
+    tight = EngineSettings(max_model_len=8192, max_num_batched_tokens=256, max_num_seqs=8)
+    memory = Hardware(520 << 20, num_devices=2, shared_memory=True)
+    assert check(tight, SMOL, memory).feasible
+    verdict = check(tight.replace(pipeline_parallel_size=2), SMOL, memory)
+    assert not verdict.feasible and "2 ranks share one memory" in verdict.reason
