@@ -1,91 +1,110 @@
-"""Tensor-parallel benchmark (not run in CI): output tokens/s per tensor_parallel_size and
-the driver's share of step time spent in communication (the step-input broadcast plus the
-all-reduces and the logits all-gather; a collective's time includes waiting for the slowest
-rank, so it also measures imbalance).
+"""Parallelism benchmark (not run in CI): for each tensor x pipeline parallel size, output
+tokens/s and the share of step time each rank spends communicating.
 
-    python -m kvpilot.bench.tensor_parallel --tp 1 3 --num-prompts 8 --max-tokens 32
+    python -m kvpilot.bench.tensor_parallel --sizes 1x1 3x1 1x2 1x3 --num-prompts 8 --max-tokens 32
 
-What to expect: on a CPU host all ranks share the same cores and memory bandwidth, so TP
-mostly adds gloo round trips (two all-reduces per layer over TCP loopback) and is slower
-than one process; it only pays where each rank has its own device. On GPUs with NVLink,
-Megatron-style TP of a small model is latency-bound by the 2 x num_layers all-reduces per
-step (a few microseconds each with NCCL), and large models scale close to linearly in
-weight-bandwidth-bound decode (vLLM reports TP for models that do not fit one GPU).
-Sources: Megatron-LM (2019) section 3; vLLM docs, "Distributed inference and serving".
+A size is TPxPP. Communication per rank is host wall time inside torch.distributed calls
+(engine/parallel_state.py keeps the tally): the step-input broadcast (driver), the
+all-reduces and the logits all-gather (tensor parallel), and the point-to-point sends and
+receive waits between stages (pipeline parallel). A blocking call's time includes waiting
+for the slowest peer, so on the driver of a pipeline the receive wait for the logits also
+holds the later stages' compute and the pipeline bubble; the 'p2p' column says how much.
+Results and notes on what to expect on GPUs: benchmarks/results/parallel/README.md.
+Sources: Megatron-LM (2019) section 3; Huang et al., GPipe (2019); vLLM docs,
+"Distributed inference and serving".
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
-import torch.distributed as dist
+import torch
 
 from kvpilot.bench.datasets import sharegpt_pairs
 
 
-class CommTimer:
-    """Wraps torch.distributed's all_reduce / all_gather in this process to sum their time."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._saved = {}
-
-    def __enter__(self) -> CommTimer:
-        for name in ("all_reduce", "all_gather"):
-            fn = getattr(dist, name)
-            self._saved[name] = fn
-
-            def timed(*args, _fn=fn, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return _fn(*args, **kwargs)
-                finally:
-                    self.seconds += time.perf_counter() - t0
-
-            setattr(dist, name, timed)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, fn in self._saved.items():
-            setattr(dist, name, fn)
+def parse_size(text: str) -> tuple[int, int]:
+    """'3x2' -> (tensor_parallel_size 3, pipeline_parallel_size 2); '3' -> (3, 1)."""
+    tp, _, pp = text.partition("x")
+    return int(tp), int(pp or 1)
 
 
-def run(model: str, tp: int, prompts: list[str], max_tokens: int, dtype: str) -> dict:
+def run(model: str, tp: int, pp: int, prompts: list[str], max_tokens: int, dtype: str) -> dict:
+    """Generates max_tokens per prompt after a warm-up; returns tokens/s, step count and
+    time, and per rank the seconds of each kind of communication during the measured run."""
     from kvpilot.engine import LLM, SamplingParams
 
-    llm = LLM(model, dtype=dtype, device="cpu", tensor_parallel_size=tp, max_model_len=1024,
-              max_num_seqs=len(prompts), num_gpu_blocks_override=64 * len(prompts), swap_space=0)
+    llm = LLM(model, dtype=dtype, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp,
+              max_model_len=1024, max_num_seqs=len(prompts), num_gpu_blocks_override=64 * len(prompts),
+              swap_space=0)
+    engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    steps = []
+    step = engine.step
+
+    def timed_step():
+        out = step()
+        steps.append(engine.last_step.duration_s)
+        return out
+
     try:
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2))  # warm-up
-        runner = llm.engine.runner
-        bcast0 = getattr(runner, "comm_s", 0.0)
-        with CommTimer() as comm:
-            t0 = time.perf_counter()
-            outputs = llm.generate(prompts, params)
-            wall = time.perf_counter() - t0
-        comm_s = comm.seconds + getattr(runner, "comm_s", 0.0) - bcast0
+        comm_stats = getattr(engine.runner, "comm_stats", None)
+        if comm_stats:
+            comm_stats(reset=True)
+        engine.step = timed_step
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        wall = time.perf_counter() - t0
+        engine.step = step
+        comm = comm_stats(reset=True) if comm_stats else [{}]
     finally:
-        llm.engine.close()
+        engine.close()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"tp": tp, "tokens_per_s": tokens / wall, "wall_s": wall, "comm_share": comm_s / wall}
+    return {"tp": tp, "pp": pp, "tokens_per_s": tokens / wall, "wall_s": wall, "steps": len(steps),
+            "step_s": sum(steps), "comm": comm}
+
+
+def shares(result: dict) -> dict:
+    """Communication as a share of the summed step time: the driver's total and its
+    point-to-point part, and the largest total over ranks."""
+    step_s = result["step_s"] or 1.0
+    totals = [sum(c.values()) / step_s for c in result["comm"]]
+    driver = result["comm"][0]
+    return {"driver": totals[0], "driver_p2p": driver.get("p2p", 0.0) / step_s, "max_rank": max(totals)}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--sizes", nargs="+", default=["1x1", "3x1", "1x2"], help="TPxPP, e.g. 3x1 1x2 3x2")
+    parser.add_argument("--tp", type=int, nargs="+", default=None, help="(older spelling) TP sizes, PP 1")
+    parser.add_argument("--micro-batches", type=int, default=None,
+                        help="pipeline micro-batches per step (KVPILOT_PP_MICRO_BATCHES; default: PP size)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of a one-rank run (default: torch's, one per core); "
+                             "multi-rank runs give each rank cores // world_size")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
     ns = parser.parse_args(argv)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    if ns.micro_batches:
+        os.environ["KVPILOT_PP_MICRO_BATCHES"] = str(ns.micro_batches)
+    sizes = [(tp, 1) for tp in ns.tp] if ns.tp else [parse_size(s) for s in ns.sizes]
     prompts = [p for p, _ in sharegpt_pairs()][: ns.num_prompts]
     prompts = [p[:800] for p in prompts]  # keep prefill short; decode dominates
-    print(f"{'tp':>3} {'output tok/s':>13} {'wall s':>8} {'comm share':>11}")
-    for tp in ns.tp:
-        r = run(ns.model, tp, prompts, ns.max_tokens, ns.dtype)
-        print(f"{r['tp']:>3} {r['tokens_per_s']:>13.1f} {r['wall_s']:>8.2f} {r['comm_share']:>10.1%}")
+    print(f"{'TPxPP':>6} {'out tok/s':>10} {'wall s':>7} {'steps':>6} {'ms/step':>8} "
+          f"{'comm (driver)':>14} {'of it p2p':>10} {'comm (max rank)':>16}")
+    for tp, pp in sizes:
+        r = run(ns.model, tp, pp, prompts, ns.max_tokens, ns.dtype)
+        s = shares(r)
+        print(f"{f'{tp}x{pp}':>6} {r['tokens_per_s']:>10.1f} {r['wall_s']:>7.2f} {r['steps']:>6} "
+              f"{1000 * r['step_s'] / max(1, r['steps']):>8.1f} {s['driver']:>14.1%} {s['driver_p2p']:>10.1%} "
+              f"{s['max_rank']:>16.1%}", flush=True)
 
 
 if __name__ == "__main__":

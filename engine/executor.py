@@ -14,8 +14,9 @@ process.
     stage 0 forward ── all-reduce (stage) ── ...   stage s forward ── isend/irecv ──> stage s+1
     sample (logits from the last stage)   wait for the next command
 
-Pipeline micro-batches per step: KVPILOT_PP_MICRO_BATCHES (default pipeline_parallel_size);
-what overlaps and what does not is in engine/stage_runner.py.
+Pipeline micro-batches per step: engine/pipeline.py (`MicroBatchPolicy`, environment
+KVPILOT_PP_MICRO_BATCHES and KVPILOT_PP_MIN_MICRO_BATCH_TOKENS); what overlaps and what
+does not is in engine/stage_runner.py.
 
 Failure handling: the model-parallel groups have a bounded gloo timeout
 (`KVPILOT_TP_TIMEOUT_S`, default 60 s); the control group waits indefinitely because an
@@ -47,6 +48,7 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.memory import RankMemory
 from kvpilot.engine.model_runner import ModelRunner, SampleResult
 from kvpilot.engine.parallel_layout import RankPosition
+from kvpilot.engine.pipeline import MicroBatchPolicy
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.stage_runner import rank_memory
 from kvpilot.engine.step_input import StepInput
@@ -59,14 +61,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _num_micro_batches(config: EngineConfig) -> int:
-    pp = config.parallel.pipeline_parallel_size
-    value = int(os.environ.get("KVPILOT_PP_MICRO_BATCHES", pp))
-    if value < 1:
-        raise ValueError(f"KVPILOT_PP_MICRO_BATCHES must be >= 1, got {value}")
-    return value
 
 
 class MultiprocExecutor:
@@ -82,10 +76,10 @@ class MultiprocExecutor:
         self._error: RuntimeError | None = None
         self._saved_threads = torch.get_num_threads()
         init_method = f"tcp://127.0.0.1:{_free_port()}"
-        micro_batches = _num_micro_batches(config)
+        micro_batching = MicroBatchPolicy.from_env(config.parallel.pipeline_parallel_size)
         ctx = mp.get_context("spawn")
         self.workers = [
-            ctx.Process(target=worker_main, args=(config, rank, init_method, os.getpid(), micro_batches),
+            ctx.Process(target=worker_main, args=(config, rank, init_method, os.getpid(), micro_batching),
                         name=f"kvpilot-rank{rank}", daemon=True)
             for rank in range(1, self.world_size)
         ]
@@ -95,17 +89,17 @@ class MultiprocExecutor:
         try:
             if config.device == "cpu":
                 torch.set_num_threads(threads_per_rank(self.world_size))
-            self._run_guarded(self._init_driver, config, init_method, micro_batches)
+            self._run_guarded(self._init_driver, config, init_method, micro_batching)
         except BaseException:
             self.close()
             raise
-        logger.info("%d ranks (tensor_parallel_size %d x pipeline_parallel_size %d, %d micro-batches "
-                    "per step): driver pid %d, workers %s", self.world_size, self.parallel.tensor_parallel_size,
-                    self.parallel.pipeline_parallel_size, self.runner.num_micro_batches, os.getpid(),
+        logger.info("%d ranks (tensor_parallel_size %d x pipeline_parallel_size %d; %s): driver pid %d, "
+                    "workers %s", self.world_size, self.parallel.tensor_parallel_size,
+                    self.parallel.pipeline_parallel_size, self.runner.micro_batching, os.getpid(),
                     [p.pid for p in self.workers])
 
-    def _init_driver(self, config: EngineConfig, init_method: str, micro_batches: int) -> None:
-        self.runner, self._control = init_rank(config, 0, init_method, micro_batches)
+    def _init_driver(self, config: EngineConfig, init_method: str, micro_batching: MicroBatchPolicy) -> None:
+        self.runner, self._control = init_rank(config, 0, init_method, micro_batching)
 
     # ------------------------------------------------------- ModelRunner API
     @property

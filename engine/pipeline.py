@@ -1,11 +1,14 @@
 """Pipeline-parallel plumbing: the step's micro-batches and the point-to-point transfers
 between stages.
 
-Micro-batches: a step's scheduled sequences are cut into up to `num_micro_batches`
-contiguous runs of about equal token counts. Sequences of one step are independent (each
-attends only to its own KV; prefix-cache hits are blocks computed in earlier steps), so
-stage s can run micro-batch m+1 while stage s+1 runs micro-batch m: GPipe's schedule
-(Huang et al., 2019) applied to one inference step. The scheduler is unchanged.
+Micro-batches: a step's scheduled sequences are cut into contiguous runs of about equal
+token counts. Sequences of one step are independent (each attends only to its own KV;
+prefix-cache hits are blocks computed in earlier steps), so stage s can run micro-batch
+m+1 while stage s+1 runs micro-batch m: GPipe's schedule (Huang et al., 2019) applied to
+one inference step. The scheduler is unchanged. A step is cut only when every piece keeps
+at least `min_tokens` tokens (`MicroBatchPolicy`): a small decode step costs about as much
+per op whatever its rows, so cutting it multiplies the ops and the weight reads and loses
+more than the overlap wins (measured: benchmarks/results/parallel/README.md).
 
 Transfers (torch.distributed isend/irecv on the pipeline group: gloo on CPU, NCCL on GPU):
 
@@ -20,8 +23,10 @@ between pipeline ranks) and `IntermediateTensors`; Huang et al., GPipe (2019).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -29,6 +34,35 @@ import torch.distributed as dist
 from kvpilot.engine import parallel_state as ps
 
 _LOGITS_TAG = 1 << 20
+
+
+@dataclass(frozen=True)
+class MicroBatchPolicy:
+    """How many micro-batches a step is cut into: up to max_micro_batches
+    (KVPILOT_PP_MICRO_BATCHES, default the number of stages), and only as many as give
+    each at least min_tokens scheduled tokens (KVPILOT_PP_MIN_MICRO_BATCH_TOKENS, default
+    128). Every rank applies the same policy to the same step, so they cut alike."""
+
+    max_micro_batches: int = 1
+    min_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.max_micro_batches < 1 or self.min_tokens < 1:
+            raise ValueError(f"micro-batch limits must be >= 1, got {self.max_micro_batches} "
+                             f"micro-batches and {self.min_tokens} tokens")
+
+    @classmethod
+    def from_env(cls, pipeline_parallel_size: int) -> MicroBatchPolicy:
+        """Raises ValueError on a value below 1."""
+        if pipeline_parallel_size == 1:
+            return cls(1)
+        return cls(int(os.environ.get("KVPILOT_PP_MICRO_BATCHES", pipeline_parallel_size)),
+                   int(os.environ.get("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", 128)))
+
+    def count(self, scheduled: Sequence) -> int:
+        """Micro-batches for a step's [(sequence, num_tokens), ...]."""
+        tokens = sum(k for _, k in scheduled)
+        return max(1, min(self.max_micro_batches, len(scheduled), tokens // self.min_tokens))
 
 
 def split_micro_batches(scheduled: Sequence, num_micro_batches: int) -> list[list]:

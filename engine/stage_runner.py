@@ -11,10 +11,13 @@ micro-batch split. Per micro-batch m:
     driver (rank 0, stage 0, tp rank 0): after its sends, receives every m's logits and
                    samples once over all rows, in the step's order, as one process does.
 
-What overlaps: within a step, stage s computes micro-batch m+1 while stage s+1 computes m
-(receives are posted before computing and sends are asynchronous), so with M micro-batches
-and P stages the busy share of a stage is M / (M + P - 1). What does not: consecutive
-steps. Step n+1 is scheduled only after step n's tokens are sampled, so the pipeline
+What overlaps: within a step that is large enough to cut (engine/pipeline.py,
+MicroBatchPolicy: prefills and large batches), stage s computes micro-batch m+1 while
+stage s+1 computes m (receives are posted before computing and sends are asynchronous), so
+with M micro-batches and P stages the busy share of a stage is M / (M + P - 1). Small
+steps (typical decode) run as one micro-batch: the stages take turns.
+
+What does not overlap: consecutive steps. Step n+1 is scheduled only after step n's tokens are sampled, so the pipeline
 drains at every step boundary, and the driver's scheduling, sampling and detokenizing run
 while the other stages idle. vLLM overlaps steps with "virtual engines" (v0: pp
 independent schedulers over disjoint requests) or asynchronous scheduling (v1); both change
@@ -25,29 +28,25 @@ Huang et al., GPipe (2019) for the micro-batch schedule.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.memory import RankMemory
 from kvpilot.engine.model_runner import ModelRunner, SampleResult
 from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token
-from kvpilot.engine.pipeline import StageLink, split_micro_batches
+from kvpilot.engine.pipeline import MicroBatchPolicy, StageLink, split_micro_batches
 from kvpilot.engine.scheduler import SchedulerOutput
-
-logger = logging.getLogger("kvpilot.engine.stage_runner")
 
 
 class StageRunner(ModelRunner):
     """A ModelRunner for one rank of a multi-rank engine. `execute` returns the sampled
-    tokens on the driver (rank 0) and {} elsewhere. num_micro_batches: how many
-    micro-batches a step is cut into when pipeline_parallel_size > 1 (1 otherwise)."""
+    tokens on the driver (rank 0) and {} elsewhere. micro_batching: how a step is cut
+    (never with one stage)."""
 
-    def __init__(self, config: EngineConfig, position: RankPosition, num_micro_batches: int) -> None:
+    def __init__(self, config: EngineConfig, position: RankPosition, micro_batching: MicroBatchPolicy) -> None:
         super().__init__(config)
         self.position = position
-        self.num_micro_batches = num_micro_batches if position.pp_size > 1 else 1
+        self.micro_batching = micro_batching if position.pp_size > 1 else MicroBatchPolicy(1)
         self.link = StageLink(
             None if position.is_first_stage else position.prev_rank,
             None if position.is_last_stage else position.next_rank,
@@ -64,7 +63,7 @@ class StageRunner(ModelRunner):
             return {}
         pos, model = self.position, self.model
         batches = [self._prepare(SchedulerOutput(scheduled=mb))
-                   for mb in split_micro_batches(out.scheduled, self.num_micro_batches)]
+                   for mb in split_micro_batches(out.scheduled, self.micro_batching.count(out.scheduled))]
         inbound = []
         if not pos.is_first_stage:  # post every receive now, so transfers overlap compute
             inbound = [self.link.recv_intermediate(model.intermediate_shapes(len(b[0])), m)

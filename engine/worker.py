@@ -25,6 +25,7 @@ import torch.distributed as dist
 from kvpilot.engine import parallel_state
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.parallel_layout import RankPosition
+from kvpilot.engine.pipeline import MicroBatchPolicy
 from kvpilot.engine.stage_runner import StageRunner
 
 CONTROL_TIMEOUT = timedelta(days=7)  # an idle server sends no command for as long as it likes
@@ -48,7 +49,7 @@ def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
 
 
 def init_rank(config: EngineConfig, rank: int, init_method: str,
-              num_micro_batches: int) -> tuple[StageRunner, dist.ProcessGroup]:
+              micro_batching: MicroBatchPolicy) -> tuple[StageRunner, dist.ProcessGroup]:
     """Joins the world (NCCL on CUDA, gloo on CPU), creates the tensor- and
     pipeline-parallel groups and the gloo control group, and builds this rank's
     StageRunner (its stage's layers, its shards). Returns the runner and the control group."""
@@ -59,7 +60,7 @@ def init_rank(config: EngineConfig, rank: int, init_method: str,
     control = dist.new_group(list(range(world)), backend="gloo", timeout=CONTROL_TIMEOUT)
     position = RankPosition.of(rank, config.parallel)
     parallel_state.init_model_parallel(position)
-    return StageRunner(_rank_config(config, rank), position, num_micro_batches), control
+    return StageRunner(_rank_config(config, rank), position, micro_batching), control
 
 
 def gather_to_driver(value, control: dist.ProcessGroup, world_size: int) -> list | None:
@@ -78,14 +79,14 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def worker_main(config: EngineConfig, rank: int, init_method: str, parent_pid: int,
-                num_micro_batches: int) -> None:
+                micro_batching: MicroBatchPolicy) -> None:
     """Entry point of a spawned rank (multiprocessing 'spawn' target)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     world = config.parallel.world_size
     if config.device == "cpu":
         torch.set_num_threads(threads_per_rank(world))
     try:
-        runner, control = init_rank(config, rank, init_method, num_micro_batches)
+        runner, control = init_rank(config, rank, init_method, micro_batching)
         _serve(runner, control, world)
     except Exception as exc:  # a failed collective, usually a dead peer: the driver reports
         print(f"kvpilot worker rank {rank} (pid {os.getpid()}) stops: {type(exc).__name__}: {exc}",

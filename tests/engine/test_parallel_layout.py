@@ -13,7 +13,7 @@ from kvpilot.engine.parallel_layout import (
     rank_kv_bytes_per_token,
     rank_num_params,
 )
-from kvpilot.engine.pipeline import split_micro_batches
+from kvpilot.engine.pipeline import MicroBatchPolicy, split_micro_batches
 
 SMOL = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                    num_kv_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True)
@@ -71,6 +71,23 @@ def test_micro_batches_are_contiguous_non_empty_and_balanced_by_tokens():
     many = split_micro_batches([("big", 100), ("a", 1), ("b", 1)], 3)
     assert [len(c) for c in many] == [1, 1, 1]
     assert split_micro_batches(scheduled, 1) == [scheduled]
+
+
+def test_small_steps_are_not_cut_and_large_ones_up_to_the_limit():
+    policy = MicroBatchPolicy(max_micro_batches=2, min_tokens=128)
+    decode = [(f"d{i}", 1) for i in range(64)]
+    assert policy.count(decode) == 1
+    assert policy.count([("p0", 200), ("p1", 100)]) == 2
+    assert policy.count([("p0", 2000)]) == 1  # one sequence is never cut
+    assert MicroBatchPolicy(4, 1).count(decode) == 4
+
+
+def test_micro_batch_policy_from_the_environment(monkeypatch):
+    assert MicroBatchPolicy.from_env(1) == MicroBatchPolicy(1)
+    assert MicroBatchPolicy.from_env(3) == MicroBatchPolicy(3, 128)
+    monkeypatch.setenv("KVPILOT_PP_MICRO_BATCHES", "0")
+    with pytest.raises(ValueError, match="must be >= 1"):
+        MicroBatchPolicy.from_env(2)
 
 
 def test_cpu_ranks_share_one_pool_and_gpu_ranks_take_the_minimum():

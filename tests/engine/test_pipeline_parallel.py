@@ -40,9 +40,10 @@ def _generate(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
         llm.engine.close()
 
 
-def test_tiny_llama_tp2_x_pp2_gives_the_same_greedy_tokens_as_one_process(tiny_llama5):
+def test_tiny_llama_tp2_x_pp2_gives_the_same_greedy_tokens_as_one_process(tiny_llama5, monkeypatch):
     prompts = tiny_prompts()
     expected = _generate(_tiny_llm(tiny_llama5), prompts)
+    monkeypatch.setenv("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", "1")  # cut even these small steps in 2
     llm = _tiny_llm(tiny_llama5, tp=2, pp=2)
     # the driver holds stage 0's 3 layers, with half of the 2 KV heads
     assert len(llm.engine.runner.kv_caches) == 3 and llm.engine.runner.kv_caches[0][0].shape[2] == 1
@@ -50,9 +51,11 @@ def test_tiny_llama_tp2_x_pp2_gives_the_same_greedy_tokens_as_one_process(tiny_l
     assert (parallel_state.get_tp_size(), parallel_state.get_pp_size()) == (1, 1)  # close() reset it
 
 
-def test_smollm2_pp2_gives_the_same_greedy_tokens_as_one_process(model_path, chat_prompts):
-    prompts = chat_prompts[:3]
+def test_smollm2_pp2_gives_the_same_greedy_tokens_as_one_process(model_path, chat_prompts, monkeypatch):
+    prompts = chat_prompts[:3]  # 63 + 47 + 92 prompt tokens
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    # the prefill step is cut into 2 micro-batches that overlap; the 3-token decodes are not
+    monkeypatch.setenv("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", "64")
 
     def run(pp: int) -> list[list[int]]:
         llm = LLM(str(model_path), dtype="float32", device="cpu", pipeline_parallel_size=pp,
