@@ -13,7 +13,7 @@ micro-batch split. Per micro-batch m:
 
 What overlaps: within a step that is large enough to cut (engine/pipeline.py,
 MicroBatchPolicy: prefills and large batches), stage s computes micro-batch m+1 while
-stage s+1 computes m (receives are posted before computing and sends are asynchronous), so
+stage s+1 computes m (sends are asynchronous, so a stage goes on to m+1 at once), so
 with M micro-batches and P stages the busy share of a stage is M / (M + P - 1). Small
 steps (typical decode) run as one micro-batch: the stages take turns.
 
@@ -64,19 +64,13 @@ class StageRunner(ModelRunner):
         pos, model = self.position, self.model
         batches = [self._prepare(SchedulerOutput(scheduled=mb))
                    for mb in split_micro_batches(out.scheduled, self.micro_batching.count(out.scheduled))]
-        inbound = []
-        if not pos.is_first_stage:  # post every receive now, so transfers overlap compute
-            inbound = [self.link.recv_intermediate(model.intermediate_shapes(len(b[0])), m)
-                       for m, b in enumerate(batches)]
-        driver_waits_logits = pos.rank == 0 and not pos.is_last_stage
-        logits_in = []
-        if driver_waits_logits:
-            logits_in = [self.link.recv_logits(self._last_stage_rank0, len(b[4]), self.config.model.vocab_size, m)
-                         for m, b in enumerate(batches) if b[4]]
         local_logits = []
         try:
             for m, (input_ids, positions, meta, sample_idx, sample_seqs) in enumerate(batches):
-                intermediate = inbound[m].wait() if inbound else None
+                intermediate = None
+                if not pos.is_first_stage:
+                    shapes = model.intermediate_shapes(len(input_ids))
+                    intermediate = self.link.recv_intermediate(shapes, m).wait()
                 result = model(input_ids, positions, self.kv_caches, meta, intermediate)
                 if not pos.is_last_stage:
                     self.link.send_intermediate(result, m)
@@ -86,8 +80,11 @@ class StageRunner(ModelRunner):
                         self.link.send_logits(logits, m)
                     else:
                         local_logits.append(logits)
-            if driver_waits_logits:
-                local_logits = [pending.wait() for pending in logits_in]
+            if pos.rank == 0 and not pos.is_last_stage:  # after the sends: NCCL runs p2p in issue order
+                vocab = self.config.model.vocab_size
+                pending = [self.link.recv_logits(self._last_stage_rank0, len(b[4]), vocab, m)
+                           for m, b in enumerate(batches) if b[4]]
+                local_logits = [p.wait() for p in pending]
         finally:
             self.link.flush()
         if pos.rank != 0 or not local_logits:
