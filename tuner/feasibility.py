@@ -78,6 +78,9 @@ class Hardware:
         the KV cache has exactly this many blocks whatever the memory.
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
         engine's startup log "peak activation").
+
+    A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
+    and LM-head weights (engine/layers/linear.py), so its weights count twice.
     """
 
     device_memory_bytes: int
@@ -104,16 +107,18 @@ def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, m
 
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
-                         activation_scale: float = 1.0) -> list[RankMemory]:
+                         activation_scale: float = 1.0, packed_weights: bool = False) -> list[RankMemory]:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
-    from the engine's layer split (`parallel_layout`)."""
-    elem = torch.empty((), dtype=model.dtype).element_size()
+    from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
+    second, oneDNN-packed copy of its weights (CPU, bfloat16)."""
+    weight_elem = torch.empty((), dtype=model.dtype).element_size() * (2 if packed_weights else 1)
     ranks = []
     for rank in range(parallel.world_size):
         pos = RankPosition.of(rank, parallel)
         activation = estimate_activation_bytes(model, settings.max_num_batched_tokens, settings.max_num_seqs,
                                                pos.tp_size, with_logits=pos.is_last_stage or rank == 0)
-        ranks.append(RankMemory(rank, rank_num_params(model, parallel, rank) * elem, int(activation * activation_scale),
+        ranks.append(RankMemory(rank, rank_num_params(model, parallel, rank) * weight_elem,
+                                int(activation * activation_scale),
                                 settings.block_size * rank_kv_bytes_per_token(model, parallel, rank)))
     return ranks
 
@@ -150,7 +155,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     if parallel.world_size > hardware.num_devices:
         return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
                                   f"exceeds the {hardware.num_devices} available device(s)")
-    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale)
+    packed = hardware.shared_memory and model.dtype == torch.bfloat16
+    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
         block_bytes = sum(r.block_bytes for r in ranks)

@@ -50,19 +50,25 @@ def test_gpus_take_the_tightest_rank_and_cpu_ranks_share_one_pool():
     per_device = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2))
     assert per_device.num_blocks == min((GiB - r.weights_bytes - r.activation_bytes) // r.block_bytes for r in ranks)
     shared = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2, shared_memory=True))
-    pool = GiB - sum(r.weights_bytes + r.activation_bytes for r in ranks)
-    assert shared.num_blocks == pool // sum(r.block_bytes for r in ranks)
+    # a CPU engine in bf16 also holds oneDNN-packed copies of its weights
+    cpu_ranks = estimate_rank_memory(pp2, SMOL, ParallelConfig(1, 2), packed_weights=True)
+    assert [r.weights_bytes for r in cpu_ranks] == [2 * r.weights_bytes for r in ranks]
+    pool = GiB - sum(r.weights_bytes + r.activation_bytes for r in cpu_ranks)
+    assert shared.num_blocks == pool // sum(r.block_bytes for r in cpu_ranks)
     # two devices give each rank its own memory: about twice the blocks of one shared pool
     assert per_device.num_blocks > 1.8 * shared.num_blocks
-    single = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True))
-    assert single.num_blocks == check(BASE, SMOL, Hardware(2 * GiB)).num_blocks  # one rank: the same
+    single_cpu = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True))
+    (one,) = estimate_rank_memory(BASE, SMOL, ParallelConfig(1, 1))
+    assert single_cpu.num_blocks == (GiB - 2 * one.weights_bytes - one.activation_bytes) // one.block_bytes
+    assert check(BASE, SMOL, Hardware(2 * GiB)).num_blocks == (GiB - one.weights_bytes - one.activation_bytes) // one.block_bytes
 
 
 def test_a_pipeline_that_needs_a_copy_of_the_tied_embedding_can_tip_a_tight_cpu_over():
-    # one rank: 257 MiB of bf16 weights + 7 MiB activation + 180 MiB of KV for 8192 tokens
-    # fits in 520 MiB x 0.9; two stages add a 54 MiB embedding copy and a second activation
+    # one rank: 2 x 257 MiB of bf16 weights (plain + oneDNN-packed) + 7 MiB activation
+    # + 180 MiB of KV for 8192 tokens fits in 800 MiB x 0.9; two stages add a 54 MiB
+    # embedding copy (twice, packed too) and a second activation
     tight = EngineSettings(max_model_len=8192, max_num_batched_tokens=256, max_num_seqs=8)
-    memory = Hardware(520 << 20, num_devices=2, shared_memory=True)
+    memory = Hardware(800 << 20, num_devices=2, shared_memory=True)
     assert check(tight, SMOL, memory).feasible
     verdict = check(tight.replace(pipeline_parallel_size=2), SMOL, memory)
     assert not verdict.feasible and "2 ranks share one memory" in verdict.reason
