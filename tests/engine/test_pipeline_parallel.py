@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from kvpilot.engine import LLM, SamplingParams
+from kvpilot.engine import SamplingParams
 from kvpilot.engine import parallel_state
 
-from tiny_llama import save_tiny_llama, tiny_prompts
+from tiny_llama import generate_and_close, save_tiny_llama, smollm2_llm, tiny_llm, tiny_prompts
 
 pytest.importorskip("transformers")
 
@@ -26,28 +26,14 @@ def tiny_llama5(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-pp"), num_layers=5)
 
 
-def _tiny_llm(path, tp: int = 1, pp: int = 1) -> LLM:
-    # a 24-token budget chunks the 40-token prompt, so chunked prefill crosses stages too
-    return LLM(str(path), dtype="float32", device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp,
-               block_size=16, num_gpu_blocks_override=32, max_model_len=128, max_num_seqs=4,
-               max_num_batched_tokens=24, swap_space=0, seed=0)
-
-
-def _generate(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
-    try:
-        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-    finally:
-        llm.engine.close()
-
-
 def test_tiny_llama_tp2_x_pp2_gives_the_same_greedy_tokens_as_one_process(tiny_llama5, monkeypatch):
     prompts = tiny_prompts()
-    expected = _generate(_tiny_llm(tiny_llama5), prompts)
+    expected = generate_and_close(tiny_llm(tiny_llama5), prompts, GREEDY)
     monkeypatch.setenv("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", "1")  # cut even these small steps in 2
-    llm = _tiny_llm(tiny_llama5, tp=2, pp=2)
+    llm = tiny_llm(tiny_llama5, tp=2, pp=2)
     # the driver holds stage 0's 3 layers, with half of the 2 KV heads
     assert len(llm.engine.runner.kv_caches) == 3 and llm.engine.runner.kv_caches[0][0].shape[2] == 1
-    assert _generate(llm, prompts) == expected
+    assert generate_and_close(llm, prompts, GREEDY) == expected
     assert (parallel_state.get_tp_size(), parallel_state.get_pp_size()) == (1, 1)  # close() reset it
 
 
@@ -58,22 +44,20 @@ def test_smollm2_pp2_gives_the_same_greedy_tokens_as_one_process(model_path, cha
     monkeypatch.setenv("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", "64")
 
     def run(pp: int) -> list[list[int]]:
-        llm = LLM(str(model_path), dtype="float32", device="cpu", pipeline_parallel_size=pp,
-                  max_model_len=256, max_num_seqs=4, num_gpu_blocks_override=64, swap_space=0)
-        return _generate(llm, prompts, params)
+        return generate_and_close(smollm2_llm(model_path, pp=pp), prompts, params)
 
     assert run(2) == run(1)
 
 
 def test_more_stages_than_layers_is_refused_at_startup(tiny_llama5):
     with pytest.raises(ValueError, match=r"pipeline_parallel_size 6 exceeds the model's 5 layers"):
-        _tiny_llm(tiny_llama5, pp=6)
+        tiny_llm(tiny_llama5, pp=6)
 
 
 def test_a_middle_stage_killed_during_a_step_is_named_within_seconds(tiny_llama5, monkeypatch):
     """Three stages; rank 1 (the middle) dies while the driver is in the step. The last
     stage's receive fails and it stops too, but the error names the rank that was killed."""
-    llm = _tiny_llm(tiny_llama5, pp=3)
+    llm = tiny_llm(tiny_llama5, pp=3)
     executor = llm.engine.runner
     original = executor.runner.execute
     middle = executor.workers[0]

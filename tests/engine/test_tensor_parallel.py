@@ -13,7 +13,7 @@ import pytest
 from kvpilot.engine import LLM, SamplingParams
 from kvpilot.engine import parallel_state
 
-from tiny_llama import save_tiny_llama, tiny_prompts
+from tiny_llama import generate_and_close, save_tiny_llama, smollm2_llm, tiny_llm, tiny_prompts
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,24 +26,10 @@ def tiny_llama(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-tp"), num_layers=2)
 
 
-def _tiny_llm(path, tp: int) -> LLM:
-    # a 24-token budget chunks the 40-token prompt, so chunked prefill crosses ranks too
-    return LLM(str(path), dtype="float32", device="cpu", tensor_parallel_size=tp, block_size=16,
-               num_gpu_blocks_override=32, max_model_len=128, max_num_seqs=4,
-               max_num_batched_tokens=24, swap_space=0, seed=0)
-
-
-def _generate(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
-    try:
-        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-    finally:
-        llm.engine.close()
-
-
 def test_tiny_llama_tp2_gives_the_same_greedy_tokens_as_one_process(tiny_llama):
     prompts = tiny_prompts()
-    expected = _generate(_tiny_llm(tiny_llama, 1), prompts)
-    actual = _generate(_tiny_llm(tiny_llama, 2), prompts)
+    expected = generate_and_close(tiny_llm(tiny_llama, 1), prompts, GREEDY)
+    actual = generate_and_close(tiny_llm(tiny_llama, 2), prompts, GREEDY)
     assert actual == expected
     assert parallel_state.get_tp_size() == 1  # close() restored the single-rank state
 
@@ -53,9 +39,7 @@ def test_smollm2_tp3_gives_the_same_greedy_tokens_as_one_process(model_path, cha
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
     def run(tp: int) -> list[list[int]]:
-        llm = LLM(str(model_path), dtype="float32", device="cpu", tensor_parallel_size=tp,
-                  max_model_len=256, max_num_seqs=4, num_gpu_blocks_override=64, swap_space=0)
-        return _generate(llm, prompts, params)
+        return generate_and_close(smollm2_llm(model_path, tp=tp), prompts, params)
 
     assert run(3) == run(1)
 
@@ -66,7 +50,7 @@ def test_tp2_on_smollm2_is_refused_at_startup_with_the_reason(model_path):
 
 
 def test_a_killed_worker_rank_ends_the_engine_with_an_error_naming_it(tiny_llama):
-    llm = _tiny_llm(tiny_llama, 2)
+    llm = tiny_llm(tiny_llama, 2)
     try:
         assert len(llm.generate(tiny_prompts()[:1], GREEDY)[0].outputs[0].token_ids) == 16
         worker = llm.engine.runner.workers[0]
@@ -86,7 +70,7 @@ def test_a_killed_worker_rank_ends_the_engine_with_an_error_naming_it(tiny_llama
 def test_a_worker_killed_during_a_step_is_reported_within_seconds(tiny_llama, monkeypatch):
     """The kill lands while the driver waits in a collective: gloo sees the connection
     drop and the driver maps the failure to the dead rank instead of hanging."""
-    llm = _tiny_llm(tiny_llama, 2)
+    llm = tiny_llm(tiny_llama, 2)
     runner = llm.engine.runner
     original = runner.runner.execute
     worker = runner.workers[0]
