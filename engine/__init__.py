@@ -1,9 +1,23 @@
-"""kvpilot's paged-attention engine (vLLM v1 design at small size)."""
+"""kvpilot's paged-attention engine (vLLM v1 design at small size).
 
-from kvpilot.engine.arg_utils import EngineArgs
-from kvpilot.engine.llm import LLM
-from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.outputs import CompletionOutput, RequestOutput
-from kvpilot.engine.sampling_params import SamplingParams
+The public names load on first use (PEP 562), so that torch-free submodules such as
+`kvpilot.engine.entrypoints.cli_args` (which the operator imports) do not pull in torch."""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "EngineArgs": "kvpilot.engine.arg_utils",
+    "LLM": "kvpilot.engine.llm",
+    "LLMEngine": "kvpilot.engine.llm_engine",
+    "SamplingParams": "kvpilot.engine.sampling_params",
+    "RequestOutput": "kvpilot.engine.outputs",
+    "CompletionOutput": "kvpilot.engine.outputs",
+}
 
 __all__ = ["LLM", "LLMEngine", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kvpilot.engine' has no attribute {name!r}")

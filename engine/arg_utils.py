@@ -18,9 +18,8 @@ from kvpilot.engine.config import (
     SchedulerConfig,
     resolve_dtype,
 )
+from kvpilot.engine.entrypoints.cli_args import DEFAULT_MODEL, add_engine_args
 from kvpilot.engine.model_loader import load_model_config, resolve_model_path
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -90,33 +89,9 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
-        """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...)."""
-        d = EngineArgs()
-        if positional_model:
-            parser.add_argument("model", nargs="?", default=d.model, help="builtin alias, .gguf file or HF directory")
-        else:
-            parser.add_argument("--model", default=d.model, help="builtin alias, .gguf file or HF directory")
-        add = parser.add_argument
-        add("--served-model-name", default=None, help="model name in the API (default: --model)")
-        add("--max-model-len", type=int, default=None, help="longest sequence (prompt + output) in tokens")
-        add("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
-        add("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
-        add("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
-            help="fraction of device memory for weights, activations and KV cache")
-        add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill,
-            help="split long prompts to fit the token budget, decodes first")
-        add("--tensor-parallel-size", "-tp", type=int, default=1)
-        add("--pipeline-parallel-size", "-pp", type=int, default=1)
-        add("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
-        add("--swap-space", type=float, default=d.swap_space, help="GiB of host memory for swapped blocks")
-        add("--preemption-mode", choices=["recompute", "swap"], default=d.preemption_mode)
-        add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching)
-        add("--num-gpu-blocks-override", type=int, default=None, help="use exactly this many KV blocks")
-        add("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "half", "float32", "float"])
-        add("--seed", type=int, default=d.seed)
-        add("--attention-backend", choices=list(BACKENDS), default=None,
-            help="'torch' (default on CPU) or 'triton' (default on CUDA)")
-        add("--device", default=None, help="cpu or cuda (default: cuda when available)")
+        """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...); the parser
+        is built in the torch-free `entrypoints.cli_args` so the operator can use it too."""
+        add_engine_args(parser, positional_model)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:

@@ -16,6 +16,10 @@ from .spec import InferenceServiceSpec
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"
 HOME = "/home/kvpilot"
+# Environment variables the operator sets (or reserves) in the engine container; spec.engine.env
+# may not set them (operator/validation.py).
+OPERATOR_ENV = frozenset({"HOME", "HF_HOME", "XDG_CACHE_HOME", "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY",
+                          "KVPILOT_ADMIN_TOKEN", "VLLM_TORCH_PROFILER_DIR"})
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,14 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
     if res.gpu:
         limits[res.gpuResourceName] = engine.world_size
-    env = [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": f"{HOME}/.cache/huggingface"},
-           {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"}, {"name": "TMPDIR", "value": "/tmp"}]
+    # spec.engine.env first: validation refuses the names the operator sets, and where a
+    # name repeats the kubelet keeps the last, so the operator's values would win anyway.
+    env = [{"name": k, "value": v} for k, v in engine.env]
+    env += [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": f"{HOME}/.cache/huggingface"},
+            {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"}, {"name": "TMPDIR", "value": "/tmp"}]
     if engine.apiKeySecret is not None:
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": engine.apiKeySecret.name, "key": engine.apiKeySecret.key}}})
-    env += [{"name": k, "value": v} for k, v in engine.env]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": f"{HOME}/.cache"},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]

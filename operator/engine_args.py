@@ -11,15 +11,9 @@ from typing import Any
 
 from .spec import EngineSpec, InferenceServiceSpec
 
-# The flags the operator renders from spec.engine; extraArgs may not repeat them.
-RENDERED_FLAGS = (
-    "--model", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-    "--gpu-memory-utilization", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
-    "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size", "--swap-space",
-    "--preemption-mode", "--enable-prefix-caching", "--dtype", "--seed", "--port", "--api-key",
-)
-
-API_KEY_ENV = "KVPILOT_API_KEY"
+# The engine reads its API key from this variable (as vLLM does); extraArgs may not repeat
+# any flag rendered here (operator/extra_args.py).
+API_KEY_ENV = "VLLM_API_KEY"
 
 PROGRAMS = {"kvpilot": ["kvpilot", "serve"], "vllm": ["vllm", "serve"]}
 
@@ -32,9 +26,8 @@ def _number(value: float) -> str:
 def render_engine_args(engine: EngineSpec) -> list[str]:
     """The flags after `serve MODEL`, in a fixed order, then extraArgs verbatim.
 
-    The API key is the literal `$(KVPILOT_API_KEY)`: the kubelet expands it from the env var
-    that the Deployment fills from the Secret, so the key never appears in a spec or status.
-    """
+    No secret is ever a flag: the API key reaches the engine as $VLLM_API_KEY from the Secret
+    (a flag would show in `ps` inside the pod, and in the ConfigMap and status)."""
     args = [
         "--max-model-len", str(engine.maxModelLen),
         "--max-num-seqs", str(engine.maxNumSeqs),
@@ -50,8 +43,6 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
     if engine.enablePrefixCaching:
         args.append("--enable-prefix-caching")
     args += ["--dtype", engine.dtype, "--seed", str(engine.seed), "--port", str(engine.port)]
-    if engine.apiKeySecret is not None:
-        args += ["--api-key", f"$({API_KEY_ENV})"]
     return args + list(engine.extraArgs)
 
 

@@ -6,7 +6,8 @@ Failed condition and creates no children.
 """
 from __future__ import annotations
 
-from .engine_args import RENDERED_FLAGS
+from .builders import OPERATOR_ENV
+from .extra_args import extra_args_problem
 from .models import BUILTIN_MODELS, builtin_model, is_builtin
 from .spec import InferenceServiceSpec
 
@@ -35,11 +36,14 @@ def validate(spec: InferenceServiceSpec) -> None:
         raise InvalidSpec("InvalidEngineArgs", "preemptionMode swap needs swapSpace > 0")
     if is_builtin(spec.model.source):
         _validate_builtin(spec)
-    clashes = sorted({a.split("=", 1)[0] for a in engine.extraArgs} & set(RENDERED_FLAGS))
-    if clashes:
-        raise InvalidSpec("ConflictingArgs", (
-            f"extraArgs repeat flags the operator renders from spec.engine: {', '.join(clashes)}; "
-            "set the matching spec.engine field instead"))
+    reserved = sorted({name for name, _ in engine.env} & OPERATOR_ENV)
+    if reserved:
+        raise InvalidSpec("ReservedEnv", (
+            f"spec.engine.env sets {', '.join(reserved)}, which the operator sets itself (the API key comes "
+            "from spec.engine.apiKeySecret, profiling from the operator's own fields); remove them"))
+    problem = extra_args_problem(engine.runtime, engine.extraArgs, spec.model.source)
+    if problem:
+        raise InvalidSpec("ConflictingArgs", problem)
 
 
 def _validate_builtin(spec: InferenceServiceSpec) -> None:

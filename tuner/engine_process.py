@@ -6,6 +6,7 @@ and the log (`kvpilot.tuner.failures`)."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,7 +40,7 @@ def check_flags(serve_command: list[str], flags: list[str], timeout_s: float = 1
 
 class EngineProcess:
     """model: what `serve` loads; extra_args: flags every trial gets (e.g.
-    --num-gpu-blocks-override 256); api_key guards /v1 and /admin; port: a fixed port (for
+    --num-gpu-blocks-override 256); api_key guards /v1 (a generated admin token guards /admin); port: a fixed port (for
     a Prometheus that scrapes it), else a free one per start."""
 
     def __init__(self, model: str, log_path: Path, extra_args: list[str] | None = None, api_key: str | None = None,
@@ -55,6 +56,8 @@ class EngineProcess:
         self.fixed_port = port  # 0: a free port per start
         self.port = 0
         self.settings: EngineSettings | None = None
+        # kvpilot serve's control routes need a token of their own (never the API key).
+        self.admin_token = secrets.token_urlsafe(24) if self.serve_command == KVPILOT_SERVE else None
 
     @property
     def base_url(self) -> str:
@@ -65,13 +68,26 @@ class EngineProcess:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self, settings: EngineSettings) -> list[str]:
         cmd = [*self.serve_command, self.model, "--host", self.host, "--port", str(self.port),
                *settings.to_flags(), *self.extra_args]
-        return cmd + (["--api-key", self.api_key] if self.api_key else [])
+        return cmd + (["--enable-admin-routes"] if self.admin_token else [])
+
+    def environment(self) -> dict[str, str]:
+        """The key and the admin token go in the environment, never on the command line."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        if self.admin_token:
+            env["KVPILOT_ADMIN_TOKEN"] = self.admin_token
+        return env
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -89,7 +105,7 @@ class EngineProcess:
             log.write(f"\n=== {' '.join(self.command(settings))}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(self.command(settings), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         start_new_session=True, env=self.environment())
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             code = self.proc.poll()
@@ -114,7 +130,8 @@ class EngineProcess:
         when the server refuses the values."""
         if not self.running:
             return False
-        resp = httpx.post(f"{self.base_url}/admin/scheduler_config", json=changes, headers=self.headers, timeout=30)
+        resp = httpx.post(f"{self.base_url}/admin/scheduler_config", json=changes, headers=self.admin_headers,
+                          timeout=30)
         if resp.status_code in (404, 405):
             return False
         if resp.status_code == 400:

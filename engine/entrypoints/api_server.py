@@ -1,8 +1,11 @@
-"""The FastAPI application: OpenAI routes, health, version, metrics, the scheduler admin
-route the tuner uses, and the profiler routes when VLLM_TORCH_PROFILER_DIR is set.
+"""The FastAPI application: OpenAI routes, health, version, metrics, and, only with
+--enable-admin-routes, the scheduler admin route the tuner uses and (when
+VLLM_TORCH_PROFILER_DIR is set) the profiler routes.
 
-/v1/* and /admin/* need `Authorization: Bearer <--api-key>` when a key is set; /health,
-/version and /metrics never do (probes and Prometheus scrape them)."""
+/v1/* needs `Authorization: Bearer <API key>` when a key is set. The control routes
+(/admin/*, /start_profile, /stop_profile) always need `Bearer <$KVPILOT_ADMIN_TOKEN>`, a token
+of their own (the public API key does not open them); without --enable-admin-routes they do
+not exist (404). /health, /version and /metrics never need a token (probes and Prometheus)."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.entrypoints.serving_chat import create_chat_completion
 from kvpilot.engine.entrypoints.serving_completion import create_completion
 
-PROTECTED_PREFIXES = ("/v1/", "/admin/")
+API_PREFIXES = ("/v1/",)
+CONTROL_PREFIXES = ("/admin/", "/start_profile", "/stop_profile")
 
 
 def package_version() -> str:
@@ -38,20 +42,24 @@ def package_version() -> str:
         return "unknown"
 
 
-class APIKeyMiddleware:
-    """Answers 401 before anything else (even before the body is parsed) when a
-    protected route comes without the right bearer token."""
+class BearerTokenMiddleware:
+    """Answers 401 before anything else (even before the body is parsed) when a route under
+    one of `prefixes` comes without `Authorization: Bearer <token>` (compared in constant time)."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, token: str, prefixes: tuple[str, ...], what: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = f"Bearer {token}".encode()
+        self.prefixes = prefixes
+        self.what = what
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(PROTECTED_PREFIXES):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(self.prefixes):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                message = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
-                body = json.dumps(error_body(401, message, code="invalid_api_key").model_dump()).encode()
+                message = (f"invalid {self.what}" if given
+                           else f"missing {self.what}: send 'Authorization: Bearer <{self.what.replace(' ', '-')}>'")
+                body = json.dumps(error_body(401, message, code=f"invalid_{self.what.replace(' ', '_')}")
+                                  .model_dump()).encode()
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode()),
@@ -70,7 +78,10 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     if state.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
+        app.add_middleware(BearerTokenMiddleware, token=state.api_key, prefixes=API_PREFIXES, what="API key")
+    if state.admin_token:
+        app.add_middleware(BearerTokenMiddleware, token=state.admin_token, prefixes=CONTROL_PREFIXES,
+                           what="admin token")
 
     @app.get("/health")
     async def health() -> Response:
@@ -107,6 +118,14 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
         return await create_chat_completion(req, raw, state)
 
+    if state.admin_token:
+        add_control_routes(app, state)
+    return app
+
+
+def add_control_routes(app: FastAPI, state: ServerState) -> None:
+    """The routes that change the running server; only called with an admin token set."""
+
     @app.get("/admin/scheduler_config")
     async def get_scheduler_config() -> dict:
         engine = state.ready_engine()
@@ -141,5 +160,3 @@ def build_app(state: ServerState) -> FastAPI:
             except ValueError as exc:
                 raise APIError(409, str(exc)) from None
             return Response(status_code=200)
-
-    return app

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 
 import uvicorn
 
@@ -21,6 +22,7 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
+from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.llm_engine import LLMEngine
@@ -31,25 +33,26 @@ LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvpilot serve", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    EngineArgs.add_cli_args(parser, positional_model=True)
-    add = parser.add_argument
-    add("--host", default="0.0.0.0", help="address to listen on")
-    add("--port", type=int, default=8000)
-    add("--api-key", default=os.environ.get("VLLM_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1 and /admin routes (default: $VLLM_API_KEY)")
-    add("--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV-usage log lines "
-        "(the /metrics endpoint stays on)")
-    add("--disable-log-requests", action="store_true", help="no log line per received request")
-    add("--disable-uvicorn-access-log", action="store_true")
-    add("--max-queue-len", type=int, default=None,
-        help="answer 503 with Retry-After when this many requests are already waiting")
-    add("--drain-timeout", type=float, default=30.0,
-        help="on SIGTERM, seconds to let accepted requests finish before aborting them")
-    add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
-    add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
-    return parser
+    return make_serve_parser()
+
+
+def resolve_secrets(parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                    env: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+    """(api_key, admin_token). The key comes from --api-key, else $VLLM_API_KEY; unset means
+    no authentication, but an empty key is a mistake (a Secret with an empty value) and exits 2
+    rather than silently serving without auth. --enable-admin-routes needs $KVPILOT_ADMIN_TOKEN."""
+    api_key = ns.api_key if ns.api_key is not None else env.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        parser.error(f"the API key is empty (--api-key or ${API_KEY_ENV}); set a key, or unset both to serve "
+                     "without authentication")
+    admin_token = None
+    if ns.enable_admin_routes:
+        admin_token = env.get(ADMIN_TOKEN_ENV) or ""
+        if len(admin_token.strip()) < 16:
+            parser.error(f"--enable-admin-routes needs ${ADMIN_TOKEN_ENV} set to a token of at least 16 characters")
+        if admin_token == api_key:
+            parser.error(f"${ADMIN_TOKEN_ENV} must differ from the API key: the admin routes need their own token")
+    return api_key, admin_token
 
 
 class DrainingServer(uvicorn.Server):
@@ -132,6 +135,9 @@ def main(argv: list[str]) -> int:
         parser.error(f"--max-queue-len must be >= 0, got {ns.max_queue_len}")
     if ns.drain_timeout < 0:
         parser.error(f"--drain-timeout must be >= 0, got {ns.drain_timeout}")
+    if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
+        parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
+    api_key, admin_token = resolve_secrets(parser, ns)
     try:
         engine_config = EngineArgs.from_cli_args(ns).create_engine_config()
     except ValueError as exc:
@@ -142,11 +148,16 @@ def main(argv: list[str]) -> int:
         model_path=engine_config.model_path,
         max_model_len=engine_config.scheduler.max_model_len,
         vocab_size=engine_config.model.vocab_size,
-        api_key=ns.api_key or None,
+        api_key=api_key,
+        admin_token=admin_token,
         max_queue_len=ns.max_queue_len,
+        request_deadline_s=ns.request_deadline_s,
         log_requests=not ns.disable_log_requests,
-        profiler_dir=os.environ.get("VLLM_TORCH_PROFILER_DIR") or None,
+        profiler_dir=(os.environ.get(PROFILER_DIR_ENV) or None) if admin_token else None,
     )
+    if os.environ.get(PROFILER_DIR_ENV) and not admin_token:
+        logger.warning("%s is set but the admin routes are off (--enable-admin-routes): no profiler routes",
+                       PROFILER_DIR_ENV)
     if state.profiler_dir:
         logger.info("torch profiler enabled: POST /start_profile and /stop_profile write traces to %s",
                     state.profiler_dir)

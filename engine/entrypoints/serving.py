@@ -37,7 +37,9 @@ class ServerState:
     engine: AsyncLLMEngine | None = None
     tokenizer: object = None
     api_key: str | None = None
+    admin_token: str | None = None
     max_queue_len: int | None = None
+    request_deadline_s: float | None = None
     log_requests: bool = True
     profiler_dir: str | None = None
     draining: bool = False

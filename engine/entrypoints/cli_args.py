@@ -1,0 +1,109 @@
+"""`kvpilot serve`'s command line, built without importing torch, so that the operator can
+parse `spec.engine.extraArgs` with exactly the parser the engine will use.
+
+Flags keep `vllm serve`'s names (full names only: `allow_abbrev=False`, as vLLM's flags are
+always written out). `EngineArgs.add_cli_args` delegates here; the defaults below are the
+`EngineArgs` dataclass defaults (tests/server/test_server_cli_args.py checks they agree).
+Source: vLLM `vllm/engine/arg_utils.py`, `vllm/entrypoints/openai/cli_args.py`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+# kvpilot.engine.attention.BACKENDS, repeated here so this module stays torch-free.
+ATTENTION_BACKENDS = ("torch", "triton")
+
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads the key from this variable too
+ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"
+PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+
+
+class ArgsError(ValueError):
+    """Raised instead of exiting by a parser made with `raise_on_error=True`."""
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's hook; exits by default
+        raise ArgsError(message)
+
+
+def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...)."""
+    if positional_model:
+        parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="builtin alias, .gguf file or HF directory")
+    else:
+        parser.add_argument("--model", default=DEFAULT_MODEL, help="builtin alias, .gguf file or HF directory")
+    add = parser.add_argument
+    add("--served-model-name", default=None, help="model name in the API (default: --model)")
+    add("--max-model-len", type=int, default=None, help="longest sequence (prompt + output) in tokens")
+    add("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    add("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
+    add("--gpu-memory-utilization", type=float, default=0.9,
+        help="fraction of device memory for weights, activations and KV cache")
+    add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+        help="split long prompts to fit the token budget, decodes first")
+    add("--tensor-parallel-size", "-tp", type=int, default=1)
+    add("--pipeline-parallel-size", "-pp", type=int, default=1)
+    add("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    add("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped blocks")
+    add("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    add("--num-gpu-blocks-override", type=int, default=None, help="use exactly this many KV blocks")
+    add("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "half", "float32", "float"])
+    add("--seed", type=int, default=0)
+    add("--attention-backend", choices=list(ATTENTION_BACKENDS), default=None,
+        help="'torch' (default on CPU) or 'triton' (default on CUDA)")
+    add("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The HTTP server's own flags."""
+    add = parser.add_argument
+    add("--host", default="0.0.0.0", help="address to listen on")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV}; prefer the "
+             "variable: a flag shows in the process list). An empty key is an error, not 'no auth'")
+    add("--enable-admin-routes", action="store_true",
+        help=f"serve /admin/scheduler_config (and /start_profile, /stop_profile when ${PROFILER_DIR_ENV} is "
+             f"set); they need 'Authorization: Bearer ${ADMIN_TOKEN_ENV}', which must then be set")
+    add("--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV-usage log lines "
+        "(the /metrics endpoint stays on)")
+    add("--disable-log-requests", action="store_true", help="no log line per received request")
+    add("--disable-uvicorn-access-log", action="store_true")
+    add("--max-queue-len", type=int, default=None,
+        help="answer 503 with Retry-After when this many requests are already waiting")
+    add("--request-deadline-s", type=float, default=None,
+        help="abort a request that has not finished this many seconds after it arrived and tell the client "
+             "(408, or an error event in a stream); default: no deadline")
+    add("--drain-timeout", type=float, default=30.0,
+        help="on SIGTERM, seconds to let accepted requests finish before aborting them")
+    add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
+    add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def make_serve_parser(raise_on_error: bool = False) -> argparse.ArgumentParser:
+    """`kvpilot serve MODEL [flags]`. With raise_on_error, a bad command line raises ArgsError
+    (for the operator) instead of printing usage and exiting 2."""
+    cls = _RaisingParser if raise_on_error else argparse.ArgumentParser
+    parser = cls(prog="kvpilot serve", description="The OpenAI-compatible server, with `vllm serve`'s flags.",
+                 formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    add_engine_args(parser, positional_model=True)
+    add_server_args(parser)
+    return parser
+
+
+def explicit_dests(argv: list[str]) -> dict[str, object]:
+    """The settings argv gives explicitly, by argparse dest (`-tp 3` and
+    `--tensor-parallel-size=3` both give {'tensor_parallel_size': 3}), parsed by
+    `kvpilot serve`'s own parser. Raises ArgsError for anything that parser refuses
+    (unknown or abbreviated flags, stray positionals, bad values)."""
+    parser = make_serve_parser(raise_on_error=True)
+    for action in parser._actions:  # defaults suppressed: only what argv sets comes back
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(argv))
+    given.pop("help", None)
+    return given
+
