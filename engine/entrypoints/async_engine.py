@@ -131,9 +131,10 @@ class AsyncLLMEngine:
             if not stream.finished:
                 self.abort(request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Aborts a request from any thread; its KV blocks are freed before the next step."""
-        self._commands.put(lambda: self._abort(request_id))
+    def abort(self, request_id: str, reason: str = "aborted") -> None:
+        """Aborts a request from any thread; its KV blocks are freed before the next step. Its
+        stream (if still open) raises RequestAborted with `reason`."""
+        self._commands.put(lambda: self._abort(request_id, reason))
 
     async def abort_all(self, reason: str) -> int:
         """Aborts every request in the engine; their streams raise RequestAborted(reason).
@@ -230,13 +231,16 @@ class AsyncLLMEngine:
                 return
 
     def _add(self, stream: RequestStream, prompt_token_ids: list[int], arrival_s: float) -> None:
-        with self._lock:
-            self._pending_adds -= 1
         try:
             self.engine.add_request(stream.request_id, prompt_token_ids, stream.params, arrival_s=arrival_s)
         except ValueError as exc:
+            with self._lock:
+                self._pending_adds -= 1
             self._deliver_threadsafe([(stream, exc)])
             return
+        with self._lock:  # from pending to waiting in one step: num_waiting never misses it
+            self._pending_adds -= 1
+            self.state.num_waiting += 1
         self._streams[stream.request_id] = stream
 
     def _abort(self, request_id: str, reason: str = "aborted") -> None:

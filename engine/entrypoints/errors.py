@@ -20,6 +20,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     500: "server_error",
     503: "service_unavailable_error",
 }

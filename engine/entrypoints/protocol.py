@@ -1,6 +1,7 @@
 """Request and response bodies of the OpenAI API (completions, chat completions, models,
 errors), with vLLM's extra sampling fields (top_k, min_tokens, ignore_eos, stop_token_ids,
-skip_special_tokens). Unknown request fields are ignored, as OpenAI and vLLM do.
+skip_special_tokens). Unknown request fields are ignored, as OpenAI and vLLM do. Types are
+strict, as OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not coerced.
 Source: OpenAI API reference; vLLM `vllm/entrypoints/openai/protocol.py`."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -72,7 +73,7 @@ class ChatCompletionRequest(_SamplingRequest):
 class SchedulerConfigUpdate(BaseModel):
     """POST /admin/scheduler_config: the live-changeable scheduler limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
+from kvpilot.engine.entrypoints.limits import Admission, check_request_limits
 from kvpilot.engine.entrypoints.protocol import UsageInfo, _SamplingRequest
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
@@ -44,10 +45,8 @@ class ServerState:
     profiler_dir: str | None = None
     draining: bool = False
     num_in_flight: int = 0
+    num_reserved: int = 0  # admitted engine requests not yet handed to the engine
     started_s: float = field(default_factory=time.time)
-
-    def release(self) -> None:
-        self.num_in_flight -= 1
 
     def model_names(self) -> set[str]:
         return {self.served_model_name}
@@ -80,6 +79,7 @@ def reject_unsupported(req: _SamplingRequest) -> None:
         raise bad_request(f"n must be between 1 and 16, got {req.n}", param="n")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    check_request_limits(req)
 
 
 def sampling_params(state: ServerState, req: _SamplingRequest, prompt_len: int, max_tokens: int | None,
@@ -129,18 +129,33 @@ class SubRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    admission: Admission | None = None
+
+    def started(self) -> None:
+        """Called in the same event-loop step as engine.generate's first step."""
+        if self.admission is not None:
+            self.admission.started()
 
 
-def admit(state: ServerState, num_requests: int) -> AsyncLLMEngine:
-    """Admits an HTTP request and counts it in flight (the drain waits for it): the caller
-    must call `state.release()` when its response is done. 503 with Retry-After while
-    loading or draining, or when the waiting queue would pass --max-queue-len."""
+def admit(state: ServerState, subs: list[SubRequest]) -> AsyncLLMEngine:
+    """Admits an HTTP request's engine requests and counts it in flight (the drain waits for
+    it); `stream_or_collect` closes the admission. 503 with Retry-After while loading or
+    draining, or when the waiting queue would pass --max-queue-len: waiting counts the
+    scheduler's queue, requests on their way to it and admitted ones not yet sent, all read
+    in this one synchronous step, so concurrent requests cannot slip past the cap. Starts
+    the --request-deadline-s clock."""
     engine = state.ready_engine()
-    if state.max_queue_len is not None and engine.num_waiting + num_requests > state.max_queue_len:
-        raise APIError(503, f"the server is overloaded: {engine.num_waiting} requests are waiting "
+    waiting = engine.num_waiting + state.num_reserved
+    if state.max_queue_len is not None and waiting + len(subs) > state.max_queue_len:
+        raise APIError(503, f"the server is overloaded: {waiting} requests are waiting "
                        f"(--max-queue-len {state.max_queue_len}); retry later",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    admission = Admission(state, len(subs))
     state.num_in_flight += 1
+    state.num_reserved += len(subs)
+    for sub in subs:
+        sub.admission = admission
+    admission.start_deadline(lambda reason: [engine.abort(sub.request_id, reason) for sub in subs])
     return engine
 
 
@@ -150,6 +165,7 @@ async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Asyn
     if len(subs) == 1:
         sub = subs[0]
         gen = engine.generate(sub.request_id, sub.prompt_token_ids, sub.params)
+        sub.started()
         try:
             async for out in gen:
                 yield sub.index, out
@@ -159,6 +175,7 @@ async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Asyn
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(sub: SubRequest) -> None:
+        sub.started()
         try:
             async for out in engine.generate(sub.request_id, sub.prompt_token_ids, sub.params):
                 queue.put_nowait((sub.index, out))
@@ -211,23 +228,41 @@ async def stream_or_collect(request: Request, state: ServerState, engine: AsyncL
                             ) -> Response | dict[int, RequestOutput]:
     """The shared tail of the completion handlers. With `events` (stream=true): an SSE
     response over them. Without: the final output of every sub-request, by index, or the
-    answer for a client that left. Bad input found by the engine becomes HTTP 400. The
-    admission taken by `admit` is released either way."""
+    answer for a client that left. Bad input found by the engine becomes HTTP 400; a request
+    past --request-deadline-s gets 408. The admission taken by `admit` is closed either way."""
+    admission = subs[0].admission
     if events is not None:
         try:
-            return StreamingResponse(stream_events(request, state, engine, subs, events()),
-                                     media_type="text/event-stream", headers={"X-Request-Id": request_id})
+            return AdmittedStreamingResponse(admission, stream_events(request, state, engine, subs, events()),
+                                             media_type="text/event-stream", headers={"X-Request-Id": request_id})
         except BaseException:
-            state.release()
+            admission.close()
             raise
     try:
         return await collect_unless_disconnected(request, _collect_finals(engine, subs))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     except RequestAborted as exc:
+        if admission.timed_out:
+            raise admission.deadline_error() from None
         return aborted_answer(state, exc)
     finally:
-        state.release()
+        admission.close()
+
+
+class AdmittedStreamingResponse(StreamingResponse):
+    """Closes the admission when the response ends in any way, even when the client left
+    before the body iterator ever started (its `finally` would then never run)."""
+
+    def __init__(self, admission: Admission, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.admission = admission
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.admission.close()
 
 
 async def _collect_finals(engine: AsyncLLMEngine, subs: list[SubRequest]) -> dict[int, RequestOutput]:
@@ -273,6 +308,11 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
     except RequestAborted as exc:
         if client_gone:  # our watcher saw the client leave
             _log_disconnect(subs)
+        elif subs[0].admission.timed_out:
+            error = subs[0].admission.deadline_error()
+            yield sse({"error": {"message": error.message, "type": "timeout_error", "param": None,
+                                 "code": error.status}})
+            yield "data: [DONE]\n\n"
         else:  # the server aborted it (drain timeout): tell the client
             yield sse({"error": {"message": str(exc), "type": "service_unavailable_error", "param": None,
                                  "code": 503}})
@@ -294,7 +334,7 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
         if not done:  # the engine requests may still run
             for sub in subs:
                 engine.abort(sub.request_id)
-        state.release()
+        subs[0].admission.close()
 
 
 def aborted_answer(state: ServerState, exc: RequestAborted) -> Response:

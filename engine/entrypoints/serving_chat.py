@@ -88,7 +88,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
     base = f"chatcmpl-{uuid.uuid4().hex}"
     subs = [SubRequest(j, f"{base}-{j}", ids, sampling_params(state, req, len(ids), max_tokens, None, logprobs, j))
             for j in range(req.n)]
-    engine = admit(state, len(subs))
+    engine = admit(state, subs)
     log_request(state, base, subs)
     model = req.model or state.served_model_name
     events = (lambda: _stream(state, req, engine, subs, base, model, logprobs)) if req.stream else None

@@ -90,7 +90,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
             subs.append(SubRequest(index, f"{base}-{index}", ids, params))
     echo = {s.index: (prompts[s.index // req.n][1] or state.tokenizer.decode(s.prompt_token_ids))
             for s in subs} if req.echo else {}
-    engine = admit(state, len(subs))
+    engine = admit(state, subs)
     log_request(state, base, subs)
     model = req.model or state.served_model_name
     events = (lambda: _stream(state, req, engine, subs, base, model, echo)) if req.stream else None

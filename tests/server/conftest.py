@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_harness import API_KEY, ENGINE_SETTINGS, ServerProcess, engine_flags
+from server_harness import ADMIN_TOKEN, API_KEY, ENGINE_SETTINGS, ServerProcess, engine_flags
 
 
 @pytest.fixture(scope="session")
@@ -18,10 +18,13 @@ def profiler_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, profiler_dir: Path) -> Iterator[ServerProcess]:
-    """The shared server: API key set, profiler routes on, a waiting-queue limit of 4."""
+    """The shared server: API key (from $VLLM_API_KEY), admin and profiler routes on behind
+    their own token, a waiting-queue limit of 4, a request deadline of 60 s."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    proc = ServerProcess(log, *engine_flags(**ENGINE_SETTINGS), "--api-key", API_KEY, "--max-queue-len", "4",
-                         env={"VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
+    proc = ServerProcess(log, *engine_flags(**ENGINE_SETTINGS), "--max-queue-len", "4", "--enable-admin-routes",
+                         "--request-deadline-s", "60",
+                         env={"VLLM_API_KEY": API_KEY, "KVPILOT_ADMIN_TOKEN": ADMIN_TOKEN,
+                              "VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
     proc.start()
     yield proc
     proc.stop()
@@ -37,3 +40,8 @@ def client(server: ServerProcess):
 @pytest.fixture(scope="session")
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def admin_auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 API_KEY = "test-key-123"
+ADMIN_TOKEN = "test-admin-token-4567"  # the control routes' own token
 # The settings the offline-equality test must share with the server.
 ENGINE_SETTINGS = {"max_model_len": 1024, "max_num_seqs": 8, "num_gpu_blocks_override": 256, "dtype": "float32"}
 

@@ -134,20 +134,22 @@ def test_version_health_and_metrics_need_no_key(server):
     assert httpx.get(f"{server.url}/metrics").status_code == 200
 
 
-def test_profiler_routes_write_a_torch_trace(server, client, auth, profiler_dir):
-    assert httpx.post(f"{server.url}/start_profile", headers=auth, timeout=60).status_code == 200
+def test_profiler_routes_write_a_torch_trace(server, client, auth, admin_auth, profiler_dir):
+    assert httpx.post(f"{server.url}/start_profile", headers=auth, timeout=60).status_code == 401  # API key: no
+    assert httpx.post(f"{server.url}/start_profile", headers=admin_auth, timeout=60).status_code == 200
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
-    assert httpx.post(f"{server.url}/stop_profile", headers=auth, timeout=120).status_code == 200
+    assert httpx.post(f"{server.url}/stop_profile", timeout=120).status_code == 401
+    assert httpx.post(f"{server.url}/stop_profile", headers=admin_auth, timeout=120).status_code == 200
     traces = wait_until(lambda: list(profiler_dir.glob("*.json")), 30, what="a trace file")
     assert traces[0].stat().st_size > 1000
-    assert httpx.post(f"{server.url}/stop_profile", headers=auth).status_code == 409
+    assert httpx.post(f"{server.url}/stop_profile", headers=admin_auth).status_code == 409
 
 
-def test_requests_beyond_max_queue_len_get_503_with_retry_after(server, auth):
+def test_requests_beyond_max_queue_len_get_503_with_retry_after(server, auth, admin_auth):
     """--max-queue-len 4: with one running slot, a long request runs, four wait, the
     sixth is refused; everyone accepted still completes."""
     admin = f"{server.url}/admin/scheduler_config"
-    assert httpx.post(admin, json={"max_num_seqs": 1}, headers=auth).status_code == 200
+    assert httpx.post(admin, json={"max_num_seqs": 1}, headers=admin_auth).status_code == 200
     try:
         def complete(max_tokens):
             return httpx.post(f"{server.url}/v1/completions", headers=auth, timeout=120,
@@ -163,4 +165,5 @@ def test_requests_beyond_max_queue_len_get_503_with_retry_after(server, auth):
             assert "max-queue-len" in refused.json()["error"]["message"]
             assert long.result().status_code == 200 and all(q.result().status_code == 200 for q in queued)
     finally:
-        assert httpx.post(admin, json={"max_num_seqs": ENGINE_SETTINGS["max_num_seqs"]}, headers=auth).is_success
+        assert httpx.post(admin, json={"max_num_seqs": ENGINE_SETTINGS["max_num_seqs"]},
+                          headers=admin_auth).is_success
