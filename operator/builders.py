@@ -5,12 +5,14 @@ manifest; no cluster access. The handlers add ownerReferences (kopf.adopt) and a
 """
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .engine_args import API_KEY_ENV, config_hash, engine_command, render_engine_args
+from .engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_command, render_engine_args
 from .spec import InferenceServiceSpec
 
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
@@ -18,8 +20,11 @@ ISVC_LABEL = "kvpilot.dev/inferenceservice"
 HOME = "/home/kvpilot"
 # Environment variables the operator sets (or reserves) in the engine container; spec.engine.env
 # may not set them (operator/validation.py).
+PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+PROFILES_DIR = f"{HOME}/profiles"
 OPERATOR_ENV = frozenset({"HOME", "HF_HOME", "XDG_CACHE_HOME", "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY",
-                          "KVPILOT_ADMIN_TOKEN", "VLLM_TORCH_PROFILER_DIR"})
+                          ADMIN_TOKEN_ENV, PROFILER_DIR_ENV})
+ADMIN_TOKEN_KEY = "token"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,22 @@ def selector_string(name: str) -> str:
 
 def configmap_name(name: str) -> str:
     return f"{name}-engine"
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin-token"
+
+
+def build_admin_secret(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The Secret holding a fresh random token for the engine's control routes (/admin/*,
+    profiling). The operator creates it once and never rewrites it; the engine reads it from
+    its environment and the tuner from the API. Never logged, never in status."""
+    token = secrets.token_urlsafe(32)
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": admin_secret_name(name), "namespace": namespace, "labels": child_labels(name, spec)},
+        "data": {ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
 
 
 def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
@@ -87,6 +108,11 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     if engine.apiKeySecret is not None:
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": engine.apiKeySecret.name, "key": engine.apiKeySecret.key}}})
+    if engine.runtime == "kvpilot":  # upstream vLLM has no admin routes
+        env.append({"name": ADMIN_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}})
+    if engine.profiling:
+        env.append({"name": PROFILER_DIR_ENV, "value": PROFILES_DIR})
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": f"{HOME}/.cache"},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
@@ -97,6 +123,9 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(engine.world_size)}Gi"}},
         {"name": "config", "configMap": {"name": configmap_name(name)}},
     ]
+    if engine.profiling:  # traces go to a size-capped volume, not the pod's disk
+        mounts.append({"name": "profiles", "mountPath": PROFILES_DIR})
+        volumes.append({"name": "profiles", "emptyDir": {"sizeLimit": "2Gi"}})
     if spec.model.volumeClaim:
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
         volumes.append({"name": "models", "persistentVolumeClaim": {

@@ -14,6 +14,7 @@ from .spec import EngineSpec, InferenceServiceSpec
 # The engine reads its API key from this variable (as vLLM does); extraArgs may not repeat
 # any flag rendered here (operator/extra_args.py).
 API_KEY_ENV = "VLLM_API_KEY"
+ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"  # the control routes' own token, from the operator's Secret
 
 PROGRAMS = {"kvpilot": ["kvpilot", "serve"], "vllm": ["vllm", "serve"]}
 
@@ -43,6 +44,8 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
     if engine.enablePrefixCaching:
         args.append("--enable-prefix-caching")
     args += ["--dtype", engine.dtype, "--seed", str(engine.seed), "--port", str(engine.port)]
+    if engine.runtime == "kvpilot":  # behind $KVPILOT_ADMIN_TOKEN; upstream vLLM has no such flag
+        args.append("--enable-admin-routes")
     return args + list(engine.extraArgs)
 
 

@@ -14,7 +14,7 @@ import aiohttp
 MERGE_PATCH = "application/merge-patch+json"
 
 PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
-           "PodMonitor": "podmonitors"}
+           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
 
 
 class ApiError(Exception):

@@ -14,10 +14,13 @@ from typing import Any
 
 import kopf
 
-from .builders import (HASH_ANNOTATION, Images, build_configmap, build_deployment, build_podmonitor,
-                       build_service, configmap_name, selector_string, service_url)
+from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_secret, build_configmap,
+                       build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
+                       service_url)
 from .engine_args import engine_command
 from .kube import ApiError, Kube, manifest_path, object_path
+from .network import NetworkPolicyConfig, build_networkpolicy
+from .policy import Policy
 from .spec import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from .status import deployment_conditions, failed_conditions, merge_conditions
 from .validation import InvalidSpec, validate
@@ -31,6 +34,8 @@ class OperatorConfig:
     resync_seconds: float = 30.0
     watch_timeout_seconds: float = 300.0
     podmonitor_check_seconds: float = 300.0
+    network: NetworkPolicyConfig = field(default_factory=NetworkPolicyConfig)
+    policy: Policy = field(default_factory=Policy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorConfig":
@@ -38,7 +43,8 @@ class OperatorConfig:
                         vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
         return cls(images=images,
                    resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 30)),
-                   watch_timeout_seconds=float(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)))
+                   watch_timeout_seconds=float(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
+                   network=NetworkPolicyConfig.from_env(env), policy=Policy.from_env(env))
 
 
 @dataclass
@@ -85,6 +91,8 @@ def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config
     children = [build_configmap(name, namespace, spec),
                 build_deployment(name, namespace, spec, config.images),
                 build_service(name, namespace, spec)]
+    if config.network.enabled:
+        children.append(build_networkpolicy(name, namespace, spec, config.network))
     if podmonitor:
         children.append(build_podmonitor(name, namespace, spec))
     kopf.append_owner_reference(children, owner=body)
@@ -112,11 +120,31 @@ async def ensure_child(kube: Kube, desired: dict[str, Any]) -> str:
     return "updated"
 
 
+async def ensure_admin_secret(kube: Kube, body: Mapping[str, Any], spec: InferenceServiceSpec) -> bool:
+    """Creates the admin-token Secret once (owned by the InferenceService); an existing one is
+    never rewritten, so the token stays what the engine and the tuner hold. True when created.
+    The token is never logged: only the Secret's name is."""
+    meta = body["metadata"]
+    path = object_path("v1", "secrets", meta["namespace"], admin_secret_name(meta["name"]))
+    if await kube.get(path) is not None:
+        return False
+    secret = build_admin_secret(meta["name"], meta["namespace"], spec)
+    kopf.append_owner_reference(secret, owner=body)
+    try:
+        await kube.create(secret)
+    except ApiError as e:
+        if e.status != 409:  # a concurrent call created it first: keep that one
+            raise
+        return False
+    return True
+
+
 async def delete_children(kube: Kube, namespace: str, name: str) -> list[str]:
     """Delete whatever children exist (for a spec that cannot run). Returns what was deleted."""
     deleted = []
     for api_version, plural, child in (("v1", "configmaps", configmap_name(name)),
                                        ("apps/v1", "deployments", name), ("v1", "services", name),
+                                       ("networking.k8s.io/v1", "networkpolicies", name),
                                        ("monitoring.coreos.com/v1", "podmonitors", name)):
         try:
             if await kube.delete(object_path(api_version, plural, namespace, child)):
@@ -138,6 +166,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
     try:
         spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
         validate(spec)
+        ctx.config.policy.check(spec)
     except (InvalidSpec, ValueError, TypeError) as e:
         reason = e.reason if isinstance(e, InvalidSpec) else "InvalidSpec"
         deleted = await delete_children(ctx.kube, namespace, name)
@@ -152,6 +181,8 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             kopf.warn(body, reason=reason, message=str(e))
         raise kopf.PermanentError(f"{reason}: {e}")
 
+    if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec):
+        kopf.event(body, type="Normal", reason="Created", message=f"created Secret {admin_secret_name(name)}")
     podmonitor = await ctx.podmonitors_available()
     for child in desired_children(body, spec, ctx.config, podmonitor):
         action = await ensure_child(ctx.kube, child)
@@ -175,6 +206,7 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
         try:
             spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
             validate(spec)
+            ctx.config.policy.check(spec)
         except (InvalidSpec, ValueError, TypeError):
             return  # the Failed status is the reconciler's to write
     desired = build_deployment(name, namespace, spec, ctx.config.images)

@@ -54,6 +54,7 @@ class EngineSpec:
     seed: int = 0
     port: int = 8000
     apiKeySecret: SecretRef | None = None
+    profiling: bool = False
     extraArgs: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 

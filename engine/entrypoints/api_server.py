@@ -56,10 +56,9 @@ class BearerTokenMiddleware:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(self.prefixes):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                message = (f"invalid {self.what}" if given
-                           else f"missing {self.what}: send 'Authorization: Bearer <{self.what.replace(' ', '-')}>'")
-                body = json.dumps(error_body(401, message, code=f"invalid_{self.what.replace(' ', '_')}")
-                                  .model_dump()).encode()
+                message = f"invalid {self.what}" if given else f"missing {self.what}: send 'Authorization: Bearer <key>'"
+                code = "invalid_" + self.what.lower().replace(" ", "_")  # invalid_api_key, invalid_admin_token
+                body = json.dumps(error_body(401, message, code=code).model_dump()).encode()
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode()),

@@ -62,6 +62,7 @@ def builtin_types() -> list[ResourceType]:
         _t("apps", "v1", "replicasets", "ReplicaSet", shortnames=("rs",), status_subresource=True,
            scale=deployment_scale, has_generation=True),
         _t("coordination.k8s.io", "v1", "leases", "Lease"),
+        _t("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", shortnames=("netpol",)),  # issue 17
         _t("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
            namespaced=False, shortnames=("crd", "crds"), status_subresource=True, has_generation=True),
     ]

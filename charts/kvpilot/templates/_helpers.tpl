@@ -52,4 +52,12 @@ app.kubernetes.io/component: operator
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, create, patch, delete]
+# issue 17: the admin-token Secret (created once, never read back by the operator beyond get)
+# and the NetworkPolicy per InferenceService
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
 {{- end -}}
