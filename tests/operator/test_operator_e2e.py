@@ -179,3 +179,23 @@ def test_pods_that_never_become_ready_show_degraded(cluster, kubectl, operator):
     assert condition(obj, "Degraded")["reason"] == "ReplicasUnavailable"
     assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Failed")["status"] == "False"
     kubectl("delete", "isvc", "broken")
+
+
+# ---- issue 17: the admin-token Secret and the NetworkPolicy, through the real operator
+def test_admin_token_secret_is_created_once_owned_and_never_logged_and_a_networkpolicy_guards_the_pods(
+        cluster, kubectl, operator):
+    obj = wait_for(lambda: ready(kubectl, "smollm2"), what="smollm2 Ready")
+    secret = kubectl.json("get", "secret", "smollm2-admin-token")
+    token = secret["data"]["token"]
+    assert [r["uid"] for r in secret["metadata"]["ownerReferences"]] == [obj["metadata"]["uid"]]
+    policy = kubectl.json("get", "networkpolicy", "smollm2")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    # another reconcile (a spec change) keeps the same token
+    kubectl("patch", "isvc", "smollm2", "--type", "merge", "-p", json.dumps({"spec": {"engine": {"seed": 5}}}))
+    wait_for(lambda: (o := ready(kubectl, "smollm2")) and "5" in o["status"]["appliedEngineArgs"], what="rollout")
+    assert kubectl.json("get", "secret", "smollm2-admin-token")["data"]["token"] == token
+    import base64
+
+    plain = base64.b64decode(token).decode()
+    assert plain not in operator.log.read_text() and plain not in json.dumps(kubectl.json("get", "isvc", "smollm2"))

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_harness import ADMIN_TOKEN, API_KEY, ENGINE_SETTINGS, ServerProcess, engine_flags
+from server_harness import (ADMIN_TOKEN, API_KEY, ENGINE_SETTINGS, LIMITED_DEADLINE_S, LIMITED_QUEUE, ServerProcess,
+                            engine_flags)
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +46,18 @@ def auth() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def admin_auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="session")
+def limited(tmp_path_factory: pytest.TempPathFactory, profiler_dir: Path) -> Iterator[ServerProcess]:
+    """A server with tight limits for the hardening and reliability tests: 2 running slots,
+    --max-queue-len 8, --request-deadline-s 8, API key from $VLLM_API_KEY, no admin routes
+    (though VLLM_TORCH_PROFILER_DIR is set)."""
+    settings = {**ENGINE_SETTINGS, "max_num_seqs": 2}
+    proc = ServerProcess(tmp_path_factory.mktemp("limited") / "server.log", *engine_flags(**settings),
+                         "--max-queue-len", str(LIMITED_QUEUE), "--request-deadline-s", str(LIMITED_DEADLINE_S),
+                         "--disable-log-requests", "--disable-uvicorn-access-log",
+                         env={"VLLM_API_KEY": API_KEY, "VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
+    proc.start()
+    yield proc
+    proc.stop()

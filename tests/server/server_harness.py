@@ -15,6 +15,8 @@ import httpx
 
 API_KEY = "test-key-123"
 ADMIN_TOKEN = "test-admin-token-4567"  # the control routes' own token
+LIMITED_DEADLINE_S = 8.0  # the `limited` server's --request-deadline-s and --max-queue-len
+LIMITED_QUEUE = 8
 # The settings the offline-equality test must share with the server.
 ENGINE_SETTINGS = {"max_model_len": 1024, "max_num_seqs": 8, "num_gpu_blocks_override": 256, "dtype": "float32"}
 

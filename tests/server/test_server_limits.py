@@ -1,7 +1,7 @@
 """Every request ends in bounded time and work: strict JSON types, capped lists, a
 server-side deadline (--request-deadline-s), --max-queue-len exact under 200 concurrent
 requests; control routes absent unless enabled; an empty API key refuses to start.
-One server of its own: 2 running slots, a queue of 8, a deadline of 8 s, no admin routes."""
+The `limited` server: 2 running slots, a queue of 8, a deadline of 8 s, no admin routes."""
 
 from __future__ import annotations
 
@@ -16,25 +16,11 @@ import time
 
 import httpx
 import pytest
-from server_harness import API_KEY, ENGINE_SETTINGS, ServerProcess, engine_flags, wait_until
+from server_harness import API_KEY, LIMITED_DEADLINE_S as DEADLINE_S, LIMITED_QUEUE as QUEUE, wait_until
 
 pytestmark = pytest.mark.slow
 
-DEADLINE_S = 8.0
-QUEUE = 8
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def limited(tmp_path_factory, profiler_dir):
-    settings = {**ENGINE_SETTINGS, "max_num_seqs": 2}
-    proc = ServerProcess(tmp_path_factory.mktemp("limited") / "server.log", *engine_flags(**settings),
-                         "--max-queue-len", str(QUEUE), "--request-deadline-s", str(DEADLINE_S),
-                         "--disable-log-requests", "--disable-uvicorn-access-log",
-                         env={"VLLM_API_KEY": API_KEY, "VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def post(server, route, body, timeout=60):
@@ -102,7 +88,7 @@ def test_queue_cap_is_exact_under_200_concurrent_requests(limited):
     async def main() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
         async with httpx.AsyncClient(limits=limits, headers=HEADERS, timeout=120) as client:
-            body = {"prompt": "Count to ten:", "max_tokens": 8, "ignore_eos": True}
+            body = {"prompt": "Count to ten:", "max_tokens": 4, "ignore_eos": True}
             return await asyncio.gather(*(client.post(f"{limited.url}/v1/completions", json=body)
                                           for _ in range(200)))
 
@@ -114,7 +100,8 @@ def test_queue_cap_is_exact_under_200_concurrent_requests(limited):
         done.set()
         watcher.join()
     codes = [r.status_code for r in responses]
-    assert set(codes) <= {200, 503}, codes
+    # 408: a queued request can meet this server's 8 s deadline on a busy 2-core machine
+    assert set(codes) <= {200, 408, 503}, codes
     refused = [r for r in responses if r.status_code == 503]
     assert refused and codes.count(200) >= QUEUE
     assert all(r.headers.get("retry-after") == "1" for r in refused)
