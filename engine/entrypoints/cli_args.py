@@ -77,7 +77,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="answer 503 with Retry-After when this many requests are already waiting")
     add("--request-deadline-s", type=float, default=None,
         help="abort a request that has not finished this many seconds after it arrived and tell the client "
-             "(408, or an error event in a stream); default: no deadline")
+             "(408, or an error event in a stream)")
     add("--drain-timeout", type=float, default=30.0,
         help="on SIGTERM, seconds to let accepted requests finish before aborting them")
     add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")

@@ -1,0 +1,25 @@
+"""`kvpilot serve`'s parser lives in the torch-free cli_args module (the operator parses
+extraArgs with it); its defaults must be EngineArgs' and it must not accept abbreviations."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpilot.engine.arg_utils import EngineArgs
+from kvpilot.engine.attention import BACKENDS
+from kvpilot.engine.entrypoints.cli_args import ATTENTION_BACKENDS, make_serve_parser
+
+
+def test_parser_defaults_are_the_engine_args_defaults():
+    ns = make_serve_parser().parse_args([])
+    assert EngineArgs.from_cli_args(ns) == EngineArgs()
+    assert {f.name for f in dataclasses.fields(EngineArgs)} <= set(vars(ns))
+    assert ATTENTION_BACKENDS == BACKENDS
+
+
+@pytest.mark.parametrize("argv", [["--max-num-seq", "9"], ["--api-k=x"], ["--disable-log-stat"]])
+def test_abbreviations_are_refused(argv):
+    with pytest.raises(SystemExit) as info:
+        make_serve_parser().parse_args(argv)
+    assert info.value.code == 2
