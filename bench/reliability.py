@@ -199,12 +199,13 @@ async def overload(url: str, headers: dict[str, str], offered: int, pid: int | N
     return result
 
 
-async def disconnect_storm(url: str, headers: dict[str, str], streams: int, after_events: int = 3) -> int:
-    """Opens `streams` long streams, reads a few events of each, closes them. Returns how many
-    produced at least one token before being closed."""
+async def disconnect_storm(url: str, headers: dict[str, str], streams: int, after_events: int = 3,
+                           max_tokens: int = 200) -> int:
+    """Opens `streams` long streams (max_tokens each, no early stop), reads a few events of
+    each, closes them. Returns how many produced tokens before being closed."""
     started = 0
-    body = {"prompt": "Write a long story about a lighthouse.", "max_tokens": 400, "min_tokens": 400,
-            "ignore_eos": True, "stream": True}
+    body = {"prompt": "Write a long story about a lighthouse.", "max_tokens": max_tokens,
+            "min_tokens": max_tokens, "ignore_eos": True, "stream": True}
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
         async def one() -> None:

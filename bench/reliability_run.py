@@ -102,7 +102,7 @@ def run(a: argparse.Namespace) -> dict:
     os.environ["VLLM_API_KEY"] = API_KEY
     capacity = a.max_num_seqs + a.max_queue_len
     results: dict = {"capacity": capacity, "cpu": cpu_model(), "loadavg_before": loadavg()}
-    with ServerProcess(server_command(a), a.out / "server.log") as server:
+    with ServerProcess(server_command(a), Path("/tmp") / f"kvpilot-reliability-{os.getpid()}.log") as server:
         url = server.base_url
         openapi = httpx.get(f"{url}/openapi.json").json()
         t0 = time.monotonic()
@@ -117,9 +117,11 @@ def run(a: argparse.Namespace) -> dict:
                                o.missing_retry_after, "health_probes": o.health_probes, "health_failures":
                                o.health_failures, "peak_rss_mib": round(o.peak_rss_bytes / 2**20),
                                "seconds": round(o.duration_s, 1), "kv_after": wait_idle(url)}
-        closed = 0
-        while closed < a.storm_streams:
-            closed += asyncio.run(disconnect_storm(url, HEADERS, streams=min(capacity, a.storm_streams - closed)))
+        closed, waves = 0, 0
+        while closed < a.storm_streams and waves < 4 * a.storm_streams // capacity + 4:  # waves of capacity
+            waves += 1
+            closed += asyncio.run(disconnect_storm(url, HEADERS, streams=min(capacity, a.storm_streams - closed),
+                                                   max_tokens=a.max_model_len // 2))
         results["storm"] = {"closed_mid_stream": closed, "kv_after": wait_idle(url),
                             "waiting_after": metric(url, "vllm:num_requests_waiting")}
         results["sigterm"] = asyncio.run(sigterm_under_load(server, a.sigterm_streams))
