@@ -31,6 +31,7 @@ class FuzzResult:
     requests: int = 0
     statuses: Counter = field(default_factory=Counter)
     server_errors: list[str] = field(default_factory=list)      # 5xx: route, body, answer
+    overloaded: int = 0  # of those, 503 with Retry-After from --max-queue-len (the fuzz's own load)
     unanswered: list[str] = field(default_factory=list)         # no answer within the client timeout
     bad_error_shape: list[str] = field(default_factory=list)    # 4xx not in OpenAI's shape
 
@@ -128,6 +129,7 @@ async def fuzz(url: str, headers: dict[str, str], requests: list[tuple[str, dict
                 result.statuses[r.status_code] += 1
                 if r.status_code >= 500:
                     result.server_errors.append(f"{route} {text} -> {r.status_code} {r.text[:300]}")
+                    result.overloaded += r.status_code == 503 and "retry-after" in r.headers
                 elif r.status_code >= 400:
                     try:
                         error = r.json()["error"]
@@ -150,6 +152,7 @@ class OverloadResult:
     missing_retry_after: int = 0
     health_probes: int = 0
     health_failures: int = 0
+    health_errors: list[str] = field(default_factory=list)
     peak_rss_bytes: int = 0
     duration_s: float = 0.0
 
@@ -172,11 +175,15 @@ async def overload(url: str, headers: dict[str, str], offered: int, pid: int | N
             async with httpx.AsyncClient(base_url=url, timeout=5) as health:
                 while not done.is_set():
                     result.health_probes += 1
+                    t0 = time.monotonic()
                     try:
-                        if (await health.get("/health")).status_code != 200:
+                        code = (await health.get("/health")).status_code
+                        if code != 200:
                             result.health_failures += 1
-                    except httpx.HTTPError:
+                            result.health_errors.append(f"HTTP {code}")
+                    except httpx.HTTPError as exc:
                         result.health_failures += 1
+                        result.health_errors.append(f"{type(exc).__name__} after {time.monotonic() - t0:.1f} s")
                     if pid is not None:
                         result.peak_rss_bytes = max(result.peak_rss_bytes, rss_bytes(pid))
                     await asyncio.sleep(0.2)

@@ -109,13 +109,14 @@ def run(a: argparse.Namespace) -> dict:
         f = asyncio.run(fuzz(url, HEADERS, generate_requests(openapi, a.fuzz_requests, seed=17), concurrency=4,
                              timeout_s=a.deadline_s + 30))
         results["fuzz"] = {"requests": f.requests, "statuses": dict(f.statuses), "server_errors": f.server_errors,
+                           "overloaded_503_with_retry_after": f.overloaded,
                            "unanswered": f.unanswered, "bad_error_shape": f.bad_error_shape,
                            "seconds": round(time.monotonic() - t0, 1)}
         results["fuzz"]["kv_after"] = wait_idle(url)
         o = asyncio.run(overload(url, HEADERS, offered=10 * capacity, pid=server.proc.pid))
         results["overload"] = {"offered": o.offered, "statuses": dict(o.statuses), "missing_retry_after":
                                o.missing_retry_after, "health_probes": o.health_probes, "health_failures":
-                               o.health_failures, "peak_rss_mib": round(o.peak_rss_bytes / 2**20),
+                               o.health_failures, "health_errors": o.health_errors, "peak_rss_mib": round(o.peak_rss_bytes / 2**20),
                                "seconds": round(o.duration_s, 1), "kv_after": wait_idle(url)}
         closed, waves = 0, 0
         while closed < a.storm_streams and waves < 4 * a.storm_streams // capacity + 4:  # waves of capacity

@@ -28,6 +28,9 @@ DEADLINE_STATUS = 408
 def check_request_limits(req: _SamplingRequest) -> None:
     """400 when a list field is longer than its cap or logprobs are out of range.
     (min_tokens <= max_tokens <= max_model_len - prompt is checked with the prompt's length.)"""
+    prompt = getattr(req, "prompt", None)  # completions: a batch is a list of texts or of id lists
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"prompt may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", param="prompt")
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(stop)}", param="stop")

@@ -145,6 +145,10 @@ def admit(state: ServerState, subs: list[SubRequest]) -> AsyncLLMEngine:
     in this one synchronous step, so concurrent requests cannot slip past the cap. Starts
     the --request-deadline-s clock."""
     engine = state.ready_engine()
+    if state.max_queue_len is not None and len(subs) > max(state.max_queue_len, 1):
+        raise bad_request(f"this request asks for {len(subs)} sequences (n x prompts) but the server queues at "
+                          f"most {state.max_queue_len} (--max-queue-len); split it into smaller requests",
+                          param="n")
     waiting = engine.num_waiting + state.num_reserved
     if state.max_queue_len is not None and waiting + len(subs) > state.max_queue_len:
         raise APIError(503, f"the server is overloaded: {waiting} requests are waiting "

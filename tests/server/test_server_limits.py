@@ -47,6 +47,8 @@ def test_wrong_json_types_are_refused_not_coerced(limited, field, value):
     ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"max_tokens": 5000}, "maximum context length"),
+    ({"prompt": ["a"] * 65}, "at most 64 prompts"),
+    ({"n": 9}, "asks for 9 sequences"),  # more than the queue (8) holds: 400, since retrying cannot help
 ])
 def test_oversized_requests_are_refused(limited, body, fragment):
     assert_400(post(limited, "completions", {"prompt": "Hi", "max_tokens": 2, **body}), fragment)
