@@ -105,7 +105,7 @@ def test_queue_cap_is_exact_under_200_concurrent_requests(limited):
     # 408: a queued request can meet this server's 8 s deadline on a busy 2-core machine
     assert set(codes) <= {200, 408, 503}, codes
     refused = [r for r in responses if r.status_code == 503]
-    assert refused and codes.count(200) >= QUEUE
+    assert refused and codes.count(200) + codes.count(408) >= QUEUE  # admitted: finished or timed out
     assert all(r.headers.get("retry-after") == "1" for r in refused)
     reported = [int(re.search(r"(\d+) requests are waiting", r.json()["error"]["message"]).group(1))
                 for r in refused]
