@@ -16,6 +16,22 @@ from .spec import InferenceServiceSpec
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"
 HOME = "/home/kvpilot"
+CACHE = f"{HOME}/.cache"  # the pod's writable cache volume; the root filesystem is read-only
+
+# Where each library writes its caches by default ($HOME/.triton, ~/.nv, /tmp/torchinductor_$USER,
+# ...), pointed into the cache volume so that the GPU path (Triton kernels, torch.compile) works
+# with readOnlyRootFilesystem. The images set the same (images/Containerfile).
+CACHE_ENV = {
+    "HOME": HOME,
+    "XDG_CACHE_HOME": CACHE,
+    "HF_HOME": f"{CACHE}/huggingface",
+    "TORCH_HOME": f"{CACHE}/torch",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+    "TRITON_HOME": CACHE,
+    "TRITON_CACHE_DIR": f"{CACHE}/triton",
+    "CUDA_CACHE_PATH": f"{CACHE}/nv",
+    "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
+}
 
 
 @dataclass(frozen=True)
@@ -75,13 +91,12 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
     if res.gpu:
         limits[res.gpuResourceName] = engine.world_size
-    env = [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": f"{HOME}/.cache/huggingface"},
-           {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"}, {"name": "TMPDIR", "value": "/tmp"}]
+    env = [{"name": k, "value": v} for k, v in CACHE_ENV.items()] + [{"name": "TMPDIR", "value": "/tmp"}]
     if engine.apiKeySecret is not None:
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": engine.apiKeySecret.name, "key": engine.apiKeySecret.key}}})
     env += [{"name": k, "value": v} for k, v in engine.env]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": f"{HOME}/.cache"},
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
     volumes: list[dict[str, Any]] = [

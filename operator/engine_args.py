@@ -17,6 +17,7 @@ RENDERED_FLAGS = (
     "--gpu-memory-utilization", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
     "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size", "--swap-space",
     "--preemption-mode", "--enable-prefix-caching", "--dtype", "--seed", "--port", "--api-key",
+    "--served-model-name",
 )
 
 API_KEY_ENV = "KVPILOT_API_KEY"
@@ -56,8 +57,12 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
 
 
 def engine_command(spec: InferenceServiceSpec) -> list[str]:
-    """The whole command line: program, `serve`, the model source, then the flags."""
-    return PROGRAMS[spec.engine.runtime] + [spec.model.source] + render_engine_args(spec.engine)
+    """The whole command line: program, `serve`, the model source, `--served-model-name`, then
+    the flags. The served name is spec.model.name (or the source's last part), so that clients,
+    the tuner's requests and its `model_name` metric selectors all use the same name, as
+    `vllm serve --served-model-name` does."""
+    return (PROGRAMS[spec.engine.runtime] + [spec.model.source, "--served-model-name", spec.model.display_name]
+            + render_engine_args(spec.engine))
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ class ResourceType:
     has_generation: bool = False
     schema: CRDVersionSchema | None = None
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    builtin: bool = False  # a built-in kind: its names and quantities are validated by the API server
 
     @property
     def api_version(self) -> str:
@@ -42,7 +43,7 @@ class ResourceType:
 
 
 def _t(group: str, version: str, plural: str, kind: str, **kw: Any) -> ResourceType:
-    return ResourceType(group, version, plural, kind, singular=kind.lower(), **kw)
+    return ResourceType(group, version, plural, kind, singular=kind.lower(), builtin=True, **kw)
 
 
 def builtin_types() -> list[ResourceType]:

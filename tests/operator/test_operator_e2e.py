@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import yaml
 from cluster.tools import ROOT, wait_for
@@ -179,3 +180,64 @@ def test_pods_that_never_become_ready_show_degraded(cluster, kubectl, operator):
     assert condition(obj, "Degraded")["reason"] == "ReplicasUnavailable"
     assert condition(obj, "Ready")["status"] == "False" and condition(obj, "Failed")["status"] == "False"
     kubectl("delete", "isvc", "broken")
+
+
+def writes_to_children(cluster) -> list[tuple[str, str]]:
+    """The operator's writes (PUT/PATCH/POST) to children, from the API server's request log."""
+    return [(m, p) for m, p, _ in list(cluster.server.calls)
+            if m in ("PUT", "PATCH", "POST") and any(f"/{r}" in p for r in ("deployments", "services", "configmaps"))]
+
+
+def test_quantities_the_api_server_rewrites_are_not_drift(cluster, kubectl, operator):
+    """The API server stores cpu "0.5" as "500m" and the GPU count 1 as "1" (canonical
+    Quantity): three resyncs later the operator has patched nothing and posted no event."""
+    doc = yaml.safe_load(manifest("quantities"))
+    doc["spec"]["resources"] = {"cpu": "0.5", "memory": "1.5Gi", "gpu": True}
+    kubectl.apply(yaml.safe_dump(doc))
+    wait_for(lambda: ready(kubectl, "quantities"), what="quantities Ready")
+    limits = children(cluster, "quantities")["deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "500m", "memory": "1536Mi", "nvidia.com/gpu": "1"}
+    time.sleep(1.5)  # let the creation's own follow-ups settle
+    writes = len(writes_to_children(cluster))
+    seen = {e["metadata"]["uid"] for e in kubectl.json("get", "events")["items"]}
+    time.sleep(3.5)  # KVPILOT_RESYNC_SECONDS=1 in the tests: at least three resyncs
+    assert writes_to_children(cluster)[writes:] == []
+    new = [e for e in kubectl.json("get", "events")["items"] if e["metadata"]["uid"] not in seen
+           and e["involvedObject"]["name"] == "quantities"]
+    assert new == []
+    kubectl("delete", "isvc", "quantities")
+
+
+def test_deleting_a_resource_needs_no_running_operator(cluster, kubectl, operator):
+    """No finalizer: `kubectl delete isvc` completes, and the garbage collector removes the
+    children, while the operator is down (e.g. after `helm uninstall`)."""
+    kubectl.apply(manifest("orphaned"))
+    obj = wait_for(lambda: ready(kubectl, "orphaned"), what="orphaned Ready")
+    assert not obj["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        assert kubectl("delete", "isvc", "orphaned", "--timeout=15s").returncode == 0
+        assert kubectl("get", "isvc", "orphaned", check=False).returncode != 0
+        wait_for(lambda: all(c is None for c in children(cluster, "orphaned").values()), what="children gone")
+    finally:
+        operator.start()
+
+
+def test_a_name_children_could_not_carry_is_refused_at_apply_time(kubectl, operator):
+    result = kubectl.apply(manifest("m" * 57), check=False)
+    assert result.returncode != 0
+    assert "metadata.name must be a DNS-1035 label of at most 56 characters" in result.stderr
+    assert kubectl.apply(manifest("m" * 56)).returncode == 0
+    kubectl("delete", "isvc", "m" * 56)
+
+
+def test_the_engine_serves_under_spec_model_name(cluster, kubectl, operator):
+    doc = yaml.safe_load(manifest("named"))
+    doc["spec"]["model"]["name"] = "support-chat"
+    kubectl.apply(yaml.safe_dump(doc))
+    obj = wait_for(lambda: ready(kubectl, "named"), what="named Ready")
+    args = obj["status"]["appliedEngineArgs"]
+    assert args[args.index("--served-model-name") + 1] == "support-chat"
+    labels = children(cluster, "named")["deployment"]["metadata"]["labels"]
+    assert labels["kvpilot.dev/model"] == "support-chat"
+    kubectl("delete", "isvc", "named")
