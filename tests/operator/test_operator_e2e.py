@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import yaml
-from cluster.tools import ROOT, wait_for
+from cluster.tools import BIN, ROOT, wait_for
+from rbac import Access, access_of, missing
 
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
 ISVC = ("kvpilot.dev", "v1alpha1", "inferenceservices")
@@ -241,3 +243,36 @@ def test_the_engine_serves_under_spec_model_name(cluster, kubectl, operator):
     labels = children(cluster, "named")["deployment"]["metadata"]["labels"]
     assert labels["kvpilot.dev/model"] == "support-chat"
     kubectl("delete", "isvc", "named")
+
+
+AGENTS = ("kvpilot-operator", "kvpilot-tuner", "kopf/")  # the operator's, the tuner's and Kopf's requests
+
+
+def chart_docs() -> list[dict]:
+    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"),
+                               "--set=watch.namespaces={default}"], capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def sent_accesses(cluster) -> set[Access]:
+    return {a for agent, method, path in list(cluster.server.requests)
+            if agent.startswith(AGENTS) and (a := access_of(method, path)) is not None}
+
+
+def test_every_request_the_operator_sent_is_granted_by_the_chart_rbac(cluster, operator):
+    """Every (verb, group, resource/subresource) the chart's operator sent during this module's
+    tests is granted by the chart's rendered Role (namespace default) or ClusterRoles."""
+    accesses = sent_accesses(cluster)
+    resources = {a.resource for a in accesses}
+    assert {"inferenceservices", "inferenceservices/status", "deployments", "services", "configmaps",
+            "events", "customresourcedefinitions"} <= resources, resources
+    assert [str(a) for a in missing(accesses, chart_docs())] == []
+
+
+def test_the_rbac_check_fails_when_one_needed_verb_is_removed(cluster, operator):
+    docs = chart_docs()
+    role = next(d for d in docs if d["kind"] == "Role")
+    rule = next(r for r in role["rules"] if "deployments" in r["resources"])
+    rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
+    accesses = sent_accesses(cluster) | {Access("patch", "apps", "deployments", "default")}
+    assert missing(accesses, docs) == [Access("patch", "apps", "deployments", "default")]
