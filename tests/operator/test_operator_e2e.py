@@ -248,9 +248,10 @@ def test_the_engine_serves_under_spec_model_name(cluster, kubectl, operator):
 AGENTS = ("kvpilot-operator", "kvpilot-tuner", "kopf/")  # the operator's, the tuner's and Kopf's requests
 
 
-def chart_docs() -> list[dict]:
+def chart_docs(*sets: str) -> list[dict]:
     rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"),
-                               "--set=watch.namespaces={default}"], capture_output=True, text=True, check=True).stdout
+                               "--set=watch.namespaces={default}", *sets], capture_output=True, text=True,
+                              check=True).stdout
     return [d for d in yaml.safe_load_all(rendered) if d]
 
 
@@ -276,3 +277,19 @@ def test_the_rbac_check_fails_when_one_needed_verb_is_removed(cluster, operator)
     rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
     accesses = sent_accesses(cluster) | {Access("patch", "apps", "deployments", "default")}
     assert missing(accesses, docs) == [Access("patch", "apps", "deployments", "default")]
+
+
+def test_chart_grants_the_tuner_journal_and_kopf_peering():
+    """Static check of what this module's run does not exercise: the tuner's study journal
+    (GET, POST, PUT on configmaps) and Kopf peering when `peering` is set."""
+    tuner = {Access("get", "", "configmaps", "default"), Access("create", "", "configmaps", "default"),
+             Access("update", "", "configmaps", "default"), Access("patch", "kvpilot.dev", "inferenceservices/status", "default"),
+             Access("patch", "kvpilot.dev", "inferenceservices", "default")}
+    assert missing(tuner, chart_docs()) == []
+    peering = {Access(v, "kopf.dev", "kopfpeerings", "default") for v in ("get", "list", "watch", "patch")}
+    assert missing(peering, chart_docs()) == sorted(peering)
+    assert missing(peering, chart_docs("--set=peering=kvpilot")) == []
+    cluster_peering = {Access(v, "kopf.dev", "clusterkopfpeerings", None) for v in ("get", "list", "watch", "patch")}
+    assert missing(cluster_peering, chart_docs("--set=peering=kvpilot", "--set=watch.clusterWide=true")) == []
+    rules = [r for d in chart_docs("--set=peering=kvpilot") if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
