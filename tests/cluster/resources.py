@@ -63,6 +63,10 @@ def builtin_types() -> list[ResourceType]:
         _t("apps", "v1", "replicasets", "ReplicaSet", shortnames=("rs",), status_subresource=True,
            scale=deployment_scale, has_generation=True),
         _t("coordination.k8s.io", "v1", "leases", "Lease"),
+        _t("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+        _t("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+        _t("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+        _t("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
         _t("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
            namespaced=False, shortnames=("crd", "crds"), status_subresource=True, has_generation=True),
     ]

@@ -51,15 +51,19 @@ class Kubectl:
         return self("apply", "--validate=false", "-f", "-", check=check, stdin=manifest)
 
 
-def chart_operator_command(namespace: str = "default", **values: str) -> list[str]:
-    """The operator container's command line as `helm template charts/kvpilot` renders it
-    (watching `namespace`), so that tests start exactly what the chart runs."""
-    sets = [f"--set=watch.namespaces={{{namespace}}}"] + [f"--set={k}={v}" for k, v in values.items()]
-    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
-                              capture_output=True, text=True, timeout=60, check=True).stdout
+def helm_template(*sets: str) -> list[dict[str, Any]]:
+    """The documents `helm template kv charts/kvpilot` renders with these --set flags."""
     import yaml
 
-    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def chart_operator_command(namespace: str = "default") -> list[str]:
+    """The operator container's command line as the chart renders it (watching `namespace`),
+    so that tests start exactly what the chart runs."""
+    deployment = next(d for d in helm_template(f"--set=watch.namespaces={{{namespace}}}") if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     return container["command"] + container["args"]
 

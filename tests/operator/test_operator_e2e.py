@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import yaml
-from cluster.tools import BIN, ROOT, wait_for
-from rbac import Access, access_of, missing
+from cluster.tools import ROOT, helm_template, wait_for
+from cluster.rbac import Access, access_of, missing
 
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
 ISVC = ("kvpilot.dev", "v1alpha1", "inferenceservices")
@@ -249,10 +248,7 @@ AGENTS = ("kvpilot-operator", "kvpilot-tuner", "kopf/")  # the operator's, the t
 
 
 def chart_docs(*sets: str) -> list[dict]:
-    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"),
-                               "--set=watch.namespaces={default}", *sets], capture_output=True, text=True,
-                              check=True).stdout
-    return [d for d in yaml.safe_load_all(rendered) if d]
+    return helm_template("--set=watch.namespaces={default}", *sets)
 
 
 def sent_accesses(cluster) -> set[Access]:
