@@ -88,7 +88,7 @@ class Guide:
         args[args.index("--port") + 1] = str(self.port)
         # The pod sizes its KV cache from its memory limit; here the machine is shared: a small cache.
         cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", *args, "--host", "127.0.0.1",
-               "--num-gpu-blocks-override", "64"]
+               "--num-gpu-blocks-override", "160"]
         self.engine = subprocess.Popen(cmd, stdout=(self.workdir / "engine.log").open("w"), stderr=subprocess.STDOUT,
                                        env={**os.environ})
 
