@@ -80,7 +80,9 @@ class Operator:
         self.liveness_port = free_port()
         command = chart_operator_command()
         assert command[:2] == ["kvpilot", "operator"], command
-        self.args = [a.replace("http://0.0.0.0:8080/", f"http://127.0.0.1:{self.liveness_port}/") for a in command[2:]]
+        self.metrics_port = free_port()
+        self.args = [a.replace("http://0.0.0.0:8080/", f"http://127.0.0.1:{self.liveness_port}/")
+                     .replace("--metrics-port=9090", f"--metrics-port={self.metrics_port}") for a in command[2:]]
 
     def start(self, timeout: float = 180) -> None:
         """Start it and wait, as the kubelet's probe would, until its liveness endpoint answers

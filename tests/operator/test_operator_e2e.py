@@ -289,3 +289,23 @@ def test_chart_grants_the_tuner_journal_and_kopf_peering():
     assert missing(cluster_peering, chart_docs("--set=peering=kvpilot", "--set=watch.clusterWide=true")) == []
     rules = [r for d in chart_docs("--set=peering=kvpilot") if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
+
+
+def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
+    """The chart's command line (--tuner --metrics-port) serves the kvpilot_tuner_* families, and
+    the chart points a Service with scrape annotations (and, optionally, a PodMonitor) at them."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "# TYPE kvpilot_tuner_trial gauge" in text and "# TYPE kvpilot_tuner_best_objective gauge" in text
+    docs = chart_docs("--set=tuner.podMonitor=true")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kv-kvpilot-metrics")
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports["metrics"] == 9090 and "--metrics-port=9090" in pod["spec"]["containers"][0]["args"]
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-operator"))
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True}]
+    assert not [d for d in chart_docs("--set=tuner.enabled=false") if d["metadata"]["name"].endswith("-metrics")]

@@ -51,7 +51,8 @@ def operator_with_tuner(kubeconfig, log, tuner_args: list[str], prometheus_url: 
            "KVPILOT_WATCH_TIMEOUT_SECONDS": "30", "KVPILOT_TUNER_ARGS": shlex.join(tuner_args),
            "KVPILOT_PROMETHEUS_URL": prometheus_url}
     command = chart_operator_command()  # the chart's `kvpilot operator ... --tuner`
-    args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{free_port()}") for a in command[2:]]
+    args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{free_port()}").replace("--metrics-port=9090", f"--metrics-port={free_port()}")
+            for a in command[2:]]
     return subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", *args],
                             env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
