@@ -8,7 +8,9 @@ and the garbage collector removes them), and a finalizer would make `kubectl del
 hang once the operator is uninstalled. So the drift-repair resync is one operator-wide loop
 over the resources the watch has seen, not a per-object `@kopf.timer`. (The tuner daemon,
 when loaded, still holds Kopf's finalizer while a resource is being tuned: see
-kvpilot.tuner.daemon.)
+kvpilot.tuner.daemon.) Known gap: Kopf pauses its own handlers in a peering replica that is
+not the active one, but not this loop; it only re-applies the same desired state, so two
+replicas are safe but may both post a DriftRepaired event (the chart runs one replica).
 """
 from __future__ import annotations
 
