@@ -18,12 +18,28 @@ from .spec import InferenceServiceSpec
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"
 HOME = "/home/kvpilot"
+CACHE = f"{HOME}/.cache"  # the pod's writable cache volume; the root filesystem is read-only
+
+# Where each library writes its caches by default ($HOME/.triton, ~/.nv, /tmp/torchinductor_$USER,
+# ...), pointed into the cache volume so that the GPU path (Triton kernels, torch.compile) works
+# with readOnlyRootFilesystem. The images set the same (images/Containerfile).
+CACHE_ENV = {
+    "HOME": HOME,
+    "XDG_CACHE_HOME": CACHE,
+    "HF_HOME": f"{CACHE}/huggingface",
+    "TORCH_HOME": f"{CACHE}/torch",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+    "TRITON_HOME": CACHE,
+    "TRITON_CACHE_DIR": f"{CACHE}/triton",
+    "CUDA_CACHE_PATH": f"{CACHE}/nv",
+    "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
+}
+
 # Environment variables the operator sets (or reserves) in the engine container; spec.engine.env
 # may not set them (operator/validation.py).
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 PROFILES_DIR = f"{HOME}/profiles"
-OPERATOR_ENV = frozenset({"HOME", "HF_HOME", "XDG_CACHE_HOME", "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY",
-                          ADMIN_TOKEN_ENV, PROFILER_DIR_ENV})
+OPERATOR_ENV = frozenset({*CACHE_ENV, "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY", ADMIN_TOKEN_ENV, PROFILER_DIR_ENV})
 ADMIN_TOKEN_KEY = "token"
 
 
@@ -103,8 +119,7 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     # spec.engine.env first: validation refuses the names the operator sets, and where a
     # name repeats the kubelet keeps the last, so the operator's values would win anyway.
     env = [{"name": k, "value": v} for k, v in engine.env]
-    env += [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": f"{HOME}/.cache/huggingface"},
-            {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"}, {"name": "TMPDIR", "value": "/tmp"}]
+    env += [{"name": k, "value": v} for k, v in CACHE_ENV.items()] + [{"name": "TMPDIR", "value": "/tmp"}]
     if engine.apiKeySecret is not None:
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": engine.apiKeySecret.name, "key": engine.apiKeySecret.key}}})
@@ -113,7 +128,7 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
             "name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}})
     if engine.profiling:
         env.append({"name": PROFILER_DIR_ENV, "value": PROFILES_DIR})
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": f"{HOME}/.cache"},
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
     volumes: list[dict[str, Any]] = [

@@ -3,6 +3,7 @@
     kvpilot operator --namespace default          # watch one namespace (repeatable)
     kvpilot operator --all-namespaces             # cluster-wide
     kvpilot operator --liveness http://0.0.0.0:8080/healthz --peering kvpilot
+    kvpilot operator --tuner --metrics-port 9090  # and tune; the tuner's metrics at :9090/metrics
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KVPILOT_TUNER", "") == "1",
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("KVPILOT_METRICS_PORT") or 0),
+                        help="with --tuner, serve the tuner's metrics (kvpilot_tuner_*) at :PORT/metrics "
+                             "(default: off, or KVPILOT_METRICS_PORT)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -48,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tuner:
         from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
+
+        if args.metrics_port:
+            from kvpilot.tuner.exporter import serve_operator_metrics
+
+            serve_operator_metrics(args.metrics_port)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -50,8 +50,12 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
 
 
 def engine_command(spec: InferenceServiceSpec) -> list[str]:
-    """The whole command line: program, `serve`, the model source, then the flags."""
-    return PROGRAMS[spec.engine.runtime] + [spec.model.source] + render_engine_args(spec.engine)
+    """The whole command line: program, `serve`, the model source, `--served-model-name`, then
+    the flags. The served name is spec.model.name (or the source's last part), so that clients,
+    the tuner's requests and its `model_name` metric selectors all use the same name, as
+    `vllm serve --served-model-name` does."""
+    return (PROGRAMS[spec.engine.runtime] + [spec.model.source, "--served-model-name", spec.model.display_name]
+            + render_engine_args(spec.engine))
 
 
 def config_hash(config: dict[str, Any]) -> str:

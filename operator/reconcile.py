@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.utils.quantity import parse_quantity
 
 from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_secret, build_configmap,
                        build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
@@ -53,6 +54,7 @@ class Context:
 
     kube: Kube
     config: OperatorConfig
+    known: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name) the watch has seen
     _podmonitors: bool | None = None
     _podmonitors_at: float = 0.0
 
@@ -69,16 +71,33 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def covers(actual: Any, desired: Any) -> bool:
+# Fields whose values are resource.Quantity: the API server stores them in canonical form
+# (cpu "0.5" reads back as "500m", a GPU count 6 as "6"), so they compare by value.
+QUANTITY_MAPS = ("requests", "limits")
+QUANTITY_FIELDS = ("sizeLimit",)
+
+
+def same_quantity(actual: Any, desired: Any) -> bool:
+    """Whether two resource.Quantity values are equal ("0.5" == "500m", 6 == "6", "1Gi" == "1024Mi")."""
+    try:
+        return parse_quantity(actual) == parse_quantity(desired)
+    except (ValueError, TypeError):
+        return actual == desired
+
+
+def covers(actual: Any, desired: Any, quantity: bool = False) -> bool:
     """Whether actual has every value of desired. Keys the API server added (defaults, status)
-    don't count as drift; a changed or missing value does. Lists must match item by item."""
+    don't count as drift; a changed or missing value does. Lists must match item by item.
+    Quantities (container requests/limits, emptyDir sizeLimit) compare by value, since the
+    API server rewrites them in canonical form."""
     if isinstance(desired, Mapping):
-        return isinstance(actual, Mapping) and all(k in actual and covers(actual[k], v)
-                                                   for k, v in desired.items())
+        return isinstance(actual, Mapping) and all(
+            k in actual and covers(actual[k], v, quantity or k in QUANTITY_MAPS or k in QUANTITY_FIELDS)
+            for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(actual, list) and len(actual) == len(desired)
                 and all(covers(a, d) for a, d in zip(actual, desired)))
-    return actual == desired
+    return same_quantity(actual, desired) if quantity else actual == desired
 
 
 def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:

@@ -22,7 +22,7 @@ class KubeError(Exception):
 
 class KubeClient:
     def __init__(self, host: str, token: str | None = None, verify: Any = True, cert: Any = None):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"User-Agent": "kvpilot-tuner", **({"Authorization": f"Bearer {token}"} if token else {})}
         self.http = httpx.Client(base_url=host.rstrip("/"), headers=headers, verify=verify, cert=cert, timeout=30)
 
     @classmethod

@@ -28,10 +28,13 @@ def _json(data: Any, status: int = 200) -> aiohttp.web.Response:
 
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesScaffold):
-    """An HTTP Kubernetes API over an in-memory Store. `calls` records (method, path, status)."""
+    """An HTTP Kubernetes API over an in-memory Store. `calls` records (method, path, status);
+    `requests` records (User-Agent, method, path with query) of every resource request, served
+    or not (the RBAC-coverage test maps them to verbs and resources)."""
 
     store: Store = attrs.field(factory=Store)
     calls: list[tuple[str, str, int]] = attrs.field(factory=list)
+    requests: list[tuple[str, str, str]] = attrs.field(factory=list)
 
     # -- discovery from the store's types (kmock renders the groups and /apis) --
     @override
@@ -64,6 +67,8 @@ class ApiServer(kmock.KubernetesScaffold):
     @override
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         path = parse_api_path(raw.path)
+        if path is not None:
+            self.requests.append((raw.headers.get("User-Agent", ""), raw.method, raw.path_qs))
         rtype = path and self.store.type_of(path.group, path.version, path.plural)
         if path is None or rtype is None:
             if path is not None and raw.method != "GET":

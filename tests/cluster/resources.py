@@ -22,6 +22,7 @@ class ResourceType:
     has_generation: bool = False
     schema: CRDVersionSchema | None = None
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    builtin: bool = False  # a built-in kind: its names and quantities are validated by the API server
 
     @property
     def api_version(self) -> str:
@@ -42,7 +43,7 @@ class ResourceType:
 
 
 def _t(group: str, version: str, plural: str, kind: str, **kw: Any) -> ResourceType:
-    return ResourceType(group, version, plural, kind, singular=kind.lower(), **kw)
+    return ResourceType(group, version, plural, kind, singular=kind.lower(), builtin=True, **kw)
 
 
 def builtin_types() -> list[ResourceType]:
@@ -63,6 +64,10 @@ def builtin_types() -> list[ResourceType]:
            scale=deployment_scale, has_generation=True),
         _t("coordination.k8s.io", "v1", "leases", "Lease"),
         _t("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", shortnames=("netpol",)),  # issue 17
+        _t("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+        _t("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+        _t("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+        _t("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
         _t("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
            namespaced=False, shortnames=("crd", "crds"), status_subresource=True, has_generation=True),
     ]

@@ -135,7 +135,7 @@ class CELRules:
             except celpy.CELEvalError as e:
                 ok, error = False, f"rule evaluation error: {e.args[0]}"
             if error or not ok:
-                field = path + rule.get("fieldPath", "")
+                field = (path + rule.get("fieldPath", "")).lstrip(".") or "<nil>"
                 kind = schema.get("type", "object")
                 message = error or rule.get("message") or f"failed rule: {rule['rule']}"
                 found.append(Cause(field, f'Invalid value: "{kind}": {message}'))
@@ -164,5 +164,9 @@ class CRDVersionSchema:
         causes = _openapi_causes(body, {**self.schema, "properties": {
             k: v for k, v in (self.schema.get("properties") or {}).items() if k != "metadata"}})
         if not causes:
-            causes = self._cel.causes(body, self.schema, "")
+            # Rules at the root see metadata.name and metadata.generateName, and nothing else
+            # of metadata (Kubernetes docs, "Validation rules": "self.metadata.name").
+            meta = obj.get("metadata") or {}
+            causes = self._cel.causes({**body, "metadata": {k: meta[k] for k in ("name", "generateName") if k in meta}},
+                                      self.schema, "")
         return obj, causes

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gc import GarbageCollection
+from .names import label_errors, name_errors
+from .quantity import canonicalize
 from .resources import ResourceType, builtin_types, types_from_crd
 
 Obj = dict[str, Any]
@@ -196,6 +198,7 @@ class Store(GarbageCollection):
             if subresource == "status":
                 new["metadata"] = copy.deepcopy(old["metadata"])
         new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
+        self._validate_meta(rtype, new, creating=old is None)
         if rtype.schema is not None:
             new, causes = rtype.schema.admit(new)
             if causes:
@@ -222,6 +225,25 @@ class Store(GarbageCollection):
         if old is None and new["metadata"].get("ownerReferences"):
             self._later(self._collect_orphan, rtype, key)
         return self._view(rtype, new)
+
+    @staticmethod
+    def _validate_meta(rtype: ResourceType, obj: Obj, creating: bool) -> None:
+        """What the API server checks on every object (label keys and values) and on built-in
+        kinds (the name's format, quantities, which it also rewrites in canonical form)."""
+        meta, name = obj["metadata"], obj["metadata"].get("name", "")
+        causes = [("metadata.labels", f'Invalid value: "{v}": {m}') for v, m in label_errors(meta.get("labels"))]
+        template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        causes += [("spec.template.metadata.labels", f'Invalid value: "{v}": {m}')
+                   for v, m in label_errors(template.get("labels"))]
+        if rtype.builtin:
+            if creating:
+                causes += [("metadata.name", f'Invalid value: "{name}": {m}') for m in name_errors(rtype.kind, name)]
+            causes += canonicalize(rtype.kind, obj)
+        if causes:
+            text = ", ".join(f"{f}: {m}" for f, m in causes)
+            raise ApiError(422, "Invalid", f'{rtype.kind} "{name}" is invalid: {"[" + text + "]" if len(causes) > 1 else text}',
+                           {"name": name, "group": rtype.group, "kind": rtype.kind,
+                            "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes]})
 
     def delete(self, rtype: ResourceType, namespace: str | None, name: str,
                propagation: str = "Background", preconditions: dict[str, str] | None = None) -> Obj:

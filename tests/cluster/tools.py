@@ -51,18 +51,54 @@ class Kubectl:
         return self("apply", "--validate=false", "-f", "-", check=check, stdin=manifest)
 
 
+def helm_template(*sets: str) -> list[dict[str, Any]]:
+    """The documents `helm template kv charts/kvpilot` renders with these --set flags."""
+    import yaml
+
+    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def chart_operator_command(namespace: str = "default") -> list[str]:
+    """The operator container's command line as the chart renders it (watching `namespace`),
+    so that tests start exactly what the chart runs."""
+    deployment = next(d for d in helm_template(f"--set=watch.namespaces={{{namespace}}}") if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container["command"] + container["args"]
+
+
 class Operator:
-    """The operator process; start() and stop() may be called again (restarts)."""
+    """The operator process, started with the chart's command line (its liveness endpoint on
+    a free local port); start() and stop() may be called again (restarts)."""
 
     def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path):
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
                     "KVPILOT_WATCH_TIMEOUT_SECONDS": "30"}
         self.log = log
         self.proc: subprocess.Popen | None = None
+        self.liveness_port = free_port()
+        command = chart_operator_command()
+        assert command[:2] == ["kvpilot", "operator"], command
+        self.metrics_port = free_port()
+        self.args = [a.replace("http://0.0.0.0:8080/", f"http://127.0.0.1:{self.liveness_port}/")
+                     .replace("--metrics-port=9090", f"--metrics-port={self.metrics_port}") for a in command[2:]]
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", "--namespace", "default"],
+    def start(self, timeout: float = 180) -> None:
+        """Start it and wait, as the kubelet's probe would, until its liveness endpoint answers
+        (with the tuner loaded, imports take seconds; a loaded machine makes it tens)."""
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", *self.args],
                                      env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+        import urllib.request
+
+        def alive() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, f"the operator exited; see {self.log}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(alive, timeout=timeout, what="the operator's liveness endpoint")
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -73,3 +109,11 @@ class Operator:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

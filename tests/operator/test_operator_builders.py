@@ -166,3 +166,53 @@ def test_pods_that_never_become_ready_are_degraded():
     conditions = {c["type"]: c for c in deployment_conditions(dep, 2, "h", 1)[0]}
     assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "ReplicasUnavailable"
     assert conditions["Ready"]["status"] == "False"
+
+
+def test_served_model_name_comes_from_spec_model_name():
+    """Clients, the tuner's requests and its model_name metric selectors use spec.model.name:
+    the engine must serve under it (`--served-model-name`), whatever the source."""
+    named = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct", "name": "chat"}})
+    args = build_deployment("a", "ns", named)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["builtin://smollm2-135m-instruct", "--served-model-name", "chat"]
+    unnamed = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama-3"}, "engine": {"runtime": "vllm"}})
+    assert engine_command(unnamed)[3:5] == ["--served-model-name", "llama-3"]
+    with pytest.raises(InvalidSpec, match="--served-model-name"):
+        validate(spec(extraArgs=["--served-model-name", "other"]))
+
+
+def test_served_model_name_reaches_the_engines_parser():
+    from kvpilot.engine.entrypoints.serve import make_parser
+
+    named = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct", "name": "chat"}})
+    parsed = make_parser().parse_args(engine_command(named)[2:])
+    assert parsed.served_model_name == "chat"
+
+
+def test_every_library_cache_points_into_the_writable_cache_volume():
+    """The root filesystem is read-only: Triton ($HOME/.triton), torch.compile
+    (/tmp/torchinductor_$USER), Hugging Face, CUDA's JIT cache and vLLM must write under the
+    `cache` emptyDir."""
+    pod = build_deployment("a", "ns", spec())["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    cache_mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "cache")
+    assert {"emptyDir": {}} == {k: v for k, v in next(v for v in pod["volumes"] if v["name"] == "cache").items()
+                                if k != "name"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    for name in ("TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "TORCH_HOME",
+                 "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "VLLM_CACHE_ROOT"):
+        assert env[name] == cache_mount or env[name].startswith(cache_mount + "/"), name
+    assert env["HOME"] == cache_mount.rsplit("/", 1)[0]
+
+
+def test_drift_compares_quantities_by_value():
+    """The API server stores cpu "0.5" as "500m" and a GPU count 6 as "6": not drift."""
+    from kvpilot.operator.reconcile import covers
+
+    desired = {"resources": {"limits": {"cpu": "0.5", "memory": "1.5Gi", "nvidia.com/gpu": 6}},
+               "volumes": [{"emptyDir": {"sizeLimit": "1024Mi"}}], "replicas": 1}
+    stored = {"resources": {"limits": {"cpu": "500m", "memory": "1536Mi", "nvidia.com/gpu": "6"}},
+              "volumes": [{"emptyDir": {"sizeLimit": "1Gi", "medium": "Memory"}}], "replicas": 1}
+    assert covers(stored, desired)
+    assert not covers({**stored, "resources": {"limits": {**stored["resources"]["limits"], "cpu": "600m"}}}, desired)
+    assert not covers({**stored, "replicas": "1"}, desired)  # only quantities compare by value

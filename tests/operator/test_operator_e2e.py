@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
 
 import yaml
-from cluster.tools import ROOT, wait_for
+from cluster.tools import ROOT, helm_template, wait_for
+from cluster.rbac import Access, access_of, missing
 
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
 ISVC = ("kvpilot.dev", "v1alpha1", "inferenceservices")
@@ -199,3 +201,131 @@ def test_admin_token_secret_is_created_once_owned_and_never_logged_and_a_network
 
     plain = base64.b64decode(token).decode()
     assert plain not in operator.log.read_text() and plain not in json.dumps(kubectl.json("get", "isvc", "smollm2"))
+
+
+def writes_to_children(cluster) -> list[tuple[str, str]]:
+    """The operator's writes (PUT/PATCH/POST) to children, from the API server's request log."""
+    return [(m, p) for m, p, _ in list(cluster.server.calls)
+            if m in ("PUT", "PATCH", "POST") and any(f"/{r}" in p for r in ("deployments", "services", "configmaps"))]
+
+
+def test_quantities_the_api_server_rewrites_are_not_drift(cluster, kubectl, operator):
+    """The API server stores cpu "0.5" as "500m" and the GPU count 1 as "1" (canonical
+    Quantity): three resyncs later the operator has patched nothing and posted no event."""
+    doc = yaml.safe_load(manifest("quantities"))
+    doc["spec"]["resources"] = {"cpu": "0.5", "memory": "1.5Gi", "gpu": True}
+    kubectl.apply(yaml.safe_dump(doc))
+    wait_for(lambda: ready(kubectl, "quantities"), what="quantities Ready")
+    limits = children(cluster, "quantities")["deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "500m", "memory": "1536Mi", "nvidia.com/gpu": "1"}
+    time.sleep(1.5)  # let the creation's own follow-ups settle
+    writes = len(writes_to_children(cluster))
+    seen = {e["metadata"]["uid"] for e in kubectl.json("get", "events")["items"]}
+    time.sleep(3.5)  # KVPILOT_RESYNC_SECONDS=1 in the tests: at least three resyncs
+    assert writes_to_children(cluster)[writes:] == []
+    new = [e for e in kubectl.json("get", "events")["items"] if e["metadata"]["uid"] not in seen
+           and e["involvedObject"]["name"] == "quantities"]
+    assert new == []
+    kubectl("delete", "isvc", "quantities")
+
+
+def test_deleting_a_resource_needs_no_running_operator(cluster, kubectl, operator):
+    """No finalizer: `kubectl delete isvc` completes, and the garbage collector removes the
+    children, while the operator is down (e.g. after `helm uninstall`)."""
+    kubectl.apply(manifest("orphaned"))
+    obj = wait_for(lambda: ready(kubectl, "orphaned"), what="orphaned Ready")
+    assert not obj["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        assert kubectl("delete", "isvc", "orphaned", "--timeout=15s").returncode == 0
+        assert kubectl("get", "isvc", "orphaned", check=False).returncode != 0
+        wait_for(lambda: all(c is None for c in children(cluster, "orphaned").values()), what="children gone")
+    finally:
+        operator.start()
+
+
+def test_a_name_children_could_not_carry_is_refused_at_apply_time(kubectl, operator):
+    result = kubectl.apply(manifest("m" * 57), check=False)
+    assert result.returncode != 0
+    assert "metadata.name must be a DNS-1035 label of at most 56 characters" in result.stderr
+    assert kubectl.apply(manifest("m" * 56)).returncode == 0
+    kubectl("delete", "isvc", "m" * 56)
+
+
+def test_the_engine_serves_under_spec_model_name(cluster, kubectl, operator):
+    doc = yaml.safe_load(manifest("named"))
+    doc["spec"]["model"]["name"] = "support-chat"
+    kubectl.apply(yaml.safe_dump(doc))
+    obj = wait_for(lambda: ready(kubectl, "named"), what="named Ready")
+    args = obj["status"]["appliedEngineArgs"]
+    assert args[args.index("--served-model-name") + 1] == "support-chat"
+    labels = children(cluster, "named")["deployment"]["metadata"]["labels"]
+    assert labels["kvpilot.dev/model"] == "support-chat"
+    kubectl("delete", "isvc", "named")
+
+
+AGENTS = ("kvpilot-operator", "kvpilot-tuner", "kopf/")  # the operator's, the tuner's and Kopf's requests
+
+
+def chart_docs(*sets: str) -> list[dict]:
+    return helm_template("--set=watch.namespaces={default}", *sets)
+
+
+def sent_accesses(cluster) -> set[Access]:
+    return {a for agent, method, path in list(cluster.server.requests)
+            if agent.startswith(AGENTS) and (a := access_of(method, path)) is not None}
+
+
+def test_every_request_the_operator_sent_is_granted_by_the_chart_rbac(cluster, operator):
+    """Every (verb, group, resource/subresource) the chart's operator sent during this module's
+    tests is granted by the chart's rendered Role (namespace default) or ClusterRoles."""
+    accesses = sent_accesses(cluster)
+    resources = {a.resource for a in accesses}
+    assert {"inferenceservices", "inferenceservices/status", "deployments", "services", "configmaps",
+            "events", "customresourcedefinitions"} <= resources, resources
+    assert [str(a) for a in missing(accesses, chart_docs())] == []
+
+
+def test_the_rbac_check_fails_when_one_needed_verb_is_removed(cluster, operator):
+    docs = chart_docs()
+    role = next(d for d in docs if d["kind"] == "Role")
+    rule = next(r for r in role["rules"] if "deployments" in r["resources"])
+    rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
+    accesses = sent_accesses(cluster) | {Access("patch", "apps", "deployments", "default")}
+    assert missing(accesses, docs) == [Access("patch", "apps", "deployments", "default")]
+
+
+def test_chart_grants_the_tuner_journal_and_kopf_peering():
+    """Static check of what this module's run does not exercise: the tuner's study journal
+    (GET, POST, PUT on configmaps) and Kopf peering when `peering` is set."""
+    tuner = {Access("get", "", "configmaps", "default"), Access("create", "", "configmaps", "default"),
+             Access("update", "", "configmaps", "default"), Access("patch", "kvpilot.dev", "inferenceservices/status", "default"),
+             Access("patch", "kvpilot.dev", "inferenceservices", "default")}
+    assert missing(tuner, chart_docs()) == []
+    peering = {Access(v, "kopf.dev", "kopfpeerings", "default") for v in ("get", "list", "watch", "patch")}
+    assert missing(peering, chart_docs()) == sorted(peering)
+    assert missing(peering, chart_docs("--set=peering=kvpilot")) == []
+    cluster_peering = {Access(v, "kopf.dev", "clusterkopfpeerings", None) for v in ("get", "list", "watch", "patch")}
+    assert missing(cluster_peering, chart_docs("--set=peering=kvpilot", "--set=watch.clusterWide=true")) == []
+    rules = [r for d in chart_docs("--set=peering=kvpilot") if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
+
+
+def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
+    """The chart's command line (--tuner --metrics-port) serves the kvpilot_tuner_* families, and
+    the chart points a Service with scrape annotations (and, optionally, a PodMonitor) at them."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "# TYPE kvpilot_tuner_trial gauge" in text and "# TYPE kvpilot_tuner_best_objective gauge" in text
+    docs = chart_docs("--set=tuner.podMonitor=true")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kv-kvpilot-metrics")
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports["metrics"] == 9090 and "--metrics-port=9090" in pod["spec"]["containers"][0]["args"]
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-operator"))
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True}]
+    assert not [d for d in chart_docs("--set=tuner.enabled=false") if d["metadata"]["name"].endswith("-metrics")]

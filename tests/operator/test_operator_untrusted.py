@@ -46,6 +46,7 @@ OWNED_SPELLINGS = [
     ["--host=127.0.0.1"],
     ["--enable-admin-routes"],
     ["--disable-log-stats", "--seed", "7"],
+    ["--served-model-name", "other"],  # rendered from spec.model.name
 ]
 
 
@@ -64,7 +65,7 @@ def test_kvpilot_refuses_flags_its_parser_does_not_know(extra):
 
 def test_kvpilot_accepts_its_other_flags_and_the_engine_parses_them_the_same_way():
     extra = ["--disable-log-stats", "--max-queue-len=32", "--request-deadline-s", "60",
-             "--num-gpu-blocks-override", "256", "--served-model-name", "chat"]
+             "--num-gpu-blocks-override", "256"]
     s = spec(extraArgs=extra)
     validate(s)
     from kvpilot.engine.entrypoints.serve import make_parser

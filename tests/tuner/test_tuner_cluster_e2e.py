@@ -16,7 +16,8 @@ import sys
 import pytest
 import yaml
 from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, wait_for
+from cluster.rbac import access_of, missing
+from cluster.tools import ROOT, Kubectl, chart_operator_command, free_port, helm_template, wait_for
 from engine_bridge import EngineBridge
 from prometheus_harness import Prometheus
 
@@ -49,8 +50,10 @@ def operator_with_tuner(kubeconfig, log, tuner_args: list[str], prometheus_url: 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
            "KVPILOT_WATCH_TIMEOUT_SECONDS": "30", "KVPILOT_TUNER_ARGS": shlex.join(tuner_args),
            "KVPILOT_PROMETHEUS_URL": prometheus_url}
-    return subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", "default",
-                             "-m", "kvpilot.operator.handlers", "-m", "kvpilot.tuner.daemon"],
+    command = chart_operator_command()  # the chart's `kvpilot operator ... --tuner`
+    args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{free_port()}").replace("--metrics-port=9090", f"--metrics-port={free_port()}")
+            for a in command[2:]]
+    return subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", *args],
                             env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
@@ -78,6 +81,8 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
             row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
             events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
+            sent = {a for agent, method, path in list(cluster.server.requests)
+                    if agent.startswith(("kvpilot-", "kopf/")) and (a := access_of(method, path))}
         finally:
             operator.terminate()
             operator.wait(30)
@@ -85,6 +90,9 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             bridge.stop()
 
     assert bridge.errors == []
+    # every request the operator and the tuner sent is granted by the chart's RBAC
+    assert {"configmaps", "inferenceservices/status"} <= {a.resource for a in sent}
+    assert [str(a) for a in missing(sent, helm_template("--set=watch.namespaces={default}"))] == []
     assert journal["metadata"]["ownerReferences"][0]["name"] == NAME
     assert "Done" in row  # the TUNING printer column
     tuning = obj["status"]["tuning"]

@@ -44,14 +44,25 @@ app.kubernetes.io/component: operator
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [services]
   verbs: [get, create, patch, delete]
+# configmaps: the engine config (operator: get/create/patch/delete) and the tuner's study
+# journal (get, create, and update: its appends are PUTs guarded by resourceVersion).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, update, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, create, patch, delete]
+{{- if and .Values.peering (not .Values.watch.clusterWide) }}
+# Kopf peering (namespaced operators): the KopfPeering objects of the peering name.
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
 # issue 17: the admin-token Secret (created once, never read back by the operator beyond get)
 # and the NetworkPolicy per InferenceService
 - apiGroups: [""]

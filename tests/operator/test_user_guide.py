@@ -1,0 +1,183 @@
+"""docs/guide.md, run: every `sh` line and the `python` block, in order, against the test
+cluster with the chart's operator, and the engine the pod would run. What is mirrored rather
+than run as written (helm install/uninstall, port-forward) is listed at the end of the guide."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from cluster.tools import BIN, ROOT, Operator, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+GUIDE = ROOT / "docs" / "guide.md"
+
+
+def blocks(text: str) -> Iterator[tuple[str, str]]:
+    """(language, body) of each fenced block, in order."""
+    for m in re.finditer(r"^```(\w+)\n(.*?)^```", text, re.S | re.M):
+        yield m.group(1), m.group(2)
+
+
+class Guide:
+    """Runs the guide's commands; `outputs` keeps each command's stdout by its text."""
+
+    def __init__(self, cluster, kubectl, workdir):
+        self.cluster, self.kubectl, self.workdir = cluster, kubectl, workdir
+        self.operator = Operator(cluster.kubeconfig, workdir / "operator.log")
+        self.engine: subprocess.Popen | None = None
+        self.port = free_port()
+        self.outputs: dict[str, str] = {}
+
+    def helm_release(self, argv: list[str], include_crds: bool) -> str:
+        """`helm install/uninstall NAME [CHART] --namespace NS ...` as `helm template` of the same."""
+        name, rest = argv[2], argv[3:]
+        chart = rest.pop(0) if rest and not rest[0].startswith("-") else str(ROOT / "charts" / "kvpilot")
+        rest = [a for a in rest if a != "--create-namespace"]
+        rendered = subprocess.run([str(BIN / "helm"), "template", name, chart, *rest, "--set", "watch.namespaces={default}",
+                                   *(["--include-crds"] if include_crds else [])],
+                                  capture_output=True, text=True, check=True, timeout=60).stdout
+        return rendered
+
+    def run(self, line: str) -> str:
+        argv = shlex.split(line)
+        target = None
+        if ">" in argv:
+            argv, target = argv[:argv.index(">")], argv[argv.index(">") + 1]
+        if argv[:2] == ["helm", "install"]:
+            namespace = argv[argv.index("--namespace") + 1]
+            if "--create-namespace" in argv:
+                self.kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n")
+            out = self.kubectl.apply(self.helm_release(argv, include_crds=True)).stdout
+            self.operator.start()  # what the chart's operator Deployment runs (tests/cluster/tools.py)
+        elif argv[:2] == ["helm", "uninstall"]:
+            self.operator.stop()
+            out = self.kubectl("delete", "-f", "-", stdin=self.helm_release(argv, include_crds=False)).stdout
+        elif argv[:2] == ["kubectl", "port-forward"]:
+            out = self.start_engine(argv[2].split("/", 1)[1])
+        elif argv[0] == "kubectl":
+            args = argv[1:]
+            if args[0] == "apply":
+                args.insert(1, "--validate=false")
+            out = self.kubectl(*args).stdout
+        elif argv[0] == "curl":
+            out = subprocess.run([a.replace("localhost:8000", f"127.0.0.1:{self.port}") for a in argv],
+                                 capture_output=True, text=True, check=True, timeout=120).stdout
+        else:
+            raise AssertionError(f"the guide runs a command the test does not know: {line}")
+        if target:
+            (self.workdir / target).write_text(out)
+        self.outputs[line] = out
+        return out
+
+    def start_engine(self, service: str) -> str:
+        """The engine the Service's pod runs: status.appliedEngineArgs, on a local port."""
+        obj = wait_for(lambda: (o := self.kubectl.json("get", "isvc", service)).get("status", {}).get("readyReplicas")
+                       and o, what=f"{service} ready")
+        args = obj["status"]["appliedEngineArgs"]
+        assert args[:2] == ["kvpilot", "serve"]
+        args = args[2:]
+        args[args.index("--port") + 1] = str(self.port)
+        # The pod sizes its KV cache from its memory limit; here the machine is shared: a small cache.
+        cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", *args, "--host", "127.0.0.1",
+               "--num-gpu-blocks-override", "160"]
+        self.engine = subprocess.Popen(cmd, stdout=(self.workdir / "engine.log").open("w"), stderr=subprocess.STDOUT,
+                                       env={**os.environ})
+
+        def healthy() -> bool:
+            assert self.engine is not None and self.engine.poll() is None, (self.workdir / "engine.log").read_text()
+            try:
+                return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(healthy, timeout=300, what="the engine's /health")
+        return f"Forwarding from 127.0.0.1:8000 -> {self.port}"
+
+    def run_python(self, code: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(code.replace("localhost:8000", f"127.0.0.1:{self.port}"), {})  # noqa: S102  (the guide's own code)
+        return out.getvalue()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.terminate()
+            self.engine.wait(30)
+        self.operator.stop()
+
+
+def test_every_command_of_the_user_guide_works(cluster, kubectl, tmp_path):
+    text = GUIDE.read_text()
+    guide = Guide(cluster, kubectl, tmp_path)
+    python_out = ""
+    try:
+        for language, body in blocks(text):
+            if language == "sh":
+                for line in body.splitlines():
+                    if line.strip() and not line.startswith("#"):
+                        guide.run(line)
+                        check_after(guide, line)
+            elif language == "python":
+                python_out = guide.run_python(body)
+    finally:
+        guide.close()
+    out = guide.outputs
+    assert python_out.strip(), "the openai client got no text back"
+    ran = " ".join(out)
+    for step in ("helm install", "kubectl get isvc", "kubectl describe isvc smollm2", "port-forward",
+                 "/v1/chat/completions", "status.tuning", "qwen-vllm", "kvpilot-dashboard", "helm uninstall"):
+        assert step in ran, step
+
+
+def check_after(guide: Guide, line: str) -> None:
+    """What each command must have done (so that a guide that drifts from the product fails)."""
+    kubectl, out = guide.kubectl, guide.outputs[line]
+    if line.startswith("helm install"):
+        assert kubectl.json("get", "role", "kvpilot", "-n", "default")["rules"]
+    elif line == "kubectl get isvc":
+        wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, what="smollm2 Ready")
+        sample = re.search(r"```text\n(NAME.*?)\n(smollm2.*?)\n```", GUIDE.read_text(), re.S)
+        got = kubectl("get", "isvc").stdout.splitlines()
+        assert got[0].split() == sample.group(1).split()
+        assert got[1].split()[:4] == sample.group(2).split()[:4]
+    elif line.startswith("kubectl describe"):
+        assert "Ready" in out and "Created" in out
+    elif "/v1/models" in line:
+        assert [m["id"] for m in json.loads(out)["data"]] == ["smollm2-135m-instruct"]
+    elif "/v1/chat/completions" in line:
+        assert json.loads(out)["choices"][0]["message"]["content"]
+    elif '"enabled": true' in line:
+        assert kubectl.json("get", "isvc", "smollm2")["spec"]["tuning"]["enabled"] is True
+    elif '"enabled": false' in line:
+        assert kubectl.json("get", "isvc", "smollm2")["spec"]["tuning"]["enabled"] is False
+    elif "qwen-vllm -o jsonpath" in line:
+        assert json.loads(out) == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}
+        container = kubectl.json("get", "deployment", "qwen-vllm")["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["vllm", "serve"] and container["args"][0] == "/models/Qwen2.5-7B-Instruct"
+    elif "kvpilot-dashboard" in line:
+        dashboard = json.loads((guide.workdir / "kvpilot-dashboard.json").read_text())
+        assert dashboard == json.loads((ROOT / "charts" / "kvpilot" / "dashboards" / "kvpilot.json").read_text())
+    elif line.startswith("kubectl delete isvc"):
+        wait_for(lambda: kubectl("get", "isvc", "smollm2", check=False).returncode != 0, what="smollm2 deleted")
+    elif line.startswith("helm uninstall"):
+        assert kubectl("get", "deployment", "kvpilot", "-n", "kvpilot-system", check=False).returncode != 0
+
+
+def test_the_guide_explains_every_failed_reason_the_operator_sets():
+    source = (ROOT / "operator" / "validation.py").read_text() + (ROOT / "operator" / "reconcile.py").read_text()
+    reasons = set(re.findall(r'InvalidSpec\("(\w+)"', source)) | set(re.findall(r'else "(\w+)"\n', source))
+    table = set(re.findall(r"^\| `(\w+)` \|", GUIDE.read_text(), re.M))
+    assert "InvalidSpec" in reasons and len(reasons) >= 6
+    assert table == reasons
+
+
+def test_readme_links_the_guide():
+    assert "docs/guide.md" in (ROOT / "README.md").read_text()
