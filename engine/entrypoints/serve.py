@@ -22,6 +22,7 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
+from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.llm_engine import LLMEngine
 
@@ -48,6 +49,9 @@ def make_parser() -> argparse.ArgumentParser:
     add("--drain-timeout", type=float, default=30.0,
         help="on SIGTERM, seconds to let accepted requests finish before aborting them")
     add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
+    add("--show-hidden-metrics-for-version", default=None, metavar="X.Y",
+        help="also export the deprecated metrics that vLLM X.(Y+1) hides behind this flag "
+        "(0.8, 0.10 or 0.11; see kvpilot.engine.entrypoints.metrics_hidden)")
     add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
     return parser
 
@@ -84,7 +88,8 @@ class DrainingServer(uvicorn.Server):
             return
         engine.detokenize_incrementally = True  # streams need each step's new text
         bm = engine.block_manager
-        metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks)
+        metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks, registry=self.state.metrics_registry,
+                                show_hidden_for=self.state.show_hidden_metrics_for_version)
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
         async_engine.start(asyncio.get_running_loop())
@@ -133,6 +138,10 @@ def main(argv: list[str]) -> int:
     if ns.drain_timeout < 0:
         parser.error(f"--drain-timeout must be >= 0, got {ns.drain_timeout}")
     try:
+        check_version(ns.show_hidden_metrics_for_version)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         engine_config = EngineArgs.from_cli_args(ns).create_engine_config()
     except ValueError as exc:
         sys.stderr.write(f"kvpilot serve: error: {exc}\n")
@@ -146,6 +155,7 @@ def main(argv: list[str]) -> int:
         max_queue_len=ns.max_queue_len,
         log_requests=not ns.disable_log_requests,
         profiler_dir=os.environ.get("VLLM_TORCH_PROFILER_DIR") or None,
+        show_hidden_metrics_for_version=ns.show_hidden_metrics_for_version,
     )
     if state.profiler_dir:
         logger.info("torch profiler enabled: POST /start_profile and /stop_profile write traces to %s",

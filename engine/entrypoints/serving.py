@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
+from kvpilot.engine.entrypoints.http_metrics import server_registry
 from kvpilot.engine.entrypoints.protocol import UsageInfo, _SamplingRequest
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
@@ -43,6 +45,8 @@ class ServerState:
     draining: bool = False
     num_in_flight: int = 0
     started_s: float = field(default_factory=time.time)
+    metrics_registry: CollectorRegistry = field(default_factory=server_registry)
+    show_hidden_metrics_for_version: str | None = None
 
     def release(self) -> None:
         self.num_in_flight -= 1
@@ -127,6 +131,7 @@ class SubRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    n: int = 1  # choices per prompt: indices p*n .. p*n+n-1 share prompt p
 
 
 def admit(state: ServerState, num_requests: int) -> AsyncLLMEngine:
@@ -135,6 +140,8 @@ def admit(state: ServerState, num_requests: int) -> AsyncLLMEngine:
     loading or draining, or when the waiting queue would pass --max-queue-len."""
     engine = state.ready_engine()
     if state.max_queue_len is not None and engine.num_waiting + num_requests > state.max_queue_len:
+        if engine.metrics is not None:
+            engine.metrics.record_admission_rejection("max_num_queued_reqs")
         raise APIError(503, f"the server is overloaded: {engine.num_waiting} requests are waiting "
                        f"(--max-queue-len {state.max_queue_len}); retry later",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -145,11 +152,14 @@ def admit(state: ServerState, num_requests: int) -> AsyncLLMEngine:
 async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of all sub-requests as (choice index, output), as they come. Raises the
     first error (ValueError -> 400 by the caller); leaving early aborts them all."""
+    record_parent = _parent_recorder(engine, subs)
     if len(subs) == 1:
         sub = subs[0]
         gen = engine.generate(sub.request_id, sub.prompt_token_ids, sub.params)
         try:
             async for out in gen:
+                if out.finished:
+                    record_parent(sub.index, out)
                 yield sub.index, out
         finally:
             await gen.aclose()
@@ -172,12 +182,29 @@ async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Asyn
                 raise item
             if item[1].finished:
                 unfinished.pop(item[0], None)
+                record_parent(*item)
             yield item
     finally:
         for task in tasks:
             task.cancel()
         for request_id in unfinished.values():
             engine.abort(request_id)
+
+
+def _parent_recorder(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Callable[[int, RequestOutput], None]:
+    """`record(index, final_output)`: once all n choices of a prompt are final, records n and
+    their most generated tokens (vllm:request_params_n, vllm:request_max_num_generation_tokens)."""
+    n_of = {s.index: s.n for s in subs}
+    done: dict[int, list[int]] = {}
+
+    def record(index: int, out: RequestOutput) -> None:
+        n = n_of[index]
+        tokens = done.setdefault(index // n, [])
+        tokens.append(len(out.outputs[0].token_ids))
+        if len(tokens) == n and engine.metrics is not None:
+            engine.metrics.record_parent(n, tokens)
+
+    return record
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from server_harness import ServerProcess, engine_flags, free_port, wait_until
+from vllm_metric_table import check_against_table, families
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +108,11 @@ def test_prometheus_stores_the_colon_names_unchanged(stack, workload):
                  "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc", "vllm:cache_config_info"):
         assert name in names
     assert not [n for n in names if n.startswith("vllm_")]  # no OpenMetrics underscore copies
+
+
+def test_without_the_flag_the_server_exports_vllms_set_and_no_hidden_metric(stack, workload):
+    server, _ = stack
+    check_against_table(families(httpx.get(f"{server.url}/metrics").text), SETTINGS["max_model_len"], None)
 
 
 def test_promql_returns_the_workloads_token_and_request_counts(stack, workload):
