@@ -17,6 +17,7 @@ RENDERED_FLAGS = (
     "--gpu-memory-utilization", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
     "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size", "--swap-space",
     "--preemption-mode", "--enable-prefix-caching", "--dtype", "--seed", "--port", "--api-key",
+    "--show-hidden-metrics-for-version",
 )
 
 API_KEY_ENV = "KVPILOT_API_KEY"
@@ -50,6 +51,8 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
     if engine.enablePrefixCaching:
         args.append("--enable-prefix-caching")
     args += ["--dtype", engine.dtype, "--seed", str(engine.seed), "--port", str(engine.port)]
+    if engine.showHiddenMetricsForVersion:  # vLLM's deprecated metric names, for older dashboards
+        args += ["--show-hidden-metrics-for-version", engine.showHiddenMetricsForVersion]
     if engine.apiKeySecret is not None:
         args += ["--api-key", f"$({API_KEY_ENV})"]
     return args + list(engine.extraArgs)
