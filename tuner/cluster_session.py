@@ -103,12 +103,13 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
     study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", storage, objective, a.sampler, a.seed)
     metrics = TunerMetrics(a.namespace, a.name)
+    metrics.set_slo(slo)
     if a.metrics_port:
         metrics.serve(a.metrics_port)
 
     def on_trial(t: optuna.trial.FrozenTrial) -> None:
         best = best_measured(study)
-        metrics.record(t.number, t.user_attrs.get("verdict", "?"), best[0].values[0] if best else None)
+        metrics.record_trial(t, best)
         runner.record(study, t)
         settings = EngineSettings(**t.user_attrs["settings"]).describe()
         line = f"trial {t.number}: {settings} -> {t.user_attrs.get('verdict')}"
