@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_stack import stack, workload  # noqa: F401  (session fixtures: Prometheus + engine + tuner)
 from server_harness import API_KEY, ENGINE_SETTINGS, ServerProcess, engine_flags
 
 
