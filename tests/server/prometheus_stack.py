@@ -9,18 +9,15 @@ operator's PodMonitor must do."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from server_harness import ServerProcess, engine_flags, free_port, wait_until
 
+from kvpilot.bench.prometheus import Prometheus
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.objective import SLO
 
@@ -33,45 +30,6 @@ TRIALS = [  # (verdict, settings, best goodput so far) as the tuner would record
     ("measured", {"max_num_seqs": 4, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True}, 0.5),
     ("violates", {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_chunked_prefill": False}, 0.5),
 ]
-
-
-class Prometheus:
-    def __init__(self, workdir: Path, engine: str, exporter: str) -> None:
-        binary = shutil.which("prometheus")
-        assert binary, "prometheus is installed by scripts/install-tools.sh (Debian's prometheus package)"
-        self.url = f"http://127.0.0.1:{free_port()}"
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [
-                      {"job_name": "kvpilot", "static_configs": [{"targets": [engine], "labels": TARGET_LABELS}]},
-                      {"job_name": "kvpilot-tuner", "honor_labels": True,
-                       "static_configs": [{"targets": [exporter]}]}]}
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = open(workdir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address={self.url.removeprefix('http://')}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-
-    def query(self, promql: str, at: float | None = None) -> list[dict]:
-        params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
-        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=10).json()
-        assert body["status"] == "success", (promql, body)
-        return body["data"]["result"]
-
-    def query_range(self, promql: str, start: float, end: float, step_s: float = 1.0) -> list[dict]:
-        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
-        body = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=30).json()
-        assert body["status"] == "success", (promql, body)
-        return body["data"]["result"]
-
-    def value(self, promql: str, at: float | None = None) -> float | None:
-        result = self.query(promql, at)
-        return float(result[0]["value"][1]) if result else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.log.close()
 
 
 @dataclass
@@ -90,7 +48,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     tuner.set_slo(TEST_SLO)
     exporter_port = free_port()
     tuner.serve(exporter_port, addr="127.0.0.1")
-    prometheus = Prometheus(workdir, f"127.0.0.1:{server.port}", f"127.0.0.1:{exporter_port}")
+    prometheus = Prometheus(workdir, [
+        {"job_name": "kvpilot", "static_configs": [{"targets": [f"127.0.0.1:{server.port}"], "labels": TARGET_LABELS}]},
+        {"job_name": "kvpilot-tuner", "honor_labels": True,
+         "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}])
     try:
         server.start()
         wait_until(lambda: prometheus.value('vllm:num_preemptions_total{job="kvpilot"}') is not None
