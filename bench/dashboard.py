@@ -38,7 +38,7 @@ ROWS = {  # PNG name -> dashboard panel titles
     "queue": ["Running and waiting requests", "Queue time (p50/p95)"],
     "tuning": ["Tuning: last trial", "Tuning: best goodput", "Tuning: trials by verdict"],
 }
-ENGINE = ["--max-model-len", "512", "--max-num-seqs", "4", "--num-gpu-blocks-override", "40", "--block-size", "16",
+ENGINE = ["--max-model-len", "384", "--max-num-seqs", "4", "--num-gpu-blocks-override", "24", "--block-size", "16",
           "--dtype", "float32", "--enable-prefix-caching"]
 
 

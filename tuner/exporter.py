@@ -68,6 +68,14 @@ class TunerMetrics:
             gauge.labels(**self._labels).set(float(getattr(slo, field)) / 1000.0)
         SLO_PREEMPTIONS.labels(**self._labels).set(float(slo.max_preemptions_per_min))
 
+    def forget_slo(self) -> None:
+        """Removes this InferenceService's SLO series (it was deleted)."""
+        for gauge in (*SLO_GAUGES.values(), SLO_PREEMPTIONS):
+            try:
+                gauge.remove(*self._labels.values())
+            except KeyError:
+                pass
+
     def record(self, number: int, verdict: str, best: float | None, settings: dict[str, Any] | None = None,
                best_goodput_rps: float | None = None) -> None:
         """One finished trial: its number, verdict and settings, and the best so far."""
@@ -94,9 +102,13 @@ class TunerMetrics:
                     attrs.get("settings"), goodput)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Exposes the process's tuner metrics at http://addr:port/metrics (a background
-        thread), once per port however many sessions ask."""
-        with _lock:
-            if port not in _served:
-                start_http_server(port, addr=addr, registry=REGISTRY)
-                _served.add(port)
+        serve(port, addr)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Exposes the process's tuner and SLO metrics at http://addr:port/metrics (a background
+    thread), once per port however many sessions ask."""
+    with _lock:
+        if port not in _served:
+            start_http_server(port, addr=addr, registry=REGISTRY)
+            _served.add(port)
