@@ -45,7 +45,8 @@ ENGINE = ["--max-model-len", "384", "--max-num-seqs", "4", "--num-gpu-blocks-ove
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvpilot bench dashboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=120.0, help="length of the recorded load window")
-    p.add_argument("--concurrency", type=int, default=3, help="closed-loop clients")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="closed-loop clients (4 = max_num_seqs: the KV cache overflows)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/dashboard"))
     p.add_argument("--step", type=float, default=2.0, help="seconds between plotted points")
     p.add_argument("--rate-interval", type=int, default=30,
@@ -60,7 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_load(url: str, seconds: float, concurrency: int, slo: SLO) -> list[dict]:
     """Closed-loop streamed ShareGPT completions until `seconds` pass; per request: start,
     TTFT, mean ITL and tokens, as the client saw them."""
-    prompts = [(p[:600], max(8, min(32, len(r) // 4))) for p, r in sharegpt_pairs()][:500]
+    prompts = [(p[:300], max(16, min(128, len(r) // 4))) for p, r in sharegpt_pairs()][:500]
     done: list[dict] = []
     lock, next_i, stop_at = threading.Lock(), [0], time.time() + seconds
 

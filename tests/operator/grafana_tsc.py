@@ -52,7 +52,7 @@ def tsc(dashboards: dict[str, dict], workdir: Path) -> subprocess.CompletedProce
         files.append(path.name)
     config = {"compilerOptions": {"strict": True, "noEmit": True, "target": "es2022", "module": "esnext",
                                   "moduleResolution": "bundler", "skipLibCheck": True, "types": [],
-                                  "paths": {"@grafana/schema": [str(NODE_DIR / "node_modules" / "@grafana" / "schema")]}},
+                                  "paths": {"@grafana/schema": [str(NODE_DIR / "node_modules/@grafana/schema")]}},
               "files": files}
     (workdir / "tsconfig.json").write_text(json.dumps(config))
     return subprocess.run([node, str(TSC), "-p", str(workdir / "tsconfig.json"), "--strict", "--noEmit"],

@@ -42,5 +42,6 @@ def test_a_trial_sets_number_verdicts_best_goodput_and_replaces_the_settings_inf
     assert sample("kvpilot_tuning_trials_total", **labels, verdict="measured") == 1
     assert sample("kvpilot_tuning_trials_total", **labels, verdict="violates") == 1
     text = generate_latest(REGISTRY).decode()
-    infos = [line for line in text.splitlines() if line.startswith("kvpilot_tuning_settings_info{") and 'inferenceservice="c"' in line]
+    infos = [line for line in text.splitlines()
+             if line.startswith("kvpilot_tuning_settings_info{") and 'inferenceservice="c"' in line]
     assert len(infos) == 1 and 'max_num_seqs="16"' in infos[0]
