@@ -4,6 +4,7 @@
     kvpilot serve MODEL [flags]  OpenAI-compatible server (vllm serve's flags)
     kvpilot bench throughput     offline throughput against HF generate()
     kvpilot bench serve          serving benchmark against any OpenAI-compatible server
+    kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
     kvpilot operator             the Kopf operator for InferenceService resources
 
 Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
@@ -25,6 +26,7 @@ BENCH_COMMANDS = {
     "serve": "kvpilot.bench.serve",
     "sweep": "kvpilot.bench.sweep",
     "compare": "kvpilot.bench.compare",
+    "dashboard": "kvpilot.bench.dashboard",  # issue 14: the Grafana dashboard's rows as PNGs
 }
 
 

@@ -30,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KVPILOT_TUNER", "") == "1",
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("KVPILOT_METRICS_PORT") or 0),
-                        help="with --tuner, serve the tuner's metrics (kvpilot_tuner_*) at :PORT/metrics "
-                             "(default: off, or KVPILOT_METRICS_PORT)")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("KVPILOT_METRICS_PORT", "0") or 0),
+                        help="serve kvpilot_slo_* (every resource's spec.slo) and kvpilot_tuning_* at "
+                             ":PORT/metrics (default: off, or KVPILOT_METRICS_PORT)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tuner:
         from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
+    if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels
+        from kvpilot.tuner import exporter
 
-        if args.metrics_port:
-            from kvpilot.tuner.exporter import serve_operator_metrics
-
-            serve_operator_metrics(args.metrics_port)
+        from . import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
+        exporter.serve(args.metrics_port)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -46,6 +46,8 @@ def render_engine_args(engine: EngineSpec) -> list[str]:
     args += ["--dtype", engine.dtype, "--seed", str(engine.seed), "--port", str(engine.port)]
     if engine.runtime == "kvpilot":  # behind $KVPILOT_ADMIN_TOKEN; upstream vLLM has no such flag
         args.append("--enable-admin-routes")
+    if engine.showHiddenMetricsForVersion:  # vLLM's deprecated metric names, for older dashboards
+        args += ["--show-hidden-metrics-for-version", engine.showHiddenMetricsForVersion]
     return args + list(engine.extraArgs)
 
 

@@ -21,7 +21,7 @@ OWNED_SETTINGS = frozenset({
     "model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "enable_chunked_prefill", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "swap_space",
     "preemption_mode", "enable_prefix_caching", "dtype", "seed", "port", "host", "api_key",
-    "enable_admin_routes", "served_model_name",
+    "enable_admin_routes", "served_model_name", "show_hidden_metrics_for_version",
 })
 
 # The same settings as `vllm serve` spells them (vLLM's names; -tp/-pp are its short forms).
@@ -30,6 +30,7 @@ VLLM_DENIED_FLAGS = (
     "--enable-chunked-prefill", "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size",
     "--swap-space", "--preemption-mode", "--enable-prefix-caching", "--dtype", "--seed", "--port", "--host",
     "--api-key", "--config", "--enable-admin-routes", "--served-model-name",
+    "--show-hidden-metrics-for-version",
 )
 VLLM_DENIED_SHORT = ("-tp", "-pp")
 

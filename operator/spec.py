@@ -53,6 +53,7 @@ class EngineSpec:
     dtype: str = "auto"
     seed: int = 0
     port: int = 8000
+    showHiddenMetricsForVersion: str = "0.11"  # "" renders no flag (issue 14)
     apiKeySecret: SecretRef | None = None
     profiling: bool = False
     extraArgs: tuple[str, ...] = ()

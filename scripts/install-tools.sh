@@ -36,3 +36,25 @@ if ! command -v promtool >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     echo "installed $(promtool --version 2>&1 | head -1)"
 fi
+
+# issue 14: Grafana's own dashboard types (@grafana/schema) and TypeScript, for the
+# `tsc --strict --noEmit` check of charts/kvpilot/dashboards/*.json (tests/operator/grafana_tsc.py).
+# Node 20 and npm come from the machine (Debian's nodejs/npm where missing); pinned versions
+# in $VENV/node, reinstalled only when a pin changes.
+GRAFANA_SCHEMA_VERSION=13.2.3
+TYPESCRIPT_VERSION=5.9.3
+NODE_DIR="$VENV/node"
+if ! grep -qs "\"version\": \"$GRAFANA_SCHEMA_VERSION\"" "$NODE_DIR/node_modules/@grafana/schema/package.json" \
+   || ! grep -qs "\"version\": \"$TYPESCRIPT_VERSION\"" "$NODE_DIR/node_modules/typescript/package.json"; then
+    if ! command -v npm >/dev/null 2>&1; then
+        SUDO=""
+        if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    fi
+    mkdir -p "$NODE_DIR"
+    [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' > "$NODE_DIR/package.json"
+    (cd "$NODE_DIR" && npm install --no-audit --no-fund --ignore-scripts --loglevel=error \
+        "@grafana/schema@$GRAFANA_SCHEMA_VERSION" "typescript@$TYPESCRIPT_VERSION")
+    echo "installed @grafana/schema $GRAFANA_SCHEMA_VERSION and typescript $TYPESCRIPT_VERSION to $NODE_DIR"
+fi

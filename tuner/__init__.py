@@ -15,7 +15,7 @@
     engine_process.py, local.py, local_session.py   local mode (`kvpilot tune --local`)
     kube_client.py, cluster.py, cluster_session.py  cluster mode (`kvpilot tune --namespace --name`)
     journal.py      a study kept in a ConfigMap (Optuna journal backend)
-    exporter.py     kvpilot_tuner_trial / kvpilot_tuner_best_objective
+    exporter.py     kvpilot_slo_* / kvpilot_tuning_* (the dashboard's SLO lines and tuner panels)
     report.py, artifacts.py   report.json/.txt, plots, the tuned InferenceService YAML
     cli.py, demo.py the `kvpilot tune` command and `make demo`'s session
 """

@@ -24,7 +24,7 @@ from kvpilot.operator.spec import InferenceServiceSpec
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
-from kvpilot.tuner.exporter import TunerMetrics, operator_registry
+from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.journal import configmap_storage
 from kvpilot.tuner.kube_client import KubeClient
@@ -102,13 +102,14 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
                               rollout_timeout_s=a.rollout_timeout)
     storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
     study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", storage, objective, a.sampler, a.seed)
-    metrics = TunerMetrics(a.namespace, a.name, registry=operator_registry())  # the operator's, when it serves one
+    metrics = TunerMetrics(a.namespace, a.name)
+    metrics.set_slo(slo)
     if a.metrics_port:
         metrics.serve(a.metrics_port)
 
     def on_trial(t: optuna.trial.FrozenTrial) -> None:
         best = best_measured(study)
-        metrics.record(t.number, t.user_attrs.get("verdict", "?"), best[0].values[0] if best else None)
+        metrics.record_trial(t, best)
         runner.record(study, t)
         settings = EngineSettings(**t.user_attrs["settings"]).describe()
         line = f"trial {t.number}: {settings} -> {t.user_attrs.get('verdict')}"

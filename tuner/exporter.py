@@ -1,58 +1,114 @@
-"""The tuner's own Prometheus metrics, which the kvpilot dashboard charts:
-`kvpilot_tuner_trial` (the trial number now running or last finished) and
-`kvpilot_tuner_best_objective` (the best feasible objective value so far), both labelled by
-`namespace` and `inferenceservice` (a local run uses namespace "local")."""
+"""The tuner's Prometheus metrics, which the kvpilot dashboard charts, labelled by
+`namespace` and `inferenceservice` (a local run uses namespace "local"):
+
+    kvpilot_slo_ttft_p95_seconds, kvpilot_slo_itl_p95_seconds, kvpilot_slo_e2e_p95_seconds
+                                       spec.slo's limits (0: no limit), drawn as SLO lines
+    kvpilot_slo_max_preemptions_per_minute
+    kvpilot_tuning_trial               the trial number now finished last
+    kvpilot_tuning_best_goodput_rps    goodput (req/s within the SLOs) of the best measured trial
+    kvpilot_tuning_best_objective      that trial's objective value (= goodput by default)
+    kvpilot_tuning_trials_total        trials finished, by verdict (measured, violates, pruned, ...)
+    kvpilot_tuning_settings_info       1, with the engine settings of the last trial as labels
+
+One registry per process (the operator's Kopf process runs one tuning session per
+InferenceService on threads), served once by `serve(port)`."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REGISTRY = CollectorRegistry()
+LABELS = ["namespace", "inferenceservice"]
+SETTINGS_LABELS = ["max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                   "enable_chunked_prefill", "enable_prefix_caching", "block_size", "preemption_mode", "swap_space",
+                   "tensor_parallel_size", "pipeline_parallel_size"]
+
+SLO_GAUGES = {
+    "ttft_p95_ms": Gauge("kvpilot_slo_ttft_p95_seconds", "spec.slo.ttftP95Ms in seconds (0: no limit).",
+                         LABELS, registry=REGISTRY),
+    "itl_p95_ms": Gauge("kvpilot_slo_itl_p95_seconds", "spec.slo.itlP95Ms in seconds (0: no limit).",
+                        LABELS, registry=REGISTRY),
+    "e2e_p95_ms": Gauge("kvpilot_slo_e2e_p95_seconds", "spec.slo.e2eP95Ms in seconds (0: no limit).",
+                        LABELS, registry=REGISTRY),
+}
+SLO_PREEMPTIONS = Gauge("kvpilot_slo_max_preemptions_per_minute", "spec.slo.maxPreemptionsPerMin.",
+                        LABELS, registry=REGISTRY)
+TRIAL = Gauge("kvpilot_tuning_trial", "The number of the trial that finished last.", LABELS, registry=REGISTRY)
+BEST_GOODPUT = Gauge("kvpilot_tuning_best_goodput_rps", "Goodput (requests/s within the SLOs) of the best "
+                     "measured trial.", LABELS, registry=REGISTRY)
+BEST_OBJECTIVE = Gauge("kvpilot_tuning_best_objective", "The best measured trial's objective value.",
+                       LABELS, registry=REGISTRY)
+TRIALS = Counter("kvpilot_tuning_trials", "Trials finished, by verdict.", [*LABELS, "verdict"], registry=REGISTRY)
+SETTINGS = Gauge("kvpilot_tuning_settings_info", "1, with the engine settings of the last trial as labels.",
+                 [*LABELS, *SETTINGS_LABELS], registry=REGISTRY)
+
+_served: set[int] = set()
+_lock = threading.Lock()
 
 
-# The operator process's registry (`kvpilot operator --tuner --metrics-port N`): every tuning
-# session in that process reports into it, one series per InferenceService.
-OPERATOR_REGISTRY = CollectorRegistry()
-_gauges: dict[int, tuple[Gauge, Gauge, Gauge]] = {}
-_operator_port: list[int] = []
-
-
-def serve_operator_metrics(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve OPERATOR_REGISTRY at http://addr:port/metrics (once per process)."""
-    if not _operator_port:
-        _gauges_of(OPERATOR_REGISTRY)  # the families show (HELP/TYPE) before the first session
-        start_http_server(port, addr=addr, registry=OPERATOR_REGISTRY)
-        _operator_port.append(port)
-
-
-def operator_registry() -> CollectorRegistry | None:
-    """OPERATOR_REGISTRY when this process serves it, else None (a session's own registry)."""
-    return OPERATOR_REGISTRY if _operator_port else None
-
-
-def _gauges_of(registry: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
-    if id(registry) not in _gauges:
-        labels = ["namespace", "inferenceservice"]
-        _gauges[id(registry)] = (
-            Gauge("kvpilot_tuner_trial", "The tuner's current trial number.", labels, registry=registry),
-            Gauge("kvpilot_tuner_best_objective", "The best feasible objective value found so far.", labels,
-                  registry=registry),
-            Gauge("kvpilot_tuner_trials", "Trials finished, by verdict.", [*labels, "verdict"], registry=registry))
-    return _gauges[id(registry)]
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 class TunerMetrics:
-    def __init__(self, namespace: str, name: str, registry: CollectorRegistry | None = None):
-        self.registry = registry if registry is not None else CollectorRegistry()
-        labels = {"namespace": namespace, "inferenceservice": name}
-        trial, best, trials = _gauges_of(self.registry)
-        self.trial, self.best, self.trials_total = trial.labels(**labels), best.labels(**labels), trials
-        self._labels = labels
+    """The metrics of one InferenceService's tuning session."""
 
-    def record(self, number: int, verdict: str, best: float | None) -> None:
-        self.trial.set(number)
-        self.trials_total.labels(**self._labels, verdict=verdict).inc()
+    def __init__(self, namespace: str, name: str) -> None:
+        self.registry = REGISTRY
+        self._labels = {"namespace": namespace, "inferenceservice": name}
+        self._settings: dict[str, str] | None = None
+
+    def set_slo(self, slo: Any) -> None:
+        """`slo`: a kvpilot.tuner.objective.SLO (milliseconds; per minute)."""
+        for field, gauge in SLO_GAUGES.items():
+            gauge.labels(**self._labels).set(float(getattr(slo, field)) / 1000.0)
+        SLO_PREEMPTIONS.labels(**self._labels).set(float(slo.max_preemptions_per_min))
+
+    def forget_slo(self) -> None:
+        """Removes this InferenceService's SLO series (it was deleted)."""
+        for gauge in (*SLO_GAUGES.values(), SLO_PREEMPTIONS):
+            try:
+                gauge.remove(*self._labels.values())
+            except KeyError:
+                pass
+
+    def record(self, number: int, verdict: str, best: float | None, settings: dict[str, Any] | None = None,
+               best_goodput_rps: float | None = None) -> None:
+        """One finished trial: its number, verdict and settings, and the best so far."""
+        TRIAL.labels(**self._labels).set(number)
+        TRIALS.labels(**self._labels, verdict=verdict).inc()
         if best is not None:
-            self.best.set(best)
+            BEST_OBJECTIVE.labels(**self._labels).set(best)
+        if best_goodput_rps is not None:
+            BEST_GOODPUT.labels(**self._labels).set(best_goodput_rps)
+        if settings:
+            new = {**self._labels, **{k: _label(settings.get(k)) for k in SETTINGS_LABELS}}
+            SETTINGS.labels(**new).set(1)
+            if self._settings is not None and self._settings != new:
+                SETTINGS.remove(*(self._settings[k] for k in [*LABELS, *SETTINGS_LABELS]))
+            self._settings = new
+
+    def record_trial(self, trial: Any, best: Sequence[Any]) -> None:
+        """`trial`: an optuna FrozenTrial as the tuning loop leaves it (user_attrs verdict,
+        settings, measurement); `best`: kvpilot.tuner.loop.best_measured(study)."""
+        attrs = trial.user_attrs
+        top = best[0] if best else None
+        goodput = ((top.user_attrs.get("measurement") or {}).get("goodput_rps") if top is not None else None)
+        self.record(trial.number, attrs.get("verdict", "?"), top.values[0] if top is not None else None,
+                    attrs.get("settings"), goodput)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Exposes the metrics at http://addr:port/metrics (a background thread)."""
-        start_http_server(port, addr=addr, registry=self.registry)
+        serve(port, addr)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Exposes the process's tuner and SLO metrics at http://addr:port/metrics (a background
+    thread), once per port however many sessions ask."""
+    with _lock:
+        if port not in _served:
+            start_http_server(port, addr=addr, registry=REGISTRY)
+            _served.add(port)

@@ -58,7 +58,7 @@ def progress_printer(total: int, metrics: TunerMetrics, study_ref: list[optuna.S
         attrs = t.user_attrs
         m = attrs.get("measurement") or {}
         best = best_measured(study_ref[0])
-        metrics.record(t.number, attrs.get("verdict", "?"), best[0].values[0] if best else None)
+        metrics.record_trial(t, best)
         how = (m.get("extra") or {}).get("applied", "")
         what = (f"goodput {m['goodput_rps']:.3f} req/s, p95 ttft {(m.get('ttft_p95_s') or 0) * 1000:.0f} ms, "
                 f"itl {(m.get('itl_p95_s') or 0) * 1000:.0f} ms, {m.get('preemptions', 0):.0f} preemptions"
@@ -88,6 +88,7 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
                          capacity=capacity)
     study = open_study(a.study_name or f"kvpilot-local-{name}", a.storage, a.objective, a.sampler, a.seed)
     metrics = TunerMetrics("local", name)
+    metrics.set_slo(a.slo)
     if a.metrics_port:
         metrics.serve(a.metrics_port)
     tuner = Tuner(study, a.space, base, model, hardware_for(a), a.slo, runner,

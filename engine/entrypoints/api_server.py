@@ -14,11 +14,13 @@ import hmac
 import json
 from importlib.metadata import PackageNotFoundError, version
 
+import prometheus_client
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvpilot.engine.config import SchedulerConfig
 from kvpilot.engine.entrypoints.errors import APIError, bad_request, error_body, install_error_handlers
+from kvpilot.engine.entrypoints.http_metrics import instrument_http
 from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE
 from kvpilot.engine.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -81,6 +83,7 @@ def build_app(state: ServerState) -> FastAPI:
     if state.admin_token:
         app.add_middleware(BearerTokenMiddleware, token=state.admin_token, prefixes=CONTROL_PREFIXES,
                            what="admin token")
+    instrument_http(app, state.metrics_registry)
 
     @app.get("/health")
     async def health() -> Response:
@@ -99,8 +102,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        engine = state.engine
-        body = engine.metrics.render() if engine is not None and engine.metrics is not None else b""
+        """The server's registry (HTTP and process metrics from the start, the engine's
+        once it has loaded) in the classic text format."""
+        body = prometheus_client.generate_latest(state.metrics_registry)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 
     @app.get("/v1/models")

@@ -81,6 +81,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     add("--drain-timeout", type=float, default=30.0,
         help="on SIGTERM, seconds to let accepted requests finish before aborting them")
     add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
+    add("--show-hidden-metrics-for-version", default=None, metavar="X.Y",
+        help="also export the deprecated metrics that vLLM X.(Y+1) hides behind this flag "
+        "(0.8, 0.10 or 0.11; see kvpilot.engine.entrypoints.metrics_hidden)")
     add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
 
 

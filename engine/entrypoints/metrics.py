@@ -1,10 +1,16 @@
 """Prometheus metrics with vLLM v1's names, labels and buckets, so that vLLM dashboards,
 autoscaling rules and our tuner read them unchanged.
 
+The set is vLLM 0.33's default one (tests/server/vllm_metrics_v0.33.json lists it with its
+source); families for features kvpilot lacks (external KV transfer, multi-modal cache, sleep
+mode) are exported at their idle values, as vLLM does when the feature is off. Deprecated
+names come back with `--show-hidden-metrics-for-version` (metrics_hidden.py).
+
 Every metric carries `model_name` and `engine` ("0"). Served in the classic text format
 (0.0.4): a Prometheus that negotiates OpenMetrics with prometheus-client >= 0.23 would
-store `vllm:x` as `vllm_x`. All recording happens on the engine thread; prometheus-client
-is thread-safe for the scrape. Source: vLLM `vllm/v1/metrics/loggers.py`."""
+store `vllm:x` as `vllm_x`. Recording happens on the engine thread (and `record_parent` /
+`record_admission_rejection` on the event loop); prometheus-client is thread-safe.
+Source: vLLM `vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/stats.py`."""
 
 from __future__ import annotations
 
@@ -12,11 +18,16 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.entrypoints.metrics_hidden import hidden_metrics_shown
 from kvpilot.engine.llm_engine import StepStats
 from kvpilot.engine.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -25,6 +36,8 @@ TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+REQUEST_PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
+REQUEST_NUM_PREEMPTIONS_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -61,19 +74,22 @@ def config_info_labels(config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks
 
 
 class EngineMetrics:
-    """The engine's Prometheus metrics in their own registry. Call `record_step` after each
-    engine step, `record_finished` / `record_aborted` once per request, `set_config` at
-    start and after every live config change."""
+    """The engine's Prometheus metrics. Call `record_step` after each engine step,
+    `record_finished` / `record_aborted` once per engine request, `record_parent` once per
+    prompt when its n choices are done, `set_config` at start and after every live config
+    change. `show_hidden_for` is `--show-hidden-metrics-for-version`."""
 
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
-                 registry: CollectorRegistry | None = None) -> None:
-        prometheus_client.disable_created_metrics()  # no *_created series, as in vLLM
+                 registry: CollectorRegistry | None = None, show_hidden_for: str | None = None) -> None:
+        prometheus_client.disable_created_metrics()  # no *_created series (not part of vLLM's documented set)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         labels = {"model_name": config.served_model_name, "engine": "0"}
         names = list(labels)
         max_len = config.scheduler.max_model_len
         reg = self.registry
+        hidden = hidden_metrics_shown(show_hidden_for)
+        token_buckets = build_1_2_5_buckets(max_len)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, names, registry=reg).labels(**labels)
@@ -84,29 +100,58 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(**labels)
 
+        def by_label(cls, name: str, doc: str, label: str, values: tuple[str, ...], base=names) -> dict:
+            family = cls(name, doc, base + [label], registry=reg)
+            return {v: family.labels(**{k: labels[k] for k in base}, **{label: v}) for v in values}
+
+        def maybe(name: str, make):
+            return make() if name in hidden else None
+
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped to host memory.")
+        self.waiting_by_reason = by_label(
+            Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: "
+            "'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints.",
+            "reason", ("capacity", "deferred"))
+        sleep = by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 1 means engine is awake.",
+                         "sleep_state", SLEEP_STATES)
+        sleep["awake"].set(1)  # kvpilot has no sleep mode
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        for name, doc in (("external_prefix_cache_queries", "External prefix cache queries from KV connector."),
+                          ("external_prefix_cache_hits", "External prefix cache hits from KV connector."),
+                          ("mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
+                          ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")):
+            counter(f"vllm:{name}", doc)  # features kvpilot lacks: always 0, as in vLLM without them
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_by_source = by_label(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                         "source", PROMPT_SOURCES)
+        self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        self.cached_by_source = by_label(Counter, "vllm:prompt_tokens_cached_by_source",
+                                         "Prefix-cache hit tokens by the cache tier that supplied them.",
+                                         "source", CACHE_HIT_SOURCES)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          names + ["finished_reason"], registry=reg)
-        self.success = {r: success.labels(**labels, finished_reason=r) for r in FINISH_REASONS}
+        self.success = by_label(Counter, "vllm:request_success", "Count of successfully processed requests.",
+                                "finished_reason", FINISH_REASONS)
+        self.admission_rejections = by_label(
+            Counter, "vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+            "reason", ADMISSION_REASONS, base=["model_name"])
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               build_1_2_5_buckets(max_len))
+                                               token_buckets)
         self.request_generation_tokens = histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.",
-                                                   build_1_2_5_buckets(max_len))
-        self.request_max_tokens = histogram("vllm:request_params_max_tokens",
-                                            "Histogram of the max_tokens request parameter.",
-                                            build_1_2_5_buckets(max_len))
+                                                   "Number of generation tokens processed.", token_buckets)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.max_num_generation_tokens = histogram("vllm:request_max_num_generation_tokens",
+                                                   "Histogram of maximum number of requested generation tokens.",
+                                                   token_buckets)
+        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                                  REQUEST_PARAMS_N_BUCKETS)
+        self.request_max_tokens = histogram("vllm:request_params_max_tokens",
+                                            "Histogram of the max_tokens request parameter.", token_buckets)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -124,6 +169,28 @@ class EngineMetrics:
                                       REQUEST_LATENCY_BUCKETS)
         self.decode_time = histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
                                      REQUEST_LATENCY_BUCKETS)
+        self.request_preemptions = histogram("vllm:request_num_preemptions",
+                                             "Histogram of the number of times a request was preempted.",
+                                             REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.prefill_kv_computed = histogram("vllm:request_prefill_kv_computed_tokens",
+                                             "Histogram of new KV tokens computed during prefill "
+                                             "(excluding cached tokens).", token_buckets)
+        deprecated = "DEPRECATED: Use vllm:{} instead."
+        self.swapped = maybe("vllm:num_requests_swapped", lambda: gauge(
+            "vllm:num_requests_swapped", "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is "
+            "not used in V1"))
+        self.gpu_cache_usage = maybe("vllm:gpu_cache_usage_perc", lambda: gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage." +
+            deprecated.format("kv_cache_usage_perc")))
+        self.gpu_prefix_queries = maybe("vllm:gpu_prefix_cache_queries", lambda: counter(
+            "vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. " +
+            deprecated.format("prefix_cache_queries")))
+        self.gpu_prefix_hits = maybe("vllm:gpu_prefix_cache_hits", lambda: counter(
+            "vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. " +
+            deprecated.format("prefix_cache_hits")))
+        self.time_per_output_token = maybe("vllm:time_per_output_token_seconds", lambda: histogram(
+            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds." +
+            deprecated.format("inter_token_latency_seconds"), TOKEN_LATENCY_BUCKETS))
         self._labels = labels
         self._info_names = names + list(config_info_labels(config, 0, 0))
         self._info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", self._info_names,
@@ -147,12 +214,21 @@ class EngineMetrics:
         """Gauges from the scheduler and block manager; prefix counts are cumulative."""
         self.running.set(num_running)
         self.waiting.set(num_waiting)
-        self.swapped.set(num_swapped)
+        self.waiting_by_reason["capacity"].set(num_waiting)  # kvpilot defers nothing
         self.kv_usage.set(kv_usage)
         seen_q, seen_h = self._prefix_seen
-        self.prefix_queries.inc(max(prefix_queries - seen_q, 0))
-        self.prefix_hits.inc(max(prefix_hits - seen_h, 0))
+        queries, hits = max(prefix_queries - seen_q, 0), max(prefix_hits - seen_h, 0)
+        self.prefix_queries.inc(queries)
+        self.prefix_hits.inc(hits)
+        self.cached_by_source["device"].inc(hits)
         self._prefix_seen = (prefix_queries, prefix_hits)
+        if self.swapped is not None:
+            self.swapped.set(num_swapped)
+        if self.gpu_cache_usage is not None:
+            self.gpu_cache_usage.set(kv_usage)
+        if self.gpu_prefix_queries is not None:
+            self.gpu_prefix_queries.inc(queries)
+            self.gpu_prefix_hits.inc(hits)
 
     def record_step(self, step: StepStats, outputs: list[RequestOutput], now: float) -> None:
         """Per-step counters, TTFT at each request's first token (when its prompt tokens
@@ -166,14 +242,24 @@ class EngineMetrics:
             self.generation_tokens.inc(n)
             last = self._last_token_s.get(out.request_id)
             if last is None:
-                self.prompt_tokens.inc(len(out.prompt_token_ids))
+                num_prompt = len(out.prompt_token_ids)
+                cached = min(out.metrics.num_cached_tokens, num_prompt) if out.metrics is not None else 0
+                self.prompt_tokens.inc(num_prompt)
+                self.prompt_by_source["local_compute"].inc(num_prompt - cached)
+                self.prompt_by_source["local_cache_hit"].inc(cached)
+                self.prompt_cached.inc(cached)
                 if out.metrics is not None:
                     self.ttft.observe(now - out.metrics.arrival_s)
             else:
                 self.itl.observe(now - last)
+                if self.time_per_output_token is not None:
+                    self.time_per_output_token.observe(now - last)
             self._last_token_s[out.request_id] = now
 
     def record_finished(self, out: RequestOutput, max_tokens: int | None) -> None:
+        """The per-request histograms of a finished engine request. The mean time per
+        output token excludes the first token and is 0 for a one-token request, as in vLLM
+        (`IterationStats.update_from_finished_request`)."""
         self._last_token_s.pop(out.request_id, None)
         reason = out.outputs[0].finish_reason or "abort"
         self.success[reason].inc()
@@ -182,17 +268,30 @@ class EngineMetrics:
             return
         scheduled = m.first_scheduled_s if m.first_scheduled_s is not None else m.arrival_s
         num_generated = len(out.outputs[0].token_ids)
+        num_prompt = len(out.prompt_token_ids)
         self.e2e.observe(m.finished_s - m.arrival_s)
         self.queue_time.observe(scheduled - m.arrival_s)
         self.inference_time.observe(m.finished_s - scheduled)
         self.prefill_time.observe(m.first_token_s - scheduled)
-        self.decode_time.observe(m.finished_s - m.first_token_s)
-        if num_generated > 1:
-            self.tpot.observe((m.finished_s - m.first_token_s) / (num_generated - 1))
-        self.request_prompt_tokens.observe(len(out.prompt_token_ids))
+        decode_s = m.finished_s - m.first_token_s
+        self.decode_time.observe(decode_s)
+        self.tpot.observe(decode_s / (num_generated - 1) if num_generated > 1 else 0.0)
+        self.request_preemptions.observe(m.num_preemptions)
+        self.prefill_kv_computed.observe(num_prompt - max(m.num_cached_tokens, 0))
+        self.request_prompt_tokens.observe(num_prompt)
         self.request_generation_tokens.observe(num_generated)
         if max_tokens:
             self.request_max_tokens.observe(max_tokens)
+
+    def record_parent(self, n: int, num_generation_tokens: list[int]) -> None:
+        """Once per prompt, when all its n choices finished: the n parameter and the most
+        tokens any choice generated (vLLM's `ParentRequest.observe_finished_request`)."""
+        self.params_n.observe(n)
+        self.max_num_generation_tokens.observe(max(num_generation_tokens, default=0))
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """A request refused by a queue limit (`--max-queue-len` is vLLM's max_num_queued_reqs)."""
+        self.admission_rejections[reason].inc()
 
     def record_aborted(self, request_id: str) -> None:
         self._last_token_s.pop(request_id, None)

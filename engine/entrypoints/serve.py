@@ -24,6 +24,7 @@ from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
+from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.llm_engine import LLMEngine
 
@@ -87,7 +88,8 @@ class DrainingServer(uvicorn.Server):
             return
         engine.detokenize_incrementally = True  # streams need each step's new text
         bm = engine.block_manager
-        metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks)
+        metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks, registry=self.state.metrics_registry,
+                                show_hidden_for=self.state.show_hidden_metrics_for_version)
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
         async_engine.start(asyncio.get_running_loop())
@@ -139,6 +141,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
     api_key, admin_token = resolve_secrets(parser, ns)
     try:
+        check_version(ns.show_hidden_metrics_for_version)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         engine_config = EngineArgs.from_cli_args(ns).create_engine_config()
     except ValueError as exc:
         sys.stderr.write(f"kvpilot serve: error: {exc}\n")
@@ -154,6 +160,7 @@ def main(argv: list[str]) -> int:
         request_deadline_s=ns.request_deadline_s,
         log_requests=not ns.disable_log_requests,
         profiler_dir=(os.environ.get(PROFILER_DIR_ENV) or None) if admin_token else None,
+        show_hidden_metrics_for_version=ns.show_hidden_metrics_for_version,
     )
     if os.environ.get(PROFILER_DIR_ENV) and not admin_token:
         logger.warning("%s is set but the admin routes are off (--enable-admin-routes): no profiler routes",

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAborted
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
 from kvpilot.engine.entrypoints.limits import Admission, check_request_limits
+from kvpilot.engine.entrypoints.http_metrics import server_registry
 from kvpilot.engine.entrypoints.protocol import UsageInfo, _SamplingRequest
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
@@ -47,6 +49,8 @@ class ServerState:
     num_in_flight: int = 0
     num_reserved: int = 0  # admitted engine requests not yet handed to the engine
     started_s: float = field(default_factory=time.time)
+    metrics_registry: CollectorRegistry = field(default_factory=server_registry)
+    show_hidden_metrics_for_version: str | None = None
 
     def model_names(self) -> set[str]:
         return {self.served_model_name}
@@ -129,6 +133,7 @@ class SubRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    n: int = 1  # choices per prompt: indices p*n .. p*n+n-1 share prompt p
     admission: Admission | None = None
 
     def started(self) -> None:
@@ -151,6 +156,8 @@ def admit(state: ServerState, subs: list[SubRequest]) -> AsyncLLMEngine:
                           param="n")
     waiting = engine.num_waiting + state.num_reserved
     if state.max_queue_len is not None and waiting + len(subs) > state.max_queue_len:
+        if engine.metrics is not None:
+            engine.metrics.record_admission_rejection("max_num_queued_reqs")
         raise APIError(503, f"the server is overloaded: {waiting} requests are waiting "
                        f"(--max-queue-len {state.max_queue_len}); retry later",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -166,12 +173,15 @@ def admit(state: ServerState, subs: list[SubRequest]) -> AsyncLLMEngine:
 async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of all sub-requests as (choice index, output), as they come. Raises the
     first error (ValueError -> 400 by the caller); leaving early aborts them all."""
+    record_parent = _parent_recorder(engine, subs)
     if len(subs) == 1:
         sub = subs[0]
         gen = engine.generate(sub.request_id, sub.prompt_token_ids, sub.params)
         sub.started()
         try:
             async for out in gen:
+                if out.finished:
+                    record_parent(sub.index, out)
                 yield sub.index, out
         finally:
             await gen.aclose()
@@ -195,12 +205,29 @@ async def merged_outputs(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Asyn
                 raise item
             if item[1].finished:
                 unfinished.pop(item[0], None)
+                record_parent(*item)
             yield item
     finally:
         for task in tasks:
             task.cancel()
         for request_id in unfinished.values():
             engine.abort(request_id)
+
+
+def _parent_recorder(engine: AsyncLLMEngine, subs: list[SubRequest]) -> Callable[[int, RequestOutput], None]:
+    """`record(index, final_output)`: once all n choices of a prompt are final, records n and
+    their most generated tokens (vllm:request_params_n, vllm:request_max_num_generation_tokens)."""
+    n_of = {s.index: s.n for s in subs}
+    done: dict[int, list[int]] = {}
+
+    def record(index: int, out: RequestOutput) -> None:
+        n = n_of[index]
+        tokens = done.setdefault(index // n, [])
+        tokens.append(len(out.outputs[0].token_ids))
+        if len(tokens) == n and engine.metrics is not None:
+            engine.metrics.record_parent(n, tokens)
+
+    return record
 
 
 async def wait_for_disconnect(request: Request) -> None:

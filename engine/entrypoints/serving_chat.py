@@ -86,8 +86,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     base = f"chatcmpl-{uuid.uuid4().hex}"
-    subs = [SubRequest(j, f"{base}-{j}", ids, sampling_params(state, req, len(ids), max_tokens, None, logprobs, j))
-            for j in range(req.n)]
+    subs = [SubRequest(j, f"{base}-{j}", ids, sampling_params(state, req, len(ids), max_tokens, None, logprobs, j),
+                       req.n) for j in range(req.n)]
     engine = admit(state, subs)
     log_request(state, base, subs)
     model = req.model or state.served_model_name

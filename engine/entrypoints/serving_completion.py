@@ -87,7 +87,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
         for j in range(req.n):
             index = p * req.n + j
             params = sampling_params(state, req, len(ids), req.max_tokens, DEFAULT_MAX_TOKENS, req.logprobs, j)
-            subs.append(SubRequest(index, f"{base}-{index}", ids, params))
+            subs.append(SubRequest(index, f"{base}-{index}", ids, params, req.n))
     echo = {s.index: (prompts[s.index // req.n][1] or state.tokenizer.decode(s.prompt_token_ids))
             for s in subs} if req.echo else {}
     engine = admit(state, subs)

@@ -312,13 +312,14 @@ def test_chart_grants_the_tuner_journal_and_kopf_peering():
 
 
 def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
-    """The chart's command line (--tuner --metrics-port) serves the kvpilot_tuner_* families, and
+    """The chart's command line (--tuner --metrics-port) serves the kvpilot_tuning_* and kvpilot_slo_* families, and
     the chart points a Service with scrape annotations (and, optionally, a PodMonitor) at them."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    assert "# TYPE kvpilot_tuner_trial gauge" in text and "# TYPE kvpilot_tuner_best_objective gauge" in text
+    assert "# TYPE kvpilot_tuning_trial gauge" in text and "# TYPE kvpilot_tuning_best_objective gauge" in text
+    assert "# TYPE kvpilot_slo_ttft_p95_seconds gauge" in text
     docs = chart_docs("--set=tuner.podMonitor=true")
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kv-kvpilot-metrics")
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]

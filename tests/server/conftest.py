@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_stack import stack, workload  # noqa: F401  (session fixtures: Prometheus + engine + tuner)
 from server_harness import (ADMIN_TOKEN, API_KEY, ENGINE_SETTINGS, LIMITED_DEADLINE_S, LIMITED_QUEUE, ServerProcess,
                             engine_flags)
 

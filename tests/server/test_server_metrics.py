@@ -78,3 +78,37 @@ def test_one_request_records_tokens_once_and_its_latencies(config):
     assert s[f"vllm:request_decode_time_seconds_sum{key}"] == 1.0
     assert s[f"vllm:iteration_tokens_total_sum{key}"] == 7
     assert s['vllm:request_success_total{engine="0",finished_reason="length",model_name="smollm2-135m-instruct"}'] == 1
+
+
+@pytest.mark.parametrize("flag", ["0.8", "0.10", "0.11", "0.32", None])
+def test_show_hidden_metrics_for_version_adds_exactly_that_versions_names(config, flag):
+    """The table's hidden names for `flag` and no others (0.32: vLLM 0.33 hides nothing)."""
+    import json
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+    table = json.loads((Path(__file__).parent / "vllm_metrics_v0.33.json").read_text())
+    m = EngineMetrics(config, 64, 0, show_hidden_for=flag)
+    m.record_scheduler_state(1, 0, 0, 0.25, 10, 4)
+    names = {f.name for f in text_string_to_metric_families(m.render().decode())}
+    for version, specs in table["hidden"].items():
+        for spec in specs:
+            name = spec["name"].removesuffix("_total")
+            assert (name in names) == (version == flag), (flag, name)
+    s = samples(m)
+    key = '{engine="0",model_name="smollm2-135m-instruct"}'
+    if flag == "0.10":  # the old names carry the same values as the new ones
+        assert s[f"vllm:gpu_cache_usage_perc{key}"] == s[f"vllm:kv_cache_usage_perc{key}"] == 0.25
+        assert s[f"vllm:gpu_prefix_cache_hits_total{key}"] == s[f"vllm:prefix_cache_hits_total{key}"] == 4
+
+
+def test_a_one_token_request_records_a_zero_time_per_output_token(config):
+    m = EngineMetrics(config, 64, 0)
+    out = RequestOutput("r", None, [1, 2], [CompletionOutput(0, "x", [7], finish_reason="length")], True,
+                       RequestMetrics(0.0, 0.1, 0.5, 0.5, 0.5), "x", [7])
+    m.record_step(StepStats(2, 1, 0, [], 0.1), [out], now=0.5)
+    m.record_finished(out, max_tokens=1)
+    s = samples(m)
+    key = '{engine="0",model_name="smollm2-135m-instruct"}'
+    assert s[f"vllm:request_time_per_output_token_seconds_count{key}"] == 1
+    assert s[f"vllm:request_time_per_output_token_seconds_sum{key}"] == 0

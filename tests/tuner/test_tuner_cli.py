@@ -60,8 +60,8 @@ def test_tuner_metrics_carry_the_dashboard_names_and_labels():
     metrics.record(3, "measured", 1.25)
     metrics.record(4, "pruned", None)
     text = generate_latest(metrics.registry).decode()
-    assert 'kvpilot_tuner_trial{inferenceservice="smollm2",namespace="default"} 4.0' in text
-    assert 'kvpilot_tuner_best_objective{inferenceservice="smollm2",namespace="default"} 1.25' in text
+    assert 'kvpilot_tuning_trial{inferenceservice="smollm2",namespace="default"} 4.0' in text
+    assert 'kvpilot_tuning_best_objective{inferenceservice="smollm2",namespace="default"} 1.25' in text
     assert 'verdict="pruned"' in text
 
 

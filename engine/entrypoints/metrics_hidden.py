@@ -1,0 +1,45 @@
+"""vLLM's `--show-hidden-metrics-for-version X.Y`: the deprecated metric names that vLLM
+X.(Y+1) hides unless given that flag, so that dashboards written for an older vLLM keep
+their panels while they migrate.
+
+vLLM's policy (docs/usage/metrics.md, "Deprecation Policy"): a metric deprecated in X.Y is
+hidden in X.(Y+1) behind `--show-hidden-metrics-for-version=X.Y` and removed in X.(Y+2);
+vLLM compares the flag's string with its previous minor version
+(`vllm/version.py::_prev_minor_version_was`). kvpilot exports vLLM 0.33's set
+(tests/server/vllm_metrics_v0.33.json) and keeps, for each older X.Y, the names vLLM X.(Y+1)
+re-enabled with that flag. Any other valid version is accepted and shows nothing, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from packaging.version import InvalidVersion, Version
+
+# flag value -> names that the vLLM release after it showed only with the flag
+HIDDEN_METRICS: dict[str, tuple[str, ...]] = {
+    # vllm/engine/metrics.py (V0) in 0.9: "Deprecated in 0.8 - KV cache offloading is not used in V1"
+    "0.8": ("vllm:num_requests_swapped",),
+    # vllm/v1/metrics/loggers.py in 0.11.0: "Deprecated in 0.9.2 - Renamed as vllm:kv_cache_usage_perc /
+    # vllm:prefix_cache_queries / vllm:prefix_cache_hits. With 0.11.x you can enable with
+    # --show-hidden-metrics-for-version=0.10"
+    "0.10": ("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits"),
+    # vllm/v1/metrics/loggers.py in 0.12.0: "Deprecated in 0.11 - Renamed as vllm:inter_token_latency_seconds.
+    # With 0.12.x you can enable with --show-hidden-metrics-for-version=0.11"
+    "0.11": ("vllm:time_per_output_token_seconds",),
+}
+
+
+def check_version(value: str | None) -> str | None:
+    """Returns `value` unchanged when it is None or a version string; raises ValueError
+    (with what to write instead) otherwise, as vLLM's ObservabilityConfig validator does."""
+    if value is None:
+        return None
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"--show-hidden-metrics-for-version must be a version such as 0.11, got {value!r}") from None
+    return value
+
+
+def hidden_metrics_shown(version: str | None) -> frozenset[str]:
+    """The deprecated names re-enabled by `--show-hidden-metrics-for-version version`."""
+    return frozenset(HIDDEN_METRICS.get(version, ())) if version is not None else frozenset()

@@ -1,0 +1,42 @@
+"""Exports every InferenceService's spec.slo as kvpilot_slo_* gauges (kvpilot.tuner.exporter,
+the operator process's metrics registry), so that the dashboard draws SLO lines whether or
+not the resource is being tuned. An event handler: it keeps no state on the resource.
+
+Registered by `kvpilot operator` (or `kopf run -m kvpilot.operator.slo_metrics`); served
+with `--metrics-port` / KVPILOT_METRICS_PORT."""
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from kvpilot.tuner.exporter import TunerMetrics
+
+from .spec import GROUP, PLURAL, VERSION, SLOSpec
+
+
+class _SLO:
+    """spec.slo in the exporter's units (the tuner's SLO field names)."""
+
+    def __init__(self, slo: SLOSpec) -> None:
+        self.ttft_p95_ms, self.itl_p95_ms = slo.ttftP95Ms, slo.itlP95Ms
+        self.e2e_p95_ms, self.max_preemptions_per_min = slo.e2eP95Ms, slo.maxPreemptionsPerMin
+
+
+def export_slo(event_type: str | None, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """Sets (or, for DELETED, removes) the resource's kvpilot_slo_* series; a spec.slo that
+    is not numbers is left to validation (the series keep their last good values)."""
+    metrics = TunerMetrics(namespace, name)
+    if event_type == "DELETED":
+        metrics.forget_slo()
+        return
+    try:
+        known = {k: float(v) for k, v in (spec.get("slo") or {}).items() if k in SLOSpec.__dataclass_fields__}
+    except (TypeError, ValueError):
+        return
+    metrics.set_slo(_SLO(SLOSpec(**known)))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def slo_changed(type: str | None, namespace: str, name: str, spec: kopf.Spec, **_: Any) -> None:
+    export_slo(type, namespace, name, dict(spec))

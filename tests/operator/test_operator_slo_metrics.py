@@ -1,0 +1,32 @@
+"""The operator exports every InferenceService's spec.slo as kvpilot_slo_* (seconds), with
+the CRD's defaults for fields left out, and drops the series when the resource goes."""
+
+from __future__ import annotations
+
+from kvpilot.operator.cli import build_parser
+from kvpilot.operator.slo_metrics import export_slo
+from kvpilot.tuner.exporter import REGISTRY
+
+
+def sample(name: str, name_label: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"namespace": "ops", "inferenceservice": name_label})
+
+
+def test_spec_slo_becomes_gauges_and_deletion_removes_them():
+    export_slo("ADDED", "ops", "llm", {"slo": {"ttftP95Ms": 1200, "maxPreemptionsPerMin": 4}})
+    assert sample("kvpilot_slo_ttft_p95_seconds", "llm") == 1.2
+    assert sample("kvpilot_slo_itl_p95_seconds", "llm") == 0.2  # the CRD default, 200 ms
+    assert sample("kvpilot_slo_max_preemptions_per_minute", "llm") == 4
+    export_slo("MODIFIED", "ops", "llm", {"slo": {"ttftP95Ms": 900}})
+    assert sample("kvpilot_slo_ttft_p95_seconds", "llm") == 0.9
+    export_slo("MODIFIED", "ops", "llm", {"slo": {"ttftP95Ms": "fast"}})  # invalid: kept as it was
+    assert sample("kvpilot_slo_ttft_p95_seconds", "llm") == 0.9
+    export_slo("DELETED", "ops", "llm", {})
+    assert sample("kvpilot_slo_ttft_p95_seconds", "llm") is None
+
+
+def test_metrics_port_comes_from_the_flag_or_the_environment(monkeypatch):
+    assert build_parser().parse_args([]).metrics_port == 0
+    assert build_parser().parse_args(["--metrics-port", "9102"]).metrics_port == 9102
+    monkeypatch.setenv("KVPILOT_METRICS_PORT", "9103")
+    assert build_parser().parse_args([]).metrics_port == 9103

@@ -1,0 +1,47 @@
+"""The tuner's exporter: kvpilot_slo_* from spec.slo (seconds), kvpilot_tuning_* from the
+trials (settings info replaced, not accumulated), one registry however many sessions."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+
+from kvpilot.tuner.exporter import REGISTRY, TunerMetrics
+from kvpilot.tuner.objective import SLO
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_slo_gauges_carry_spec_slo_in_seconds_per_inferenceservice():
+    TunerMetrics("prod", "a").set_slo(SLO(ttft_p95_ms=1500, itl_p95_ms=50, e2e_p95_ms=0, max_preemptions_per_min=2))
+    TunerMetrics("prod", "b").set_slo(SLO(ttft_p95_ms=900))
+    assert sample("kvpilot_slo_ttft_p95_seconds", namespace="prod", inferenceservice="a") == 1.5
+    assert sample("kvpilot_slo_itl_p95_seconds", namespace="prod", inferenceservice="a") == 0.05
+    assert sample("kvpilot_slo_e2e_p95_seconds", namespace="prod", inferenceservice="a") == 0
+    assert sample("kvpilot_slo_max_preemptions_per_minute", namespace="prod", inferenceservice="a") == 2
+    assert sample("kvpilot_slo_ttft_p95_seconds", namespace="prod", inferenceservice="b") == 0.9
+
+
+def test_a_trial_sets_number_verdicts_best_goodput_and_replaces_the_settings_info():
+    metrics = TunerMetrics("prod", "c")
+
+    def trial(number, verdict, seqs, goodput):
+        return SimpleNamespace(number=number, values=[goodput],
+                               user_attrs={"verdict": verdict, "settings": {"max_num_seqs": seqs},
+                                           "measurement": {"goodput_rps": goodput}})
+
+    first = trial(0, "measured", 8, 1.5)
+    metrics.record_trial(first, [first])
+    metrics.record_trial(trial(1, "violates", 16, 0.2), [first])
+    labels = {"namespace": "prod", "inferenceservice": "c"}
+    assert sample("kvpilot_tuning_trial", **labels) == 1
+    assert sample("kvpilot_tuning_best_goodput_rps", **labels) == 1.5
+    assert sample("kvpilot_tuning_trials_total", **labels, verdict="measured") == 1
+    assert sample("kvpilot_tuning_trials_total", **labels, verdict="violates") == 1
+    text = generate_latest(REGISTRY).decode()
+    infos = [line for line in text.splitlines()
+             if line.startswith("kvpilot_tuning_settings_info{") and 'inferenceservice="c"' in line]
+    assert len(infos) == 1 and 'max_num_seqs="16"' in infos[0]
