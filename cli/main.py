@@ -25,6 +25,7 @@ BENCH_COMMANDS = {
     "serve": "kvpilot.bench.serve",
     "sweep": "kvpilot.bench.sweep",
     "compare": "kvpilot.bench.compare",
+    "decode-step": "kvpilot.bench.decode_step",
 }
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from kvpilot.engine.config import ModelConfig
+
 GiB = 1 << 30
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 4
@@ -69,6 +71,23 @@ def _meminfo_kib(key: str, path: str = "/proc/meminfo") -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"{key} not found in {path}")
+
+
+def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int,
+                              tensor_parallel_size: int = 1, with_logits: bool = True) -> int:
+    """Rough peak extra memory of one full step on one rank, in bytes: per batched token
+    the hidden state, q/k/v and the MLP's gate and up projections in the model's dtype
+    (the last three split over tensor_parallel_size; twice, for the input and output of
+    the widest op), plus float32 logits for up to max_num_seqs sampled tokens on ranks
+    that hold them (with_logits: the last pipeline stage and the driver). On GPUs the
+    engine profiles the real value at startup; on CPU, where the KV cache has a fixed
+    space (VLLM_CPU_KVCACHE_SPACE), it uses this estimate instead of a full dummy step."""
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    tp = tensor_parallel_size
+    per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+                                          + 2 * model.intermediate_size) // tp) * elem * 2
+    sampled = min(max_num_seqs, max_num_batched_tokens)
+    return max_num_batched_tokens * per_token + (sampled * model.vocab_size * 4 if with_logits else 0)
 
 
 class PeakMemoryProbe:

@@ -36,7 +36,13 @@ import torch
 
 from kvpilot.engine.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
-from kvpilot.engine.memory import KVCachePlan, RankMemory, check_fits, cpu_kvcache_space_bytes
+from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re-exported)
+    KVCachePlan,
+    RankMemory,
+    check_fits,
+    cpu_kvcache_space_bytes,
+    estimate_activation_bytes,
+)
 from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
 from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
@@ -114,22 +120,6 @@ class Hardware:
         if self.cpu_kvcache_space_bytes is not None:
             return self.cpu_kvcache_space_bytes
         return cpu_kvcache_space_bytes(dict(os.environ))
-
-
-def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int,
-                              tensor_parallel_size: int = 1, with_logits: bool = True) -> int:
-    """Rough peak extra memory of one full step on one rank, in bytes: per batched token
-    the hidden state, q/k/v and the MLP's gate and up projections in the model's dtype
-    (the last three split over tensor_parallel_size; twice, for the input and output of
-    the widest op), plus float32 logits for up to max_num_seqs sampled tokens on ranks
-    that hold them (with_logits: the last pipeline stage and the driver). The engine
-    profiles the real value at startup."""
-    elem = torch.empty((), dtype=model.dtype).element_size()
-    tp = tensor_parallel_size
-    per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-                                          + 2 * model.intermediate_size) // tp) * elem * 2
-    sampled = min(max_num_seqs, max_num_batched_tokens)
-    return max_num_batched_tokens * per_token + (sampled * model.vocab_size * 4 if with_logits else 0)
 
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
