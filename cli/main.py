@@ -27,6 +27,7 @@ BENCH_COMMANDS = {
     "sweep": "kvpilot.bench.sweep",
     "compare": "kvpilot.bench.compare",
     "dashboard": "kvpilot.bench.dashboard",  # issue 14: the Grafana dashboard's rows as PNGs
+    "decode-step": "kvpilot.bench.decode_step",
 }
 
 

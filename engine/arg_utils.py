@@ -6,6 +6,8 @@ to change). Source: vLLM `vllm/engine/arg_utils.py`."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -18,8 +20,12 @@ from kvpilot.engine.config import (
     SchedulerConfig,
     resolve_dtype,
 )
+from kvpilot.engine.cpu_info import choose_auto_dtype
 from kvpilot.engine.entrypoints.cli_args import DEFAULT_MODEL, add_engine_args
+from kvpilot.engine.memory import cpu_kvcache_space_bytes
 from kvpilot.engine.model_loader import load_model_config, resolve_model_path
+
+logger = logging.getLogger("kvpilot.engine")
 
 
 @dataclass
@@ -54,7 +60,12 @@ class EngineArgs:
         backend = self.attention_backend or default_backend(device)
         if backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
-        dtype = torch.bfloat16 if self.dtype == "auto" else resolve_dtype(self.dtype)
+        if self.dtype == "auto":
+            choice = choose_auto_dtype(device)
+            dtype = choice.dtype
+            logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), choice.reason)
+        else:
+            dtype = resolve_dtype(self.dtype)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         path = resolve_model_path(self.model)
@@ -67,6 +78,7 @@ class EngineArgs:
             swap_space=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            cpu_kvcache_space_bytes=cpu_kvcache_space_bytes(os.environ) if device == "cpu" else None,
         )
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,

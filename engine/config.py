@@ -95,6 +95,8 @@ class CacheConfig:
         device memory is the machine's or the cgroup's memory.
     swap_space: GiB of host memory for blocks of swapped-out requests.
     num_gpu_blocks_override: use exactly this many blocks (testing, as in vLLM).
+    cpu_kvcache_space_bytes: on CPU, each rank's KV cache holds at most this many bytes
+        (vLLM's VLLM_CPU_KVCACHE_SPACE; EngineArgs reads it, 4 GiB when unset); None: no cap.
     """
 
     block_size: int = 16
@@ -102,8 +104,11 @@ class CacheConfig:
     swap_space: float = 4.0
     enable_prefix_caching: bool = False
     num_gpu_blocks_override: int | None = None
+    cpu_kvcache_space_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cpu_kvcache_space_bytes is not None and self.cpu_kvcache_space_bytes <= 0:
+            raise ValueError(f"cpu_kvcache_space_bytes must be > 0, got {self.cpu_kvcache_space_bytes}")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be a power of two from 1 to 128, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

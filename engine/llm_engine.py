@@ -90,6 +90,7 @@ class LLMEngine:
                 block_size=bs,
                 ranks=profile_rank_memory(self.runner, cfg),
                 shared_memory=self.runner.device.type == "cpu",
+                space_bytes=cfg.cache.cpu_kvcache_space_bytes if self.runner.device.type == "cpu" else None,
             )
             logger.info("KV cache sizing: %s", plan.describe())
             num_blocks = plan.num_blocks

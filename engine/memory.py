@@ -13,7 +13,13 @@ share one machine's memory, so one pool pays for every rank's weights, activatio
 its slice of each block. On CPU, device memory is the machine's
 memory or the cgroup's limit, whichever is smaller; the peak activation is measured as the
 growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs).
-Source: vLLM `Worker.determine_available_memory` / `check_enough_kv_cache_memory`.
+
+On CPU the KV cache is also capped by a fixed space, as vLLM's CPU backend does:
+`VLLM_CPU_KVCACHE_SPACE` GiB per rank (unset or 0: 4 GiB), so that a server with defaults
+takes 4 GiB of KV cache, not 90% of the machine (two servers, or a server beside a test
+suite, fit). The gpu_memory_utilization budget above still bounds it from above.
+Sources: vLLM `Worker.determine_available_memory` / `check_enough_kv_cache_memory`;
+vLLM `vllm/envs.py` and `vllm/platforms/cpu.py` for VLLM_CPU_KVCACHE_SPACE.
 """
 
 from __future__ import annotations
@@ -23,7 +29,26 @@ from pathlib import Path
 
 import torch
 
+from kvpilot.engine.config import ModelConfig
+
 GiB = 1 << 30
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+DEFAULT_CPU_KVCACHE_SPACE_GIB = 4
+
+
+def cpu_kvcache_space_bytes(environ: dict[str, str]) -> int:
+    """Bytes of KV cache per rank on CPU from `VLLM_CPU_KVCACHE_SPACE` (GiB; unset, empty
+    or 0 means vLLM's default of 4 GiB). vLLM parses an integer; a fraction is accepted
+    here too (small pods). Raises ValueError for a negative or non-numeric value."""
+    text = environ.get(CPU_KVCACHE_SPACE_ENV, "").strip()
+    try:
+        gib = float(text) if text else 0.0
+    except ValueError:
+        gib = -1.0
+    if gib < 0 or gib != gib:
+        raise ValueError(f"{CPU_KVCACHE_SPACE_ENV}={text!r} must be a number of GiB >= 0 (0 or unset: "
+                         f"{DEFAULT_CPU_KVCACHE_SPACE_GIB} GiB)")
+    return int((gib or DEFAULT_CPU_KVCACHE_SPACE_GIB) * GiB)
 
 
 def total_device_memory_bytes(device: torch.device) -> int:
@@ -46,6 +71,23 @@ def _meminfo_kib(key: str, path: str = "/proc/meminfo") -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"{key} not found in {path}")
+
+
+def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int,
+                              tensor_parallel_size: int = 1, with_logits: bool = True) -> int:
+    """Rough peak extra memory of one full step on one rank, in bytes: per batched token
+    the hidden state, q/k/v and the MLP's gate and up projections in the model's dtype
+    (the last three split over tensor_parallel_size; twice, for the input and output of
+    the widest op), plus float32 logits for up to max_num_seqs sampled tokens on ranks
+    that hold them (with_logits: the last pipeline stage and the driver). On GPUs the
+    engine profiles the real value at startup; on CPU, where the KV cache has a fixed
+    space (VLLM_CPU_KVCACHE_SPACE), it uses this estimate instead of a full dummy step."""
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    tp = tensor_parallel_size
+    per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+                                          + 2 * model.intermediate_size) // tp) * elem * 2
+    sampled = min(max_num_seqs, max_num_batched_tokens)
+    return max_num_batched_tokens * per_token + (sampled * model.vocab_size * 4 if with_logits else 0)
 
 
 class PeakMemoryProbe:
@@ -87,7 +129,10 @@ def _reset_peak_rss() -> bool:
 
 @dataclass(frozen=True)
 class KVCacheBudget:
-    """The arithmetic of one sizing, kept for the startup log and error messages."""
+    """The arithmetic of one sizing, kept for the startup log and error messages.
+
+    space_bytes (CPU): each rank's KV cache holds at most this many bytes;
+    space_block_bytes is the largest rank's bytes per block, the one the space binds first."""
 
     total_bytes: int
     gpu_memory_utilization: float
@@ -95,13 +140,23 @@ class KVCacheBudget:
     activation_bytes: int
     block_bytes: int
     block_size: int
+    space_bytes: int | None = None
+    space_block_bytes: int = 0
 
     @property
     def kv_cache_bytes(self) -> int:
+        """What the memory budget leaves for the KV cache (before the CPU space cap)."""
         return max(0, int(self.total_bytes * self.gpu_memory_utilization) - self.weights_bytes - self.activation_bytes)
 
     @property
+    def space_limited(self) -> bool:
+        return self.space_bytes is not None and (
+            self.space_bytes // self.space_block_bytes < self.kv_cache_bytes // self.block_bytes)
+
+    @property
     def num_blocks(self) -> int:
+        if self.space_limited:
+            return self.space_bytes // self.space_block_bytes
         return self.kv_cache_bytes // self.block_bytes
 
     def max_concurrency(self, max_model_len: int) -> float:
@@ -109,12 +164,17 @@ class KVCacheBudget:
         return self.num_blocks * self.block_size / max_model_len
 
     def describe(self) -> str:
-        return (
+        budget = (
             f"device memory {self.total_bytes / GiB:.2f} GiB x gpu_memory_utilization "
             f"{self.gpu_memory_utilization} - weights {self.weights_bytes / GiB:.3f} GiB - peak "
-            f"activation {self.activation_bytes / GiB:.3f} GiB = KV cache "
-            f"{self.kv_cache_bytes / GiB:.3f} GiB ({self.num_blocks} blocks of {self.block_size} tokens)"
+            f"activation {self.activation_bytes / GiB:.3f} GiB = {self.kv_cache_bytes / GiB:.3f} GiB"
         )
+        if self.space_limited:
+            return (f"KV cache space {self.space_bytes / GiB:.3f} GiB per rank ({CPU_KVCACHE_SPACE_ENV}) "
+                    f"= {self.num_blocks} blocks of {self.block_size} tokens; the memory budget allows "
+                    f"more: {budget}")
+        capped = f" (under the {CPU_KVCACHE_SPACE_ENV} space)" if self.space_bytes is not None else ""
+        return f"{budget} = KV cache{capped} ({self.num_blocks} blocks of {self.block_size} tokens)"
 
 
 @dataclass(frozen=True)
@@ -141,10 +201,14 @@ class KVCachePlan:
 
     @classmethod
     def build(cls, total_bytes: int, gpu_memory_utilization: float, block_size: int,
-              ranks: list[RankMemory], shared_memory: bool) -> KVCachePlan:
-        """total_bytes: memory of one device (shared_memory=False) or of the machine."""
+              ranks: list[RankMemory], shared_memory: bool, space_bytes: int | None = None) -> KVCachePlan:
+        """total_bytes: memory of one device (shared_memory=False) or of the machine.
+        space_bytes: the CPU cap on each rank's KV cache (None: no cap)."""
+        space_block = max(r.block_bytes for r in ranks)
+
         def budget(weights, activation, block_bytes):
-            return KVCacheBudget(total_bytes, gpu_memory_utilization, weights, activation, block_bytes, block_size)
+            return KVCacheBudget(total_bytes, gpu_memory_utilization, weights, activation, block_bytes, block_size,
+                                 space_bytes, space_block)
         if shared_memory or len(ranks) == 1:
             budgets = (budget(sum(r.weights_bytes for r in ranks), sum(r.activation_bytes for r in ranks),
                               sum(r.block_bytes for r in ranks)),)
@@ -192,6 +256,6 @@ def check_fits(num_blocks: int, block_size: int, max_model_len: int, block_bytes
         f"To serve one request of max_model_len ({max_model_len} tokens), {needed_blocks} KV blocks "
         f"({needed_blocks * block_bytes / GiB:.3f} GiB) are needed, but only {num_blocks} blocks "
         f"({num_blocks * block_bytes / GiB:.3f} GiB) are available: {how}. The largest max_model_len "
-        f"that fits is {num_blocks * block_size}. Increase gpu_memory_utilization or the parallel "
-        f"sizes, or decrease max_model_len."
+        f"that fits is {num_blocks * block_size}. Increase gpu_memory_utilization (on CPU also "
+        f"{CPU_KVCACHE_SPACE_ENV}, GiB) or the parallel sizes, or decrease max_model_len."
     )

@@ -18,7 +18,7 @@ from kvpilot.engine import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
-from kvpilot.engine.memory import PeakMemoryProbe
+from kvpilot.engine.memory import PeakMemoryProbe, estimate_activation_bytes
 from kvpilot.engine.model_loader import iter_weights
 from kvpilot.engine.models.llama import LlamaForCausalLM
 from kvpilot.engine.sampler import Sampler
@@ -75,7 +75,25 @@ class ModelRunner:
 
     def profile_peak_activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> int:
         """Runs a dummy step of max_num_batched_tokens prompt tokens over up to
-        max_num_seqs sequences (with a temporary cache) and returns its peak extra memory."""
+        max_num_seqs sequences (with a temporary cache) and returns its peak extra memory.
+
+        On CPU with a KV-cache space (VLLM_CPU_KVCACHE_SPACE) the cache size does not
+        depend on the activation, which only bounds it under gpu_memory_utilization: there
+        a full step (seconds to minutes of CPU for 2048 tokens) is replaced by
+        `estimate_activation_bytes` and a one-sequence warm-up step, as vLLM's CPU worker
+        sizes its cache from the space without profiling."""
+        if self.device.type == "cpu" and self.config.cache.cpu_kvcache_space_bytes is not None:
+            self._run_dummy_step(min(self.block_size, max_num_batched_tokens), 1, max_model_len)
+            return estimate_activation_bytes(
+                self.config.model, max_num_batched_tokens, max_num_seqs, parallel_state.get_tp_size(),
+                with_logits=self.model.is_last_stage or (parallel_state.get_pp_rank() == 0 and parallel_state.get_tp_rank() == 0))
+        with PeakMemoryProbe(self.device) as probe:
+            self._run_dummy_step(max_num_batched_tokens, max_num_seqs, max_model_len)
+        return probe.peak_bytes
+
+    def _run_dummy_step(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> None:
+        """One step of max_num_batched_tokens prompt tokens over up to max_num_seqs
+        sequences, with a temporary zeroed cache that is dropped afterwards."""
         num_seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
         lens = [max_num_batched_tokens // num_seqs] * num_seqs
         lens[-1] += max_num_batched_tokens - sum(lens)
@@ -89,13 +107,11 @@ class ModelRunner:
             seqs.append((seq, n))
         self.kv_caches = [(k.zero_(), v.zero_()) for k, v in self._allocate(next_block, self.device)]
         try:
-            with PeakMemoryProbe(self.device) as probe:
-                self.execute(SchedulerOutput(scheduled=seqs))
+            self.execute(SchedulerOutput(scheduled=seqs))
         finally:
             self.kv_caches = []
             for seq, _ in seqs:
                 self.sampler.forget(seq.request_id)
-        return probe.peak_bytes
 
     # ------------------------------------------------------------------ a step
     @torch.inference_mode()

@@ -14,6 +14,10 @@ chunked prefill, parallel sizes that do not divide the heads), and the KV-cache 
                   (device memory x gpu_memory_utilization - weights_r - activation_r) // block_bytes_r
     shared memory (CPU, all ranks in one machine or pod): KV blocks =
                   (memory x gpu_memory_utilization - sum weights_r - sum activation_r) // sum block_bytes_r
+                  and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
+                  GiB per rank, 4 GiB when unset, as the engine reads it)
+    dtype on CPU: `--dtype auto` is the engine's rule of `kvpilot.engine.cpu_info` (bfloat16 with
+                  native bf16, float32 otherwise), so the weights and KV bytes follow it
 
 The engine measures the peak activation by profiling a step; the tuner can only estimate it
 (`estimate_activation_bytes`), so a setting near the edge may still fail at startup: the
@@ -24,13 +28,21 @@ Source: vLLM `Worker.determine_available_memory` and its performance-tuning guid
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kvpilot.engine.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
-from kvpilot.engine.memory import KVCachePlan, RankMemory, check_fits
+from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re-exported)
+    KVCachePlan,
+    RankMemory,
+    check_fits,
+    cpu_kvcache_space_bytes,
+    estimate_activation_bytes,
+)
 from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
 from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
@@ -79,6 +91,11 @@ class Hardware:
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
         engine's startup log "peak activation").
 
+    dtype: the engine's dtype. None: on CPU (shared_memory) what `--dtype auto` picks on
+        this machine's CPU (kvpilot.engine.cpu_info), on GPUs the model's dtype.
+    cpu_kvcache_space_bytes: on CPU, each rank's KV cache cap; None: the engine's rule
+        (VLLM_CPU_KVCACHE_SPACE of this environment, 4 GiB when unset).
+
     A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
     and LM-head weights (engine/layers/linear.py), so its weights count twice.
     """
@@ -88,22 +105,21 @@ class Hardware:
     num_gpu_blocks_override: int | None = None
     activation_scale: float = 1.0
     shared_memory: bool = False
+    dtype: torch.dtype | None = None
+    cpu_kvcache_space_bytes: int | None = None
 
+    def engine_dtype(self, model: ModelConfig) -> torch.dtype:
+        if self.dtype is not None:
+            return self.dtype
+        return choose_cpu_dtype(detect_cpu()).dtype if self.shared_memory else model.dtype
 
-def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int,
-                              tensor_parallel_size: int = 1, with_logits: bool = True) -> int:
-    """Rough peak extra memory of one full step on one rank, in bytes: per batched token
-    the hidden state, q/k/v and the MLP's gate and up projections in the model's dtype
-    (the last three split over tensor_parallel_size; twice, for the input and output of
-    the widest op), plus float32 logits for up to max_num_seqs sampled tokens on ranks
-    that hold them (with_logits: the last pipeline stage and the driver). The engine
-    profiles the real value at startup."""
-    elem = torch.empty((), dtype=model.dtype).element_size()
-    tp = tensor_parallel_size
-    per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-                                          + 2 * model.intermediate_size) // tp) * elem * 2
-    sampled = min(max_num_seqs, max_num_batched_tokens)
-    return max_num_batched_tokens * per_token + (sampled * model.vocab_size * 4 if with_logits else 0)
+    def kv_space_bytes(self) -> int | None:
+        """The per-rank KV cap on CPU (None on GPUs)."""
+        if not self.shared_memory:
+            return None
+        if self.cpu_kvcache_space_bytes is not None:
+            return self.cpu_kvcache_space_bytes
+        return cpu_kvcache_space_bytes(dict(os.environ))
 
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
@@ -138,7 +154,7 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     """Applies the engine's rules and KV-cache arithmetic to `settings`; never raises for an
     infeasible setting, it returns the reason (the engine's own error message)."""
     try:
-        model = dataclasses.replace(model, max_model_len=settings.max_model_len)
+        model = dataclasses.replace(model, max_model_len=settings.max_model_len, dtype=hardware.engine_dtype(model))
         SchedulerConfig(
             max_model_len=settings.max_model_len,
             max_num_batched_tokens=settings.max_num_batched_tokens,
@@ -162,7 +178,7 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
         block_bytes = sum(r.block_bytes for r in ranks)
     else:
         plan = KVCachePlan.build(hardware.device_memory_bytes, settings.gpu_memory_utilization,
-                                 settings.block_size, ranks, hardware.shared_memory)
+                                 settings.block_size, ranks, hardware.shared_memory, hardware.kv_space_bytes())
         num_blocks, how = plan.num_blocks, "predicted: " + plan.describe()
         block_bytes = plan.budgets[plan.limiting].block_bytes
     try:

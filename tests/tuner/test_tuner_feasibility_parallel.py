@@ -3,7 +3,10 @@ KV cache is predicted per rank (its stage's layers, its KV-head shard), from one
 pool on CPU or the smallest device on GPUs, as the engine sizes it."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
@@ -49,7 +52,7 @@ def test_gpus_take_the_tightest_rank_and_cpu_ranks_share_one_pool():
     ranks = estimate_rank_memory(pp2, SMOL, ParallelConfig(1, 2))
     per_device = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2))
     assert per_device.num_blocks == min((GiB - r.weights_bytes - r.activation_bytes) // r.block_bytes for r in ranks)
-    shared = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2, shared_memory=True))
+    shared = check(pp2, SMOL, Hardware(2 * GiB, num_devices=2, shared_memory=True, dtype=torch.bfloat16))
     # a CPU engine in bf16 also holds oneDNN-packed copies of its weights
     cpu_ranks = estimate_rank_memory(pp2, SMOL, ParallelConfig(1, 2), packed_weights=True)
     assert [r.weights_bytes for r in cpu_ranks] == [2 * r.weights_bytes for r in ranks]
@@ -57,7 +60,7 @@ def test_gpus_take_the_tightest_rank_and_cpu_ranks_share_one_pool():
     assert shared.num_blocks == pool // sum(r.block_bytes for r in cpu_ranks)
     # two devices give each rank its own memory: about twice the blocks of one shared pool
     assert per_device.num_blocks > 1.8 * shared.num_blocks
-    single_cpu = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True))
+    single_cpu = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True, dtype=torch.bfloat16))
     (one,) = estimate_rank_memory(BASE, SMOL, ParallelConfig(1, 1))
     assert single_cpu.num_blocks == (GiB - 2 * one.weights_bytes - one.activation_bytes) // one.block_bytes
     assert check(BASE, SMOL, Hardware(2 * GiB)).num_blocks == (GiB - one.weights_bytes - one.activation_bytes) // one.block_bytes
@@ -68,7 +71,39 @@ def test_a_pipeline_that_needs_a_copy_of_the_tied_embedding_can_tip_a_tight_cpu_
     # + 180 MiB of KV for 8192 tokens fits in 800 MiB x 0.9; two stages add a 54 MiB
     # embedding copy (twice, packed too) and a second activation
     tight = EngineSettings(max_model_len=8192, max_num_batched_tokens=256, max_num_seqs=8)
-    memory = Hardware(800 << 20, num_devices=2, shared_memory=True)
+    memory = Hardware(800 << 20, num_devices=2, shared_memory=True, dtype=torch.bfloat16)
     assert check(tight, SMOL, memory).feasible
     verdict = check(tight.replace(pipeline_parallel_size=2), SMOL, memory)
     assert not verdict.feasible and "2 ranks share one memory" in verdict.reason
+
+
+def test_a_cpu_engine_takes_its_kv_space_not_the_whole_machine(monkeypatch):
+    # 24 GiB x 0.9 would leave about 20 GiB; the engine caps each rank at VLLM_CPU_KVCACHE_SPACE
+    # (4 GiB when unset), in the dtype `--dtype auto` picks (float32 on an AVX2-only CPU)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    fp32 = dataclasses.replace(SMOL, dtype=torch.float32)
+    block_bytes = 16 * 2 * 30 * 3 * 64 * 4  # 16 tokens x K,V x 30 layers x 3 KV heads x 64 x fp32
+    assert 16 * fp32.kv_bytes_per_token() == block_bytes
+    default = check(BASE, SMOL, Hardware(24 * GiB, shared_memory=True, dtype=torch.float32))
+    assert default.num_blocks == 4 * GiB // block_bytes == 5825
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert check(BASE, SMOL, Hardware(24 * GiB, shared_memory=True, dtype=torch.float32)).num_blocks == 1456
+    explicit = Hardware(24 * GiB, shared_memory=True, dtype=torch.float32, cpu_kvcache_space_bytes=2 * GiB)
+    assert check(BASE, SMOL, explicit).num_blocks == 2 * GiB // block_bytes
+    # two pipeline stages: each rank holds 15 layers, so each block id costs half per rank
+    assert check(BASE.replace(pipeline_parallel_size=2), SMOL,
+                 Hardware(24 * GiB, num_devices=2, shared_memory=True, dtype=torch.float32)).num_blocks == 2 * 1456
+    # GPUs have no such cap (24 GiB x 0.5: about 11.5 GiB of KV); a small machine is still
+    # bounded by its memory budget
+    assert check(BASE, SMOL, Hardware(24 * GiB, dtype=torch.float32)).num_blocks > 11 * GiB // block_bytes
+    small = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True, dtype=torch.float32))
+    (one,) = estimate_rank_memory(BASE, fp32, ParallelConfig(1, 1))  # float32: no packed copy
+    assert small.num_blocks == (GiB - one.weights_bytes - one.activation_bytes) // block_bytes
+
+
+def test_cpu_hardware_without_a_dtype_follows_the_engine_auto_rule():
+    from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+
+    want = choose_cpu_dtype(detect_cpu()).dtype
+    assert Hardware(GiB, shared_memory=True).engine_dtype(SMOL) == want
+    assert Hardware(GiB).engine_dtype(SMOL) == SMOL.dtype  # GPUs: the model's dtype

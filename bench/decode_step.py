@@ -1,0 +1,127 @@
+"""`kvpilot bench decode-step`: the time of one engine decode step by batch size, for
+several dtypes side by side in one process, interleaved (dtype A, dtype B, A, B, ...) so a
+shared machine's load falls on both alike.
+
+Each engine holds `batch` requests of real ShareGPT prompts (cut to --prompt-len tokens)
+past their prefill; a step is `LLMEngine.step()` (schedule, inputs, forward, sampling,
+detokenization), timed in wall seconds and in this process's CPU seconds (which a loaded
+machine inflates less than wall time). Also reports the CPU (model, ISA flags), the load
+average before and after, and `--dtype auto`'s choice on this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int):
+    from kvpilot.engine import LLM
+
+    blocks_per_seq = -(-(prompt_len + steps * 64 + 64) // 16)
+    return LLM(model, dtype=dtype, max_num_seqs=max_batch, max_model_len=2048,
+               num_gpu_blocks_override=max(max_batch * blocks_per_seq, 2048 // 16) + 8, swap_space=0)
+
+
+def _fill(llm, prompts: list[list[int]], tag: str) -> None:
+    """Adds the requests and steps until every one of them is decoding."""
+    from kvpilot.engine import SamplingParams
+
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", p, SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True))
+    while engine.scheduler.waiting or any(s.is_prefill for s in engine.scheduler.running):
+        engine.step()
+
+
+def _drain(llm, n: int, tag: str) -> None:
+    for i in range(n):
+        llm.engine.abort_request(f"{tag}-{i}")
+
+
+def _time_steps(llm, steps: int) -> tuple[float, float]:
+    """Median wall and CPU milliseconds of `steps` decode steps."""
+    walls, cpus = [], []
+    for _ in range(steps):
+        w, c = time.perf_counter(), time.process_time()
+        llm.engine.step()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return 1e3 * statistics.median(walls), 1e3 * statistics.median(cpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvpilot bench decode-step", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, compared side by side")
+    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per batch size")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--output-json", default="bench-results/decode_step.json")
+    args = p.parse_args(argv)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    try:
+        batches = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        p.error("--batch-sizes must be comma-separated integers")
+    if not dtypes or any(b < 1 for b in batches) or args.steps < 1 or args.rounds < 1:
+        p.error("need at least one dtype, batch sizes >= 1, --steps >= 1 and --rounds >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from kvpilot.bench.datasets import sharegpt_pairs
+    from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+
+    load_before = os.getloadavg()
+    engines = {d: _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds) for d in dtypes}
+    tok = next(iter(engines.values())).get_tokenizer()
+    prompts = []
+    for prompt, _ in sharegpt_pairs():
+        ids = tok.encode(prompt, add_special_tokens=False)
+        if len(ids) >= args.prompt_len:
+            prompts.append(ids[: args.prompt_len])
+        if len(prompts) == max(batches):
+            break
+    results: dict[str, dict[str, dict]] = {d: {} for d in dtypes}
+    for batch in batches:
+        samples = {d: ([], []) for d in dtypes}
+        for d, llm in engines.items():
+            _fill(llm, prompts[:batch], f"b{batch}")
+            _time_steps(llm, 2)  # warm-up at this batch size
+        for _ in range(args.rounds):
+            for d, llm in engines.items():
+                wall, cpu = _time_steps(llm, args.steps)
+                samples[d][0].append(wall)
+                samples[d][1].append(cpu)
+        for d, llm in engines.items():
+            _drain(llm, batch, f"b{batch}")
+            wall, cpu = statistics.median(samples[d][0]), statistics.median(samples[d][1])
+            results[d][str(batch)] = {"step_wall_ms": wall, "step_cpu_ms": cpu,
+                                      "decode_tok_s": batch / wall * 1e3, "rounds_wall_ms": samples[d][0]}
+            print(f"batch {batch:>3} {d:>9}: {wall:7.1f} ms/step wall, {cpu:7.1f} ms CPU, "
+                  f"{batch / wall * 1e3:7.1f} tok/s", flush=True)
+    cpu_info = detect_cpu()
+    choice = choose_cpu_dtype(cpu_info)
+    out = {"cpu": cpu_info.as_dict(), "torch_threads": torch.get_num_threads(),
+           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+           "prompt_len": args.prompt_len, "steps_per_round": args.steps, "rounds": args.rounds,
+           "auto_dtype": {"dtype": str(choice.dtype).removeprefix("torch."), "reason": choice.reason},
+           "results": results}
+    path = Path(args.output_json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""What this CPU can do, and the dtype `--dtype auto` runs on it.
+
+On x86, bfloat16 matmuls are fast only where the CPU has native bf16 instructions
+(AVX512_BF16, or AMX tiles with AMX_BF16): there oneDNN's bf16 kernels reach several
+times the fp32 rate (about 650-730 GFLOP/s against ~200 on the Intel/AMX machines we
+measured). Elsewhere (AVX2 only, or AVX-512 without BF16) PyTorch falls back to a slow
+bf16 path: 1-2 GFLOP/s against 15-110 in fp32 on a 2-core AVX2 AMD EPYC (oneDNN's
+weight prepacking refuses there: it needs avx512bw/vl/dq or avx_ne_convert); reading half
+the weight bytes still wins at batch 1-2, but batched decode, which is what a server
+runs, is faster in float32 there (benchmarks/results/throughput/dtype_avx2.json).
+So `auto` on CPU is bfloat16 with native bf16 and float32 otherwise, with the reason
+logged. (vLLM's CPU platform lists bf16 as supported on every x86 CPU and keeps the
+checkpoint's dtype; it does not choose by ISA. PyTorch's own check is
+torch.cpu._is_avx512_bf16_supported / _is_amx_tile_supported.)
+Source: the ISA flags (avx512_bf16, amx_bf16) as Linux lists them in /proc/cpuinfo.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# flags reported in benchmark JSON (the ones that decide kernels and dtypes)
+ISA_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """model_name: /proc/cpuinfo's 'model name'; flags: its ISA flags (lower case)."""
+
+    model_name: str
+    flags: frozenset[str]
+    machine: str = "x86_64"
+
+    @classmethod
+    def parse(cls, text: str, machine: str = "x86_64") -> CpuInfo:
+        """Reads the first processor's 'model name' and 'flags' lines of /proc/cpuinfo text."""
+        model, flags = "unknown", frozenset()
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model == "unknown":
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = frozenset(value.lower().split())
+        return cls(model, flags, machine)
+
+    @property
+    def native_bf16(self) -> bool:
+        return any(f in self.flags for f in NATIVE_BF16_FLAGS)
+
+    def as_dict(self) -> dict:
+        """For benchmark JSON: model, architecture, the ISA flags that matter, torch's view."""
+        return {"model_name": self.model_name, "machine": self.machine,
+                "isa_flags": sorted(f for f in ISA_FLAGS if f in self.flags),
+                "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+@lru_cache(maxsize=1)
+def detect_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
+    """This machine's CpuInfo (empty flags where /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        text = ""
+    return CpuInfo.parse(text, platform.machine())
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: torch.dtype
+    reason: str
+
+
+def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
+    """The dtype `--dtype auto` runs on this CPU: bfloat16 where native bf16 exists
+    (AVX512_BF16 or AMX_BF16), float32 otherwise."""
+    present = [f for f in NATIVE_BF16_FLAGS if f in cpu.flags]
+    if present:
+        return DtypeChoice(torch.bfloat16, f"CPU {cpu.model_name!r} has native bf16 ({', '.join(present)})")
+    isa = "AVX-512 without BF16" if "avx512f" in cpu.flags else ("AVX2" if "avx2" in cpu.flags else cpu.machine)
+    return DtypeChoice(torch.float32, (
+        f"CPU {cpu.model_name!r} has no native bf16 ({isa}; neither avx512_bf16 nor amx_bf16): "
+        f"bf16 matmuls run on a slow path there and batched decode is faster in float32"))
+
+
+def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:
+    """`--dtype auto`: on CUDA bfloat16 (vLLM's default for bf16 checkpoints), on CPU
+    `choose_cpu_dtype` of this machine (or `cpu`)."""
+    if device.startswith("cuda"):
+        return DtypeChoice(torch.bfloat16, "CUDA device")
+    return choose_cpu_dtype(cpu or detect_cpu())
