@@ -21,8 +21,9 @@ The real outcome stays visible in the user attributes: `verdict`, `pruned_reason
 the settings is told FAIL: a transient one after its retry, and a trial interrupted by a
 killed tuner (`kvpilot.tuner.study.recover_interrupted`); both may be proposed again.
 The engine defaults are enqueued as the first trial. At the end the best few feasible
-trials are measured again (`kvpilot.tuner.decision`), and the running settings are only
-replaced when the winner beats the incumbent beyond the measured spread.
+trials (and the incumbent, the defaults, when feasible) are measured again; the report's
+decision (`kvpilot.tuner.decision`) replaces the running settings only when the winner
+beats the incumbent beyond the measured spread.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from optuna.trial import TrialState
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner import feasibility
+from kvpilot.tuner.decision import relative_spread, window_figure
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
@@ -67,14 +69,19 @@ class TunerConfig:
     """objective: 'goodput' | 'throughput' | 'multi'; latency: the p95 that 'multi'
     minimises ('ttft' | 'itl' | 'e2e'); n_trials: deployments to spend (measured or failed
     trials; pruned and duplicate ones are free); remeasure_top: how many of the best
-    feasible trials to measure again at the end; max_asks: stop after this many asks even
-    if the budget is not spent (a space that is mostly infeasible)."""
+    feasible trials to measure again at the end (the incumbent, trial 0, too when it is
+    feasible); max_asks: stop after this many asks even if the budget is not spent (a space
+    that is mostly infeasible); max_windows: windows per trial, more than one measures a
+    second and keeps going up to max_windows while their relative spread exceeds
+    wide_spread (`kvpilot.tuner.decision.window_figure`)."""
 
     objective: str = "goodput"
     latency: str = "e2e"
     n_trials: int = 8
     remeasure_top: int = 2
     max_asks: int = 200
+    max_windows: int = 1
+    wide_spread: float = 0.15
 
 
 class Tuner:
@@ -136,7 +143,8 @@ class Tuner:
     def _run(self, trial: optuna.Trial, settings: EngineSettings) -> optuna.trial.FrozenTrial:
         for attempt in (1, 2):
             try:
-                m = self.runner.run_trial(trial.number, settings)
+                m, figures = window_figure(lambda: self.runner.run_trial(trial.number, settings), self._figure,
+                                           self.config.max_windows, self.config.wide_spread)
                 break
             except TrialCutShort as e:
                 trial.set_user_attr("measurement", e.measurement.as_dict())
@@ -153,10 +161,15 @@ class Tuner:
                 # a transient failure says nothing about the settings: hidden, may be tried again
                 return self._tell(trial, FAILED, state=TrialState.FAIL if e.kind == TRANSIENT else TrialState.COMPLETE)
         trial.set_user_attr("measurement", m.as_dict())
+        trial.set_user_attr("window_values", figures)
+        trial.set_user_attr("window_spread", relative_spread(figures))
         constraints = slack(m, self.slo)
         verdict = MEASURED if is_feasible(constraints) else VIOLATES
         return self._tell(trial, verdict, constraints=constraints,
                           values=values(m, self.config.objective, self.config.latency))
+
+    def _figure(self, m: Measurement) -> float:
+        return values(m, self.config.objective, self.config.latency)[0]
 
     def _tell_prior(self, trial: optuna.Trial, prior: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
         trial.set_user_attr("duplicate_of", prior.number)
@@ -205,7 +218,11 @@ class Tuner:
         across a resume)."""
         done = {t.user_attrs["remeasure_of"] for t in self.study.get_trials(deepcopy=False)
                 if "remeasure_of" in t.user_attrs and t.state == TrialState.COMPLETE}
-        for t in best_measured(self.study)[: self.config.remeasure_top]:
+        todo = best_measured(self.study)[: self.config.remeasure_top]
+        incumbent = next((t for t in best_measured(self.study) if t.user_attrs.get("is_defaults")), None)
+        if todo and incumbent is not None and incumbent.number not in {t.number for t in todo}:  # both spreads
+            todo.append(incumbent)
+        for t in todo:
             if t.number in done:
                 continue
             if stop():

@@ -29,6 +29,7 @@ from kvpilot.tuner.scrape import ScrapeSource
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import open_study
+from kvpilot.tuner.window import EmptySeries
 from kvpilot.tuner.workload import Load, Workload, drive, load_requests
 
 pytestmark = pytest.mark.slow
@@ -121,6 +122,40 @@ def test_scrape_and_prometheus_sources_agree_on_the_same_window(engine, promethe
     # goodput is a rate: the two windows differ in length (Prometheus's edges are scrapes),
     # the share of requests meeting the SLOs does not
     assert by_scrape.goodput_rps * by_scrape.duration_s == pytest.approx(by_prom.goodput_rps * by_prom.duration_s)
+
+
+def test_a_wrong_selector_is_a_measurement_error_never_zero(engine, prometheus, load):
+    """An empty PromQL result or a /metrics page without the selected series voids the
+    window (EmptySeries), and the trial fails with the reason after one re-measurement."""
+    wrong = PrometheusSource(prometheus.url, 'job="engine",model_name="no-such-model"', scrape_timeout_s=3)
+    right = PrometheusSource(prometheus.url, f'job="engine",model_name="{MODEL}"', scrape_timeout_s=10)
+    start = right.begin().time_s
+    with pytest.raises(EmptySeries, match="no-such-model"):
+        wrong.begin()
+    with pytest.raises(EmptySeries, match="no series"):
+        wrong.counter_delta("vllm:num_preemptions_total", start - 5, start)
+    assert right.counter_delta("vllm:num_preemptions_total", start - 5, start) >= 0  # the series exists
+    with pytest.raises(EmptySeries, match="no-such-model"):
+        ScrapeSource(engine.base_url, {"model_name": "no-such-model"}).snapshot()
+
+    class Once(LocalRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls = 0
+
+        def run_trial(self, number, settings):
+            self.calls += 1
+            return super().run_trial(number, settings)
+
+    runner = Once(engine, WORKLOAD, Load(load.requests[:2]), SLOS, MODEL,
+                  source_for=lambda _url: PrometheusSource(prometheus.url, 'job="no-such-job"', scrape_timeout_s=3))
+    study = open_study("void", None)
+    Tuner(study, SearchSpace(max_num_batched_tokens=None, max_num_seqs=None), BASE, resolve_model(MODEL),
+          Hardware(device_memory_bytes=1, num_gpu_blocks_override=48), SLOS, runner,
+          TunerConfig(n_trials=1, remeasure_top=0)).run()
+    trial = study.trials[0]
+    assert runner.calls == 2 and trial.state == optuna.trial.TrialState.FAIL
+    assert "no series" in trial.user_attrs["failure_message"] and trial.user_attrs["verdict"] == "failed"
 
 
 def test_local_tuning_session_runs_three_trials_live_and_by_restart(engine, prometheus, load, tmp_path):
