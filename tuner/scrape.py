@@ -28,8 +28,9 @@ def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: fl
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            if name == HTTP_REQUESTS + "_total" or name == HTTP_REQUESTS:  # server-wide: no model label
-                if sample.labels.get("handler", "").startswith("/v1/") and sample.labels.get("status") in ("4xx", "5xx"):
+            if name == HTTP_REQUESTS:  # server-wide: no model label
+                labels = sample.labels
+                if labels.get("handler", "").startswith("/v1/") and labels.get("status") in ("4xx", "5xx"):
                     snap.counters[HTTP_ERRORS] = snap.counters.get(HTTP_ERRORS, 0.0) + sample.value
                 continue
             info = family.name == CONFIG_INFO or sample.name == CONFIG_INFO

@@ -87,7 +87,8 @@ def test_failed_and_infeasible_trials_are_among_what_the_sampler_conditions_on(s
     last = study.trials[-1].number
     for t in failed + pruned:
         assert t.state == TrialState.COMPLETE and t.values == [0.0]
-        assert all(c > 0 for c in t.constraints.values()), t.constraints  # Trial.set_constraint, what both samplers read
+        # Trial.set_constraint: what both samplers read
+        assert all(c > 0 for c in t.constraints.values()), t.constraints
         assert t.user_attrs.get("failure_kind") == "out_of_memory" or t.user_attrs.get("pruned_reason")
         if t.number < last:
             assert t.number in spy.union(), f"trial {t.number} ({t.user_attrs['verdict']}) never reached {sampler}"
