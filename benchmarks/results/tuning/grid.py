@@ -121,7 +121,8 @@ def main() -> int:
             hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
             scen = table["scenarios"].setdefault(name, {
                 "spec": {k: (str(v) if k == "rate" else v) for k, v in spec.items()},
-                "defaults": points(name)[0].as_dict(), "points": []})
+                "defaults": DEFAULTS.replace(max_model_len=spec["max_model_len"]).as_dict(),
+                "points": []})
             if not scen["points"]:
                 for s in points(name):
                     v = check(s, model, hardware)
