@@ -187,6 +187,30 @@ def test_local_tuning_session_runs_three_trials_live_and_by_restart(engine, prom
     assert "best: trial #" in report.table(rep)
 
 
+def test_a_binding_slo_the_defaults_break_and_the_tuners_pick_meets(engine, load):
+    """No preemptions allowed: a burst of 8 requests of 81 + 24 tokens needs 8 x 7 KV blocks,
+    more than the 48 there are, so the defaults (8 sequences at once) preempt whatever the
+    machine's speed, while 4 or 2 sequences fit. The tuner samples the rest itself."""
+    slo = SLO(ttft_p95_ms=600_000, itl_p95_ms=60_000, max_preemptions_per_min=0)
+    burst = Load([SampleRequest(f"{i} " + " ".join(["word"] * 80), 81, 24) for i in range(9)])
+    workload = Workload(num_requests=8, warmup_requests=1)
+    runner = LocalRunner(engine, workload, burst, slo, MODEL)
+    space = SearchSpace(max_num_batched_tokens=None, max_num_seqs=(2, 8), enable_chunked_prefill=(True,),
+                        max_num_seqs_pow2=True)
+    study = open_study("binding", None, seed=3)
+    Tuner(study, space, BASE, resolve_model(MODEL), Hardware(1, num_gpu_blocks_override=48), slo, runner,
+          TunerConfig(n_trials=2, remeasure_top=0, max_asks=12)).run()
+    rep = report.build(study, slo, "goodput")
+    defaults = rep["trials"][0]
+    assert defaults["is_defaults"] and defaults["verdict"] == "violates_slo"
+    assert defaults["measurement"]["preemptions"] > 0 and "preemptions_per_min" in defaults["violations"]
+    best = rep["best"]
+    assert best is not None and best["settings"]["max_num_seqs"] < BASE.max_num_seqs
+    picked = next(t for t in rep["trials"] if t["number"] == best["number"])
+    assert picked["measurement"]["preemptions"] == 0 and picked["measurement"]["failed"] == 0
+    assert rep["decision"]["replace"] and rep["decision"]["winner"] == best["number"]
+
+
 def test_start_failure_is_classified_out_of_memory_as_the_feasibility_check_predicted(tmp_path):
     settings = EngineSettings(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024)
     proc = EngineProcess(MODEL, tmp_path / "engine.log", ["--num-gpu-blocks-override", "16"], startup_timeout_s=120)
