@@ -11,8 +11,9 @@ On a shared machine the same settings measure differently from one window to the
   incumbent only when its median beats the incumbent's by more than the measured noise,
   half the larger of the two spreads (max - min over their windows), i.e. the medians
   differ by more than either figure moves around its own middle. An incumbent that breaks the SLOs is replaced by any
-  feasible winner: meeting the SLOs is the point. Without a second run of both there is no
-  spread to compare against, and the decision says so (noise None).
+  feasible winner: meeting the SLOs is the point. Without a second window of both (the
+  user turned re-measurement off) there is no spread: the single windows decide, and the
+  decision says so (noise None).
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ def decide(winner: dict[str, Any] | None, incumbent: dict[str, Any] | None, maxi
                         0.0, None)
     sign = 1.0 if maximize else -1.0
     margin = sign * (statistics.median(winner["runs"]) - statistics.median(incumbent["runs"]))
-    if len(winner["runs"]) < 2 or len(incumbent["runs"]) < 2:
-        return Decision(False, "not measured twice each: no spread to beat, keep the running settings",
-                        winner["number"], incumbent["number"], margin, None)
+    if len(winner["runs"]) < 2 or len(incumbent["runs"]) < 2:  # re-measurements off (--remeasure-top 0)
+        return Decision(margin > 0, f"margin {margin:.3g} on single windows: no spread measured "
+                        f"(re-measurements off), decided on the windows alone", winner["number"],
+                        incumbent["number"], margin, None)
     noise = max(max(r["runs"]) - min(r["runs"]) for r in (winner, incumbent)) / 2
     if margin > noise:
         return Decision(True, f"beats the running settings by {margin:.3g} > noise {noise:.3g}", winner["number"],

@@ -44,7 +44,8 @@ def test_replace_only_beyond_the_spread():
     assert not decide({"number": 5, "runs": [1.4, 1.7]}, inc).replace  # margin 0.25 < noise 0.6 / 2
     d = decide({"number": 5, "runs": [1.7, 1.8]}, inc)
     assert d.replace and d.margin == pytest.approx(0.45) and d.noise == pytest.approx(0.3)
-    assert not decide({"number": 5, "runs": [3.0]}, inc).replace  # one run: no spread to beat
+    single = decide({"number": 5, "runs": [3.0]}, {"number": 0, "runs": [1.0], "feasible": True})
+    assert single.replace and single.noise is None and "no spread" in single.reason  # re-measurements off
     assert decide({"number": 5, "runs": [1.01]}, {"number": 0, "runs": [2.0], "feasible": False}).replace
     assert not decide(None, inc).replace
     # minimising: lower is better
