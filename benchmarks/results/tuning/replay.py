@@ -30,6 +30,7 @@ import sys
 import numpy as np
 import optuna
 
+from kvpilot.tuner import report
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
 from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
@@ -155,7 +156,8 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
     budget = math.ceil(len(points) / 3)
     model = resolve_model(MODEL)
     hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
-    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": []} for k in ("tuner", "random", "grid_order")}
+    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": []}
+                                for k in ("tuner", "tuner_decide", "random", "grid_order")}
 
     def score(p: dict) -> float:
         f = fig[key(p)]
@@ -170,6 +172,16 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
         pick = runner.by_settings[json.dumps(found[0].user_attrs["settings"], sort_keys=True)] if found else defaults
         results["tuner"]["ratios"].append(score(pick))
         results["tuner"]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
+        # the same, plus the re-measurement of its best and of the incumbent and the noise-aware
+        # decision (up to 2 windows over the budget): deploy the winner only beyond the spread
+        runner = TableRunner(points, slo, random.Random(seed))
+        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, n_startup_trials=1))
+        Tuner(study, GridSpace(spec["axes"]), base, model, hardware, slo, runner,
+              TunerConfig(n_trials=budget, remeasure_top=1, max_asks=50)).run()
+        rep = report.build(study, slo, "goodput")
+        chosen = rep["best"]["settings"] if rep["best"] and rep["decision"]["replace"] else base.as_dict()
+        results["tuner_decide"]["ratios"].append(score(runner.by_settings[json.dumps(chosen, sort_keys=True)]))
+        results["tuner_decide"]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
         rng = random.Random(1000 + seed)
         for strategy, order in (("random", [rng.choice(points) for _ in range(budget)]),
                                 ("grid_order", rng.sample(points, budget))):
