@@ -132,12 +132,13 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
         raise
     rep = reports.build(study, slo, objective, {"mode": "cluster", "namespace": a.namespace, "name": a.name,
                                                 "target": target})
-    best = rep.get("best")
+    best = rep.get("best") if (rep.get("decision") or {}).get("replace", True) else None  # beyond the noise only
     final = runner.finish(EngineSettings(**best["settings"]) if best else None, original,
                           best["number"] if best else None, best["median"] if best else None)
     rep["applied"] = final.to_engine_spec()
+    keep_reason = (rep.get("decision") or {}).get("reason", "no trial met the SLOs")
     event("TuningDone", f"spec.engine now {final.describe()}" + (f" (trial {best['number']})" if best else
-                                                                  " (no trial met the SLOs: the original settings)"))
+                                                                  f" (kept the original settings: {keep_reason})"))
     reports.write(rep, a.report_dir)
     artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(a.name, spec.model.source, final, slo,
                                                                             base=obj))

@@ -25,7 +25,7 @@ from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.objective import SLO, Measurement, constraint_names, slack
 from kvpilot.tuner.scrape import ScrapeSource
 from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.window import Snapshot, config_mismatches
+from kvpilot.tuner.window import EmptySeries, Snapshot, config_mismatches
 from kvpilot.tuner.workload import Load, Workload, client_measurement, drive
 
 logger = logging.getLogger("kvpilot.tuner")
@@ -47,7 +47,7 @@ def combine(client: Measurement, server: Measurement) -> Measurement:
         return a if not math.isnan(a) else b
 
     return Measurement(
-        duration_s=client.duration_s, completed=client.completed, failed=client.failed,
+        duration_s=client.duration_s, completed=client.completed, failed=max(client.failed, server.failed),
         throughput_rps=client.throughput_rps, goodput_rps=client.goodput_rps,
         output_tokens_per_s=client.output_tokens_per_s,
         ttft_p95_s=pick(server.ttft_p95_s, client.ttft_p95_s), itl_p95_s=pick(server.itl_p95_s, client.itl_p95_s),
@@ -108,7 +108,7 @@ class WindowMeasurer:
                 wrong = config_mismatches(info, settings.as_dict())
                 if not info:  # a server still loading its model serves no metrics yet
                     wrong = {"vllm:cache_config_info": ("the trial's settings", "not reported")}
-            except httpx.HTTPError as e:  # a pod still starting
+            except (httpx.HTTPError, EmptySeries) as e:  # a pod still starting, or still loading
                 if time.monotonic() >= deadline:
                     raise
                 info, wrong = {}, {"unreachable": (str(settings), repr(e))}
@@ -143,7 +143,9 @@ class WindowMeasurer:
     def measure(self, base_url: str, headers: dict[str, str], settings: EngineSettings,
                 request_rate: float | None = None) -> Measurement:
         """The trial's Measurement (at `request_rate` when given, else the workload's).
-        Raises TrialFailed (transient) when the engine stops answering."""
+        Raises TrialFailed (transient) when the engine stops answering or a metric the
+        window needs has no series (EmptySeries: the loop measures once more, then fails
+        the trial with the reason)."""
         try:
             info = self.confirm(base_url, settings)
             if self.load is None:  # live traffic: observe a window of the real load
@@ -166,6 +168,8 @@ class WindowMeasurer:
             server = source.measure(start, self.slo)
         except httpx.HTTPError as e:
             raise TrialFailed(TRANSIENT, f"engine unreachable during the trial: {e!r}") from e
+        except EmptySeries as e:  # retried once by the loop, then failed with this reason
+            raise TrialFailed(TRANSIENT, f"measurement void, a metric has no series: {e}") from e
         m = combine(client_measurement(results, duration, self.slo), server)
         m.extra.update(reported_config=info)
         return m

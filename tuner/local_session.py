@@ -105,7 +105,8 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
             "engine_args": a.engine_args}
     rep = reports.build(study, a.slo, a.objective, meta)
     path = reports.write(rep, a.report_dir)
-    best = EngineSettings(**rep["best"]["settings"]) if rep.get("best") else base
+    replace = rep.get("best") and (rep.get("decision") or {}).get("replace", True)  # beyond the noise only
+    best = EngineSettings(**rep["best"]["settings"]) if replace else base
     artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(
         name.split("-")[0], f"builtin://{name}" if not a.model.startswith("/") else a.model, best, a.slo,
         extra_args=a.engine_args))

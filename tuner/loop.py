@@ -1,18 +1,29 @@
 """The tuning loop, ask-and-tell: ask Optuna for a trial, turn it into engine settings,
 check feasibility, run it on a runner (local processes or a cluster), tell the result.
 
-Every trial is told, none hidden (Optuna's ask-and-tell guidance):
-- infeasible settings are told PRUNED with the reason, never deployed;
-- a live-traffic trial cut short because it clearly broke an SLO is told PRUNED with its
-  partial measurement;
-- a runner failure is classified; transient ones are retried once, the others told FAIL
-  with the cause, and the same settings, if proposed again, are failed without a run;
-- settings measured before are told the earlier result (a 'duplicate', not re-run);
-- measured trials are told their objective value(s) and their SLO slack for
-  `constraints_func`.
+Every outcome that says something about the settings reaches the sampler. Optuna's TPE
+conditions only on COMPLETE and PRUNED trials, its GPSampler only on COMPLETE ones, and
+both rank infeasible trials by their constraint values (`Trial.set_constraint`); a FAIL
+trial is invisible to both (optuna/samplers/_tpe/sampler.py `_sample`,
+_gp/sampler.py `sample_relative`). So every trial with a verdict about its settings is
+told COMPLETE, with constraint values in Optuna's contract (> 0 violated):
+- measured: its objective value(s) and SLO slack;
+- infeasible (the memory model refused it, never deployed) and failed (OOM, crash,
+  refused flags; transient failures are retried once first): a dominated objective
+  value (`penalty_values`) and, on every constraint, a violation as large as the worst
+  one measured so far (`penalty_constraints`), so both samplers rank it last without
+  an outlier that would swamp the GP's standardisation;
+- cut short (a live-traffic trial that clearly broke an SLO): its partial measurement's
+  values and slack;
+- settings measured before: the earlier result ('duplicate', not re-run).
+The real outcome stays visible in the user attributes: `verdict`, `pruned_reason`,
+`failure_kind`, `failure_message`, `measurement`. Only a failure that says nothing about
+the settings is told FAIL: a transient one after its retry, and a trial interrupted by a
+killed tuner (`kvpilot.tuner.study.recover_interrupted`); both may be proposed again.
 The engine defaults are enqueued as the first trial. At the end the best few feasible
-trials are measured again (as extra trials tagged `remeasure_of`), and the report ranks
-them by their median, so one lucky window does not pick the winner.
+trials (and the incumbent, the defaults, when feasible) are measured again; the report's
+decision (`kvpilot.tuner.decision`) replaces the running settings only when the winner
+beats the incumbent beyond the measured spread.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from optuna.trial import TrialState
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner import feasibility
+from kvpilot.tuner.decision import relative_spread, window_figure
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
@@ -57,14 +69,19 @@ class TunerConfig:
     """objective: 'goodput' | 'throughput' | 'multi'; latency: the p95 that 'multi'
     minimises ('ttft' | 'itl' | 'e2e'); n_trials: deployments to spend (measured or failed
     trials; pruned and duplicate ones are free); remeasure_top: how many of the best
-    feasible trials to measure again at the end; max_asks: stop after this many asks even
-    if the budget is not spent (a space that is mostly infeasible)."""
+    feasible trials to measure again at the end (the incumbent, trial 0, too when it is
+    feasible); max_asks: stop after this many asks even if the budget is not spent (a space
+    that is mostly infeasible); max_windows: windows per trial, more than one measures a
+    second and keeps going up to max_windows while their relative spread exceeds
+    wide_spread (`kvpilot.tuner.decision.window_figure`)."""
 
     objective: str = "goodput"
     latency: str = "e2e"
     n_trials: int = 8
     remeasure_top: int = 2
     max_asks: int = 200
+    max_windows: int = 1
+    wide_spread: float = 0.15
 
 
 class Tuner:
@@ -119,20 +136,21 @@ class Tuner:
         if not verdict.feasible:
             logger.info("trial %d pruned: %s", trial.number, verdict.reason)
             trial.set_user_attr("pruned_reason", verdict.reason)
-            return self._tell(trial, PRUNED, state=TrialState.PRUNED)
+            return self._tell(trial, PRUNED)
         return self._run(trial, settings)
 
     # ------------------------------------------------------------ outcomes
     def _run(self, trial: optuna.Trial, settings: EngineSettings) -> optuna.trial.FrozenTrial:
         for attempt in (1, 2):
             try:
-                m = self.runner.run_trial(trial.number, settings)
+                m, figures = window_figure(lambda: self.runner.run_trial(trial.number, settings), self._figure,
+                                           self.config.max_windows, self.config.wide_spread)
                 break
             except TrialCutShort as e:
                 trial.set_user_attr("measurement", e.measurement.as_dict())
                 trial.set_user_attr("pruned_reason", e.reason)
-                return self._tell(trial, CUT_SHORT, state=TrialState.PRUNED,
-                                  constraints=slack(e.measurement, self.slo))
+                return self._tell(trial, CUT_SHORT, constraints=slack(e.measurement, self.slo),
+                                  values=values(e.measurement, self.config.objective, self.config.latency))
             except TrialFailed as e:
                 if e.retryable and attempt == 1:
                     logger.warning("trial %d: %s; retrying once", trial.number, e)
@@ -140,29 +158,43 @@ class Tuner:
                 trial.set_user_attr("failure_kind", e.kind)
                 trial.set_user_attr("failure_message", e.message[-2000:])
                 trial.set_user_attr("attempts", attempt)
-                return self._tell(trial, FAILED, state=TrialState.FAIL)
+                # a transient failure says nothing about the settings: hidden, may be tried again
+                return self._tell(trial, FAILED, state=TrialState.FAIL if e.kind == TRANSIENT else TrialState.COMPLETE)
         trial.set_user_attr("measurement", m.as_dict())
+        trial.set_user_attr("window_values", figures)
+        trial.set_user_attr("window_spread", relative_spread(figures))
         constraints = slack(m, self.slo)
         verdict = MEASURED if is_feasible(constraints) else VIOLATES
         return self._tell(trial, verdict, constraints=constraints,
                           values=values(m, self.config.objective, self.config.latency))
 
+    def _figure(self, m: Measurement) -> float:
+        return values(m, self.config.objective, self.config.latency)[0]
+
     def _tell_prior(self, trial: optuna.Trial, prior: optuna.trial.FrozenTrial) -> optuna.trial.FrozenTrial:
         trial.set_user_attr("duplicate_of", prior.number)
-        if prior.state == TrialState.FAIL:
+        if prior.user_attrs.get("verdict") in (FAILED, KNOWN_FAILURE):
             trial.set_user_attr("failure_kind", prior.user_attrs.get("failure_kind"))
-            return self._tell(trial, KNOWN_FAILURE, state=TrialState.FAIL)
-        if prior.state == TrialState.PRUNED:
+            return self._tell(trial, KNOWN_FAILURE)
+        if prior.user_attrs.get("verdict") == PRUNED:
             trial.set_user_attr("pruned_reason", prior.user_attrs.get("pruned_reason"))
-            return self._tell(trial, PRUNED, state=TrialState.PRUNED)
+            return self._tell(trial, PRUNED)
         trial.set_user_attr("measurement", prior.user_attrs["measurement"])
         return self._tell(trial, DUPLICATE, constraints=prior.user_attrs[CONSTRAINTS_ATTR], values=prior.values)
 
     def _tell(self, trial: optuna.Trial, verdict: str, *, state: TrialState = TrialState.COMPLETE,
               constraints: list[float] | None = None, values: list[float] | None = None) -> optuna.trial.FrozenTrial:
+        """Tells `trial` COMPLETE (or FAIL for `state=FAIL`): without a measurement with
+        the penalty values and constraints; INFEASIBLE markers (no latency sample) are
+        replaced by the penalty so every told value is finite and comparable."""
         trial.set_user_attr("verdict", verdict)
-        constraints = constraints or [INFEASIBLE] * self.n_constraints
+        worst = penalty_constraints(self.study, self.slo)
+        constraints = [w if c >= INFEASIBLE else c for c, w in zip(constraints or worst, worst)]
+        dominated = penalty_values(self.study, self.config.objective, self.slo, self.config.latency)
+        values = [d if v >= INFEASIBLE else v for v, d in zip(values or dominated, dominated)]
         trial.set_user_attr(CONSTRAINTS_ATTR, constraints)
+        if state == TrialState.COMPLETE and verdict not in (MEASURED, VIOLATES, DUPLICATE):
+            trial.set_user_attr("told_as", "complete with penalty" if verdict != CUT_SHORT else "complete, partial")
         if NATIVE_CONSTRAINTS:
             for name, value in zip(constraint_names(self.slo), constraints):
                 trial.set_constraint(name, value)
@@ -174,14 +206,10 @@ class Tuner:
         """An earlier finished trial with the same settings whose outcome is final: a
         measurement, an infeasibility, or a failure that was not transient."""
         wanted = settings.as_dict()
-        for t in self.study.get_trials(deepcopy=False):
-            if t.number == number or t.user_attrs.get("settings") != wanted:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.number == number or t.user_attrs.get("settings") != wanted or "remeasure_of" in t.user_attrs:
                 continue
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "remeasure_of" not in t.user_attrs:
-                return t
-            if (t.state == TrialState.FAIL and t.user_attrs.get("verdict") == FAILED
-                    and t.user_attrs.get("failure_kind") != TRANSIENT):  # a transient one may pass later
-                return t
+            return t  # transient failures are told FAIL: they may pass later
         return None
 
     # ------------------------------------------------------------ re-measurement
@@ -190,13 +218,46 @@ class Tuner:
         across a resume)."""
         done = {t.user_attrs["remeasure_of"] for t in self.study.get_trials(deepcopy=False)
                 if "remeasure_of" in t.user_attrs and t.state == TrialState.COMPLETE}
-        for t in best_measured(self.study)[: self.config.remeasure_top]:
+        todo = best_measured(self.study)[: self.config.remeasure_top]
+        incumbent = next((t for t in best_measured(self.study) if t.user_attrs.get("is_defaults")), None)
+        if todo and incumbent is not None and incumbent.number not in {t.number for t in todo}:  # both spreads
+            todo.append(incumbent)
+        for t in todo:
             if t.number in done:
                 continue
             if stop():
                 raise TuningStopped("stopped before the re-measurements")
             self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number})
             self.step()
+
+
+def penalty_constraints(study: optuna.Study, slo: SLO) -> list[float]:
+    """Constraint values for a trial without a measurement (infeasible or failed): per
+    constraint, the largest violation measured so far in the study, and at least the
+    limit itself (a p95 twice its SLO) or 1 for a zero limit (preemptions, failed
+    requests). Units: ms, preemptions/min, requests, as `objective.slack`."""
+    limits = [slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms]
+    worst = [lim for lim in limits if lim > 0] + [max(slo.max_preemptions_per_min, 1.0), 1.0]
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("verdict") in (MEASURED, VIOLATES, CUT_SHORT):
+            for i, c in enumerate(t.user_attrs.get(CONSTRAINTS_ATTR) or ()):
+                if i < len(worst) and c < INFEASIBLE:
+                    worst[i] = max(worst[i], c)
+    return worst
+
+
+def penalty_values(study: optuna.Study, objective: str, slo: SLO, latency: str = "e2e") -> list[float]:
+    """The dominated objective value(s) of a trial without a measurement: 0 requests/s
+    (nothing served), and for 'multi' a p95 latency (ms) no better than the worst
+    measured, at least twice its SLO (1 s without one)."""
+    if objective != "multi":
+        return [0.0]
+    limit = {"ttft": slo.ttft_p95_ms, "itl": slo.itl_p95_ms, "e2e": slo.e2e_p95_ms}[latency]
+    worst = 2 * limit if limit > 0 else 1000.0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("verdict") in (MEASURED, VIOLATES) and t.values[1] < INFEASIBLE:
+            worst = max(worst, t.values[1])
+    return [0.0, worst]
 
 
 def best_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -6,7 +6,9 @@ window's p95 time to first token, p95 inter-token latency and preemptions per mi
 Constraints follow Optuna's contract (`Trial.set_constraint`, and `constraints_func` of
 `optuna.samplers.TPESampler` / `GPSampler` before Optuna 5): each value is
 `measured - limit`, and a trial is feasible when every value is <= 0. The values are also
-kept in the trial's user attributes, so `constraints_func` only reads them back.
+kept in the trial's user attributes, so `constraints_func` only reads them back. A trial
+the tuner could not measure (infeasible, failed) is still told, COMPLETE with a dominated
+value and violated constraints (`kvpilot.tuner.loop`): TPE and GP condition on nothing else.
 A multi-objective mode maximises throughput and minimises a p95 latency (Pareto front);
 'capacity' maximises the highest request rate that meets the SLOs (`kvpilot.tuner.capacity`).
 """
@@ -20,7 +22,7 @@ from typing import Any
 import optuna
 
 CONSTRAINTS_ATTR = "constraints"
-INFEASIBLE = 1e9  # the slack recorded for a trial that never ran (pruned or failed)
+INFEASIBLE = 1e9  # marks a constraint without a sample; the loop tells a finite penalty instead
 OBJECTIVES = ("goodput", "throughput", "capacity", "multi")
 LATENCIES = ("ttft", "itl", "e2e")
 
@@ -115,8 +117,10 @@ def slack(m: Measurement, slo: SLO) -> list[float]:
 
 
 def constraints_func(trial: optuna.trial.FrozenTrial) -> list[float]:
-    """Optuna's `constraints_func`: the slack stored on the trial; a trial that never ran
-    gets INFEASIBLE for every constraint, so the sampler learns to avoid its region."""
+    """Optuna's `constraints_func` (Optuna 4): the slack stored on the trial. The loop
+    stores it on every trial it tells COMPLETE, failed and infeasible ones included (with
+    the penalty of `kvpilot.tuner.loop.penalty_constraints`), so the sampler learns to
+    avoid their region; a trial without it is treated as violating."""
     values = trial.user_attrs.get(CONSTRAINTS_ATTR)
     if values is None:
         return [INFEASIBLE]

@@ -15,19 +15,30 @@ evaluated at END. Unlike `increase(...[W])` this neither extrapolates to the win
 edges nor depends on the window lining up with the scrape interval, so it equals what
 `ScrapeSource` computes from the same two scrapes. `sel` scopes the series to one trial's
 engine (its job or pod labels, or the operator's config-hash label).
+
+A counter with no series under `sel` raises EmptySeries (a wrong selector is not "0
+preemptions"). Failed requests are the engine's aborts
+(`vllm:request_success_total{finished_reason="abort"}`) plus, when the server exports
+prometheus-fastapi-instrumentator's `http_requests_total{handler,method,status}` (vLLM's
+server does), the 4xx/5xx answers of its /v1 routes, matched without the engine-only
+labels (model_name, engine); without that series, aborts alone.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 
 from prometheus_api_client import PrometheusConnect
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import (COUNTERS, E2E, HISTOGRAMS, REQUESTS, RUNNING, TPOT, TTFT, Buckets, Snapshot,
-                                  window_metrics)
+from kvpilot.tuner.window import (ABORTS, COUNTERS, E2E, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS, RUNNING,
+                                  TPOT, TTFT, Buckets, EmptySeries, Snapshot, window_metrics)
+
+# label matchers that only the engine's own series carry: dropped for the HTTP metrics
+_ENGINE_LABELS = re.compile(r'\s*(model_name|engine)\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*,?')
 
 
 class PrometheusSource:
@@ -45,17 +56,34 @@ class PrometheusSource:
         self.clock = clock
 
     def _sel(self, name: str) -> str:
-        matchers = [m for m in (self.selector, 'finished_reason!="abort"' if name == REQUESTS else "") if m]
-        return f"{name}{{{','.join(matchers)}}}"
+        if name == HTTP_ERRORS:
+            return self._http_sel(errors=True)
+        extra = {REQUESTS: 'finished_reason!="abort"', ABORTS: 'finished_reason="abort"'}.get(name, "")
+        metric = REQUESTS if name == ABORTS else name
+        return f"{metric}{{{','.join(m for m in (self.selector, extra) if m)}}}"
+
+    def _http_sel(self, errors: bool) -> str:
+        """`http_requests_total` of the /v1 routes (4xx/5xx only when `errors`), matched by
+        the selector's target labels (job, pod): the HTTP series carry no model label."""
+        target = _ENGINE_LABELS.sub("", self.selector).strip().rstrip(",")
+        matchers = [m for m in (target, 'handler=~"/v1/.*"', 'status=~"4xx|5xx"' if errors else "") if m]
+        return f"{HTTP_REQUESTS}{{{','.join(matchers)}}}"
 
     def query(self, promql: str, at: float) -> list[dict]:
         """The instant vector of `promql` at time `at` (s since the epoch)."""
         return self.client.custom_query(promql, params={"time": f"{at:.3f}"})
 
     def scalar(self, promql: str, at: float) -> float:
-        """The single value of `promql` at `at`; 0 for an empty vector."""
+        """The single value of `promql` at `at`. Raises EmptySeries for an empty vector:
+        no series matched (a wrong selector, nothing scraped), which is not a 0."""
         result = self.query(promql, at)
-        return float(result[0]["value"][1]) if result else 0.0
+        if not result:
+            raise EmptySeries(f"Prometheus at {self.client.url} returned no series for {promql} "
+                              f"(selector {self.selector!r}): check the selector and that the engine is scraped")
+        return float(result[0]["value"][1])
+
+    def has_series(self, selector: str, at: float) -> bool:
+        return bool(self.query(f"count({selector})", at))
 
     def latest_sample_time(self) -> float:
         """Timestamp of the newest scrape of the engine (s), or 0 when there is none."""
@@ -71,15 +99,24 @@ class PrometheusSource:
             if latest >= t:
                 return latest
             time.sleep(0.25)
+        if latest == 0:
+            raise EmptySeries(f"Prometheus at {self.client.url} has no {self._sel(RUNNING)} series: "
+                              f"check the selector and that the engine is scraped")
         raise TimeoutError(f"no scrape of {self._sel(RUNNING)} after t={t:.3f} within {self.scrape_timeout_s} s")
 
     def begin(self) -> Snapshot:
         """Marks the window's start at the next scrape."""
         return Snapshot(time_s=self.wait_for_scrape_after(self.clock()))
 
-    def counter_delta(self, name: str, start: float, end: float) -> float:
+    def counter_delta(self, name: str, start: float, end: float, missing_ok: bool = False) -> float:
+        """The counter's increase over the window. Raises EmptySeries when the series does
+        not exist at the end, unless missing_ok (a 4xx/5xx series appears with the first error)."""
         sel = self._sel(name)
-        return self.scalar(f"sum({sel}) - (sum({sel} @ {start:.3f}) or vector(0))", end)
+        promql = f"sum({sel}) - (sum({sel} @ {start:.3f}) or vector(0))"
+        if missing_ok:
+            result = self.query(promql, end)
+            return float(result[0]["value"][1]) if result else 0.0
+        return self.scalar(promql, end)
 
     def bucket_delta_query(self, histogram: str, start: float) -> str:
         sel = self._sel(histogram + "_bucket")
@@ -98,7 +135,9 @@ class PrometheusSource:
         """The window from `start` to the first scrape after now."""
         end = self.wait_for_scrape_after(self.clock())
         end_snap = Snapshot(time_s=end)
-        end_snap.counters = {name: self.counter_delta(name, start.time_s, end) for name in COUNTERS}
+        end_snap.counters = {name: self.counter_delta(name, start.time_s, end) for name in (*COUNTERS, ABORTS)}
+        if self.has_series(self._http_sel(errors=False), end):  # else the server has no HTTP metrics: aborts only
+            end_snap.counters[HTTP_ERRORS] = self.counter_delta(HTTP_ERRORS, start.time_s, end, missing_ok=True)
         for name in (TTFT, TPOT, E2E):  # for the goodput estimate
             end_snap.buckets[name] = self.bucket_delta(name, start.time_s, end)
         m = window_metrics(Snapshot(time_s=start.time_s), end_snap, slo, self.name)

@@ -13,24 +13,31 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from kvpilot.tuner.loop import MEASURED, best_measured, trial_summary
+from kvpilot.tuner.decision import decide
+from kvpilot.tuner.loop import MEASURED, VIOLATES, best_measured, trial_summary
 from kvpilot.tuner.objective import SLO, constraint_names
 
 VERDICTS = ("measured", "violates_slo", "pruned", "cut_short", "failed", "duplicate", "known_failure")
 
 
+def _windows(t: optuna.trial.FrozenTrial) -> list[float]:
+    return list(t.user_attrs.get("window_values") or [t.values[0]])
+
+
 def _ranked(study: optuna.Study) -> list[dict[str, Any]]:
-    """Feasible original trials with their re-measurements, best median first."""
+    """Feasible original trials with their re-measurements, best median first; runs are
+    the objective of every window (the trial's and its re-measurements')."""
     again: dict[int, list[float]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "remeasure_of" in t.user_attrs:
-            again.setdefault(t.user_attrs["remeasure_of"], []).append(t.values[0])
+        if "remeasure_of" in t.user_attrs and t.user_attrs.get("verdict") in (MEASURED, VIOLATES):
+            again.setdefault(t.user_attrs["remeasure_of"], []).extend(_windows(t))
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     ranked = []
     for t in best_measured(study):
-        runs = [t.values[0], *again.get(t.number, [])]
+        runs = [*_windows(t), *again.get(t.number, [])]
         ranked.append({"number": t.number, "settings": t.user_attrs["settings"], "runs": runs,
-                       "median": statistics.median(runs), "spread": max(runs) - min(runs)})
+                       "median": statistics.median(runs), "spread": max(runs) - min(runs),
+                       "feasible": True})
     return sorted(ranked, key=lambda r: r["median"], reverse=maximize)
 
 
@@ -73,8 +80,11 @@ def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | 
     report["ranking"] = ranked
     best = ranked[0] if ranked else None
     report["best"] = best
+    incumbent = defaults and (next((r for r in ranked if r["number"] == defaults["number"]), None)
+                              or {"number": defaults["number"], "runs": [defaults["values"][0]], "feasible": False})
+    report["decision"] = decide(best, incumbent, study.directions[0] == optuna.study.StudyDirection.MAXIMIZE).as_dict()
     if best and defaults:
-        base = report["defaults"]["objective"] if report["defaults"]["feasible"] else 0.0
+        base = incumbent["median"] if incumbent["feasible"] else 0.0
         report["improvement"] = {"best_over_defaults": (best["median"] / base) if base > 0 else None,
                                  "best_minus_defaults": best["median"] - base}
     return report
@@ -124,6 +134,10 @@ def table(report: dict[str, Any]) -> str:
                          f"but they break the SLOs ({', '.join(defaults['violations'])}); the best meets them")
     else:
         lines.append("no trial met the SLOs")
+    if report.get("decision"):
+        d = report["decision"]
+        lines.append(f"decision: {'deploy trial #' + str(d['winner']) if d['replace'] else 'keep the running settings'}"
+                     f" ({d['reason']})")
     return "\n".join(lines)
 
 

@@ -12,32 +12,38 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import (CONFIG_INFO, COUNTERS, HISTOGRAMS, REQUESTS, RUNNING, WAITING, Snapshot,
-                                  window_metrics)
+from kvpilot.tuner.window import (ABORTS, CONFIG_INFO, COUNTERS, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS,
+                                  RUNNING, WAITING, EmptySeries, Snapshot, window_metrics)
 
 
 def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: float | None = None) -> Snapshot:
     """A Snapshot of the vLLM metrics in a `/metrics` page, summing the series whose labels
     include `labels` (e.g. {"model_name": "smollm2"}); other metrics are ignored. Counters
     are keyed by their sample name (`vllm:num_preemptions_total`). `vllm:cache_config_info`
-    is read also when it lacks the filter's labels (upstream vLLM labels it by config only)."""
+    is read also when it lacks the filter's labels (upstream vLLM labels it by config only).
+    Aborted requests are counted apart (`ABORTS`), and 4xx/5xx answers of the /v1 routes
+    from `http_requests_total` (no model label) as `HTTP_ERRORS`."""
     wanted = dict(labels or {})
     snap = Snapshot(time_s=time.time() if time_s is None else time_s)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            name = sample.name
+            if name == HTTP_REQUESTS:  # server-wide: no model label
+                labels = sample.labels
+                if labels.get("handler", "").startswith("/v1/") and labels.get("status") in ("4xx", "5xx"):
+                    snap.counters[HTTP_ERRORS] = snap.counters.get(HTTP_ERRORS, 0.0) + sample.value
+                continue
             info = family.name == CONFIG_INFO or sample.name == CONFIG_INFO
             if any(sample.labels.get(k, v if info else None) != v for k, v in wanted.items()):
                 continue
-            name = sample.name
             if name.endswith("_bucket") and name[: -len("_bucket")] in HISTOGRAMS:
                 le = sample.labels.get("le", "+Inf")
                 bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
                 hist = snap.buckets.setdefault(name[: -len("_bucket")], {})
                 hist[bound] = hist.get(bound, 0.0) + sample.value
             elif name in COUNTERS:
-                if name == REQUESTS and sample.labels.get("finished_reason") == "abort":
-                    continue  # aborted requests did not succeed
-                snap.counters[name] = snap.counters.get(name, 0.0) + sample.value
+                key = ABORTS if name == REQUESTS and sample.labels.get("finished_reason") == "abort" else name
+                snap.counters[key] = snap.counters.get(key, 0.0) + sample.value  # aborts did not succeed
             elif name in (RUNNING, WAITING):
                 snap.gauges[name] = snap.gauges.get(name, 0.0) + sample.value
             elif info:
@@ -59,10 +65,15 @@ class ScrapeSource:
         self.headers = dict(headers or {})
 
     def snapshot(self) -> Snapshot:
-        """The metrics now. Raises httpx.HTTPError when the engine does not answer."""
+        """The metrics now. Raises httpx.HTTPError when the engine does not answer and
+        EmptySeries when no request counter matches the labels (never a silent 0)."""
         resp = httpx.get(f"{self.base_url}/metrics", timeout=self.timeout_s, headers=self.headers)
         resp.raise_for_status()
-        return parse_metrics(resp.text, self.labels)
+        snap = parse_metrics(resp.text, self.labels)
+        if REQUESTS not in snap.counters:  # the engine creates it at start: nothing matched
+            raise EmptySeries(f"{self.base_url}/metrics has no {REQUESTS} series with labels {self.labels}: "
+                              f"a wrong label filter or not a vLLM-style server")
+        return snap
 
     def begin(self) -> Snapshot:
         return self.snapshot()

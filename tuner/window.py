@@ -25,6 +25,20 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 REQUESTS = "vllm:request_success_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 COUNTERS = (PREEMPTIONS, REQUESTS, GENERATION_TOKENS)
+# Failed requests, as server counters. ABORTS: requests the engine gave up on
+# (`vllm:request_success_total{finished_reason="abort"}`); HTTP_ERRORS: 4xx/5xx answers of
+# the OpenAI routes (prometheus-fastapi-instrumentator's `http_requests_total{handler,
+# method,status="4xx"|"5xx"}`, which vLLM's server exports), e.g. 503s under overload
+# that never reach the engine. When a server exports no HTTP metrics, aborts are the count.
+ABORTS = 'vllm:request_success_total{finished_reason="abort"}'
+HTTP_REQUESTS = "http_requests_total"
+HTTP_ERRORS = 'http_requests_total{status=~"4xx|5xx"}'
+FAILURE_COUNTERS = (ABORTS, HTTP_ERRORS)
+
+
+class EmptySeries(LookupError):
+    """A metric the window needs has no series under the source's selector (a wrong
+    selector or label, an engine not scraped yet): the measurement is void, never 0."""
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CONFIG_INFO = "vllm:cache_config_info"
@@ -110,7 +124,8 @@ def delta_buckets(end: Buckets, start: Buckets) -> Buckets:
 
 
 def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Measurement:
-    """The server-side measurement of the window between two snapshots. Goodput is
+    """The server-side measurement of the window between two snapshots; failed counts
+    aborted requests and 4xx/5xx answers (FAILURE_COUNTERS). Goodput is
     estimated as requests/s x the smaller of the shares meeting the TTFT and TPOT limits
     (exact when the requests that miss one limit also miss the other; an upper bound
     otherwise). Latencies in seconds."""
@@ -122,6 +137,7 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
 
     hist = {name: delta_buckets(end.buckets.get(name, {}), start.buckets.get(name, {})) for name in HISTOGRAMS}
     requests = counter(REQUESTS)
+    failed = sum(counter(name) for name in FAILURE_COUNTERS)
     shares = []
     for name, limit_ms in ((TTFT, slo.ttft_p95_ms), (TPOT, slo.itl_p95_ms), (E2E, slo.e2e_p95_ms)):
         if limit_ms > 0 and hist[name]:
@@ -129,7 +145,7 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
             shares.append(0.0 if math.isnan(share) else share)
     good = requests * (min(shares) if shares else 1.0)
     return Measurement(
-        duration_s=duration, completed=int(round(requests)),
+        duration_s=duration, completed=int(round(requests)), failed=int(round(failed)),
         throughput_rps=requests / duration, goodput_rps=good / duration,
         output_tokens_per_s=counter(GENERATION_TOKENS) / duration,
         ttft_p95_s=histogram_quantile(0.95, hist[TTFT]) if hist[TTFT] else math.nan,

@@ -37,3 +37,20 @@ def measure(s: EngineSettings, preempt_above: int = 48) -> Measurement:
                        extra={"client": {"extra": {"latencies": {"ttft_s": [ttft * k / 10 for k in range(1, 11)],
                                                                  "e2e_s": [(ttft + 100 * itl) * k / 10
                                                                            for k in range(1, 11)]}}}})
+
+
+class NoisyRunner(SyntheticRunner):
+    """The synthetic engine on a shared machine: every window's rates are scaled by the
+    next factor of `noise` (cycled), as another job's load would; latencies unchanged.
+    gain: {max_num_seqs: factor} makes some settings truly better or worse."""
+
+    def __init__(self, noise: list[float], gain: dict[int, float] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.noise, self.gain, self.windows = list(noise), dict(gain or {}), 0
+
+    def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        m = super().run_trial(number, settings)
+        f = self.noise[self.windows % len(self.noise)] * self.gain.get(settings.max_num_seqs, 1.0)
+        self.windows += 1
+        m.goodput_rps, m.throughput_rps = m.goodput_rps * f, m.throughput_rps * f
+        return m

@@ -29,6 +29,7 @@ from kvpilot.tuner.scrape import ScrapeSource
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import open_study
+from kvpilot.tuner.window import EmptySeries
 from kvpilot.tuner.workload import Load, Workload, drive, load_requests
 
 pytestmark = pytest.mark.slow
@@ -123,6 +124,40 @@ def test_scrape_and_prometheus_sources_agree_on_the_same_window(engine, promethe
     assert by_scrape.goodput_rps * by_scrape.duration_s == pytest.approx(by_prom.goodput_rps * by_prom.duration_s)
 
 
+def test_a_wrong_selector_is_a_measurement_error_never_zero(engine, prometheus, load):
+    """An empty PromQL result or a /metrics page without the selected series voids the
+    window (EmptySeries), and the trial fails with the reason after one re-measurement."""
+    wrong = PrometheusSource(prometheus.url, 'job="engine",model_name="no-such-model"', scrape_timeout_s=3)
+    right = PrometheusSource(prometheus.url, f'job="engine",model_name="{MODEL}"', scrape_timeout_s=10)
+    start = right.begin().time_s
+    with pytest.raises(EmptySeries, match="no-such-model"):
+        wrong.begin()
+    with pytest.raises(EmptySeries, match="no series"):
+        wrong.counter_delta("vllm:num_preemptions_total", start - 5, start)
+    assert right.counter_delta("vllm:num_preemptions_total", start - 5, start) >= 0  # the series exists
+    with pytest.raises(EmptySeries, match="no-such-model"):
+        ScrapeSource(engine.base_url, {"model_name": "no-such-model"}).snapshot()
+
+    class Once(LocalRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls = 0
+
+        def run_trial(self, number, settings):
+            self.calls += 1
+            return super().run_trial(number, settings)
+
+    runner = Once(engine, WORKLOAD, Load(load.requests[:2]), SLOS, MODEL,
+                  source_for=lambda _url: PrometheusSource(prometheus.url, 'job="no-such-job"', scrape_timeout_s=3))
+    study = open_study("void", None)
+    Tuner(study, SearchSpace(max_num_batched_tokens=None, max_num_seqs=None), BASE, resolve_model(MODEL),
+          Hardware(device_memory_bytes=1, num_gpu_blocks_override=48), SLOS, runner,
+          TunerConfig(n_trials=1, remeasure_top=0)).run()
+    trial = study.trials[0]
+    assert runner.calls == 2 and trial.state == optuna.trial.TrialState.FAIL
+    assert "no series" in trial.user_attrs["failure_message"] and trial.user_attrs["verdict"] == "failed"
+
+
 def test_local_tuning_session_runs_three_trials_live_and_by_restart(engine, prometheus, load, tmp_path):
     workload = Workload(num_requests=4, max_output_len=16, warmup_requests=1)
     short = Load([SampleRequest(r.prompt, r.prompt_len, min(16, r.expected_output_len)) for r in load.requests[:5]])
@@ -150,6 +185,30 @@ def test_local_tuning_session_runs_three_trials_live_and_by_restart(engine, prom
     assert rep["trials"][0]["is_defaults"] and rep["best"]["median"] > 0
     assert rep["defaults"]["feasible"] and rep["improvement"]["best_over_defaults"] >= 1.0
     assert "best: trial #" in report.table(rep)
+
+
+def test_a_binding_slo_the_defaults_break_and_the_tuners_pick_meets(engine, load):
+    """No preemptions allowed: a burst of 8 requests of 81 + 24 tokens needs 8 x 7 KV blocks,
+    more than the 48 there are, so the defaults (8 sequences at once) preempt whatever the
+    machine's speed, while 4 or 2 sequences fit. The tuner samples the rest itself."""
+    slo = SLO(ttft_p95_ms=600_000, itl_p95_ms=60_000, max_preemptions_per_min=0)
+    burst = Load([SampleRequest(f"{i} " + " ".join(["word"] * 80), 81, 24) for i in range(9)])
+    workload = Workload(num_requests=8, warmup_requests=1)
+    runner = LocalRunner(engine, workload, burst, slo, MODEL)
+    space = SearchSpace(max_num_batched_tokens=None, max_num_seqs=(2, 8), enable_chunked_prefill=(True,),
+                        max_num_seqs_pow2=True)
+    study = open_study("binding", None, seed=3)
+    Tuner(study, space, BASE, resolve_model(MODEL), Hardware(1, num_gpu_blocks_override=48), slo, runner,
+          TunerConfig(n_trials=2, remeasure_top=0, max_asks=12)).run()
+    rep = report.build(study, slo, "goodput")
+    defaults = rep["trials"][0]
+    assert defaults["is_defaults"] and defaults["verdict"] == "violates_slo"
+    assert defaults["measurement"]["preemptions"] > 0 and "preemptions_per_min" in defaults["violations"]
+    best = rep["best"]
+    assert best is not None and best["settings"]["max_num_seqs"] < BASE.max_num_seqs
+    picked = next(t for t in rep["trials"] if t["number"] == best["number"])
+    assert picked["measurement"]["preemptions"] == 0 and picked["measurement"]["failed"] == 0
+    assert rep["decision"]["replace"] and rep["decision"]["winner"] == best["number"]
 
 
 def test_start_failure_is_classified_out_of_memory_as_the_feasibility_check_predicted(tmp_path):

@@ -70,6 +70,34 @@ def test_parse_metrics_reads_vllm_names_and_filters_by_label():
     assert other.counters == {} and other.buckets == {}
 
 
+def failure_metrics(ok, aborted, http_5xx, http_4xx_other_route=0):
+    """A /metrics page with vLLM's finished_reason counter and prometheus-fastapi-
+    instrumentator's http_requests_total (labels handler, method, status as "2xx"/"5xx")."""
+    reg = CollectorRegistry()
+    done = Counter("vllm:request_success", "", ["model_name", "finished_reason"], registry=reg)
+    done.labels(model_name="m", finished_reason="length").inc(ok)
+    done.labels(model_name="m", finished_reason="abort").inc(aborted)
+    http = Counter("http_requests", "", ["handler", "method", "status"], registry=reg)
+    http.labels(handler="/v1/completions", method="POST", status="2xx").inc(ok + aborted)
+    http.labels(handler="/v1/completions", method="POST", status="5xx").inc(http_5xx)
+    http.labels(handler="/metrics", method="GET", status="4xx").inc(http_4xx_other_route)
+    return generate_latest(reg).decode()
+
+
+def test_aborted_requests_and_503s_count_as_failures_not_as_goodput():
+    slo = SLO(ttft_p95_ms=0, itl_p95_ms=0)
+    start = parse_metrics(failure_metrics(10, 1, 0), {"model_name": "m"}, time_s=0)
+    end = parse_metrics(failure_metrics(16, 3, 4, http_4xx_other_route=7), {"model_name": "m"}, time_s=10)
+    m = window_metrics(start, end, slo, "scrape")
+    assert m.completed == 6 and m.failed == 2 + 4  # aborts + 5xx of /v1 routes; /metrics 4xx ignored
+    assert m.goodput_rps == pytest.approx(0.6)
+    assert slack(m, slo)[-1] == 6  # every failed request violates the failed_requests constraint
+    # a server without HTTP metrics: aborts alone
+    plain = window_metrics(parse_metrics(engine_metrics([], [], 0, 5), time_s=0),
+                           parse_metrics(engine_metrics([], [], 0, 5), time_s=1), slo, "scrape")
+    assert plain.failed == 0
+
+
 def test_window_is_the_difference_of_two_snapshots():
     start = parse_metrics(engine_metrics([0.2] * 10, [0.02] * 10, 1, 10), time_s=100)
     end = parse_metrics(engine_metrics([0.2] * 10 + [0.4] * 20, [0.02] * 10 + [0.2] * 30, 4, 30), time_s=160)
