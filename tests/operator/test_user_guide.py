@@ -3,6 +3,7 @@ cluster with the chart's operator, and the engine the pod would run. What is mir
 than run as written (helm install/uninstall, port-forward) is listed at the end of the guide."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -90,7 +91,7 @@ class Guide:
         cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", *args, "--host", "127.0.0.1",
                "--num-gpu-blocks-override", "160"]
         self.engine = subprocess.Popen(cmd, stdout=(self.workdir / "engine.log").open("w"), stderr=subprocess.STDOUT,
-                                       env={**os.environ})
+                                       env={**os.environ, **self.secret_env(service)})
 
         def healthy() -> bool:
             assert self.engine is not None and self.engine.poll() is None, (self.workdir / "engine.log").read_text()
@@ -100,6 +101,18 @@ class Guide:
                 return False
         wait_for(healthy, timeout=300, what="the engine's /health")
         return f"Forwarding from 127.0.0.1:8000 -> {self.port}"
+
+    def secret_env(self, service: str) -> dict[str, str]:
+        """The pod's Secret-backed variables (the admin token, an API key), read from the
+        Secrets as the kubelet would; the other variables point at the pod's own volumes."""
+        container = self.kubectl.json("get", "deployment", service)["spec"]["template"]["spec"]["containers"][0]
+        env = {}
+        for var in container.get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                data = self.kubectl.json("get", "secret", ref["name"])["data"]
+                env[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        return env
 
     def run_python(self, code: str) -> str:
         out = io.StringIO()
