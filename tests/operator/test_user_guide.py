@@ -185,7 +185,7 @@ def check_after(guide: Guide, line: str) -> None:
 
 
 def test_the_guide_explains_every_failed_reason_the_operator_sets():
-    source = (ROOT / "operator" / "validation.py").read_text() + (ROOT / "operator" / "reconcile.py").read_text()
+    source = "".join(p.read_text() for p in sorted((ROOT / "operator").glob("*.py")))
     reasons = set(re.findall(r'InvalidSpec\("(\w+)"', source)) | set(re.findall(r'else "(\w+)"\n', source))
     table = set(re.findall(r"^\| `(\w+)` \|", GUIDE.read_text(), re.M))
     assert "InvalidSpec" in reasons and len(reasons) >= 6
