@@ -16,9 +16,12 @@ class Prometheus(_Prometheus):
 
     def has_series(self, promql: str) -> bool:
         try:
-            body = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5).json()
+            reply = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
         except httpx.HTTPError:
             return False
+        if reply.status_code != 200:  # 503 "Service Unavailable" (plain text) while Prometheus starts
+            return False
+        body = reply.json()
         return body.get("status") == "success" and bool(body["data"]["result"])
 
     def wait_for(self, promql: str, timeout_s: float = 60) -> None:
