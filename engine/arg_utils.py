@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from kvpilot.engine.attention import BACKENDS, default_backend
+from kvpilot.engine import settings
+from kvpilot.engine.attention import default_backend
 from kvpilot.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -28,26 +29,33 @@ from kvpilot.engine.model_loader import load_model_config, resolve_model_path
 logger = logging.getLogger("kvpilot.engine")
 
 
+def _default(name: str):
+    return settings.BY_NAME[name].default
+
+
 @dataclass
 class EngineArgs:
+    """The engine's settings by vLLM's names; defaults, bounds and rules are those of
+    `kvpilot.engine.settings` (tests/engine/test_settings.py checks every field is there)."""
+
     model: str = DEFAULT_MODEL
-    served_model_name: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_chunked_prefill: bool = True
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    block_size: int = 16
-    swap_space: float = 4.0
-    preemption_mode: str = "recompute"
-    enable_prefix_caching: bool = False
-    num_gpu_blocks_override: int | None = None
-    dtype: str = "auto"
-    seed: int = 0
-    attention_backend: str | None = None
-    device: str | None = None
+    served_model_name: str | None = _default("served_model_name")
+    max_model_len: int | None = _default("max_model_len")
+    max_num_seqs: int = _default("max_num_seqs")
+    max_num_batched_tokens: int | None = _default("max_num_batched_tokens")
+    gpu_memory_utilization: float = _default("gpu_memory_utilization")
+    enable_chunked_prefill: bool = _default("enable_chunked_prefill")
+    tensor_parallel_size: int = _default("tensor_parallel_size")
+    pipeline_parallel_size: int = _default("pipeline_parallel_size")
+    block_size: int = _default("block_size")
+    swap_space: float = _default("swap_space")
+    preemption_mode: str = _default("preemption_mode")
+    enable_prefix_caching: bool = _default("enable_prefix_caching")
+    num_gpu_blocks_override: int | None = _default("num_gpu_blocks_override")
+    dtype: str = _default("dtype")
+    seed: int = _default("seed")
+    attention_backend: str | None = _default("attention_backend")
+    device: str | None = _default("device")
 
     def resolved_device(self) -> str:
         if self.device:
@@ -56,18 +64,15 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         """Raises ValueError for invalid values or an unknown model."""
+        settings.check({f.name: getattr(self, f.name) for f in fields(self) if f.name in settings.BY_NAME})
         device = self.resolved_device()
         backend = self.attention_backend or default_backend(device)
-        if backend not in BACKENDS:
-            raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
         if self.dtype == "auto":
             choice = choose_auto_dtype(device)
             dtype = choice.dtype
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), choice.reason)
         else:
             dtype = resolve_dtype(self.dtype)
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         path = resolve_model_path(self.model)
         model = load_model_config(path, self.max_model_len, dtype)
         parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)

@@ -1,7 +1,8 @@
 """Engine configuration: one frozen dataclass per concern, with vLLM's names and defaults.
 
-Validation happens in `__post_init__` and raises `ValueError` saying what to change. No
-I/O here: the model's shape (`ModelConfig`) is read by the loader and passed in.
+Validation happens in `__post_init__` and raises `ValueError` saying what to change; the
+bounds, defaults and rules come from `kvpilot.engine.settings`. No I/O here: the model's
+shape (`ModelConfig`) is read by the loader and passed in.
 Sources: vLLM `vllm/config` (CacheConfig, SchedulerConfig, ParallelConfig) and vLLM's
 performance-tuning guide for the chunked-prefill rules.
 """
@@ -11,6 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from kvpilot.engine import settings
+from kvpilot.engine.settings import default_max_num_batched_tokens
+
+
+def _default(name: str):
+    return settings.BY_NAME[name].default
+
 
 _DTYPES = {
     "float32": torch.float32,
@@ -99,32 +108,18 @@ class CacheConfig:
         (vLLM's VLLM_CPU_KVCACHE_SPACE; EngineArgs reads it, 4 GiB when unset); None: no cap.
     """
 
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    swap_space: float = 4.0
-    enable_prefix_caching: bool = False
+    block_size: int = _default("block_size")
+    gpu_memory_utilization: float = _default("gpu_memory_utilization")
+    swap_space: float = _default("swap_space")
+    enable_prefix_caching: bool = _default("enable_prefix_caching")
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_kvcache_space_bytes is not None and self.cpu_kvcache_space_bytes <= 0:
             raise ValueError(f"cpu_kvcache_space_bytes must be > 0, got {self.cpu_kvcache_space_bytes}")
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be a power of two from 1 to 128, got {self.block_size}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if self.swap_space < 0:
-            raise ValueError(f"swap_space is in GiB and must be >= 0, got {self.swap_space}")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {self.num_gpu_blocks_override}")
-
-
-def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int) -> int:
-    """The token budget when none is given: 2048 with chunked prefill, else
-    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults)."""
-    return 2048 if enable_chunked_prefill else max(max_model_len, 2048)
+        settings.check({name: getattr(self, name) for name in (
+            "block_size", "gpu_memory_utilization", "swap_space", "num_gpu_blocks_override")})
 
 
 @dataclass(frozen=True)
@@ -142,35 +137,16 @@ class SchedulerConfig:
 
     max_model_len: int
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
+    max_num_seqs: int = _default("max_num_seqs")
+    enable_chunked_prefill: bool = _default("enable_chunked_prefill")
+    preemption_mode: str = _default("preemption_mode")
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
             default = default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len)
             object.__setattr__(self, "max_num_batched_tokens", default)
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}): each running sequence needs a token per step. "
-                f"Raise --max-num-batched-tokens or lower --max-num-seqs."
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
-                f"max_model_len ({self.max_model_len}) with chunked prefill off: a prompt longer "
-                f"than the budget could never be scheduled. Raise --max-num-batched-tokens to at "
-                f"least {self.max_model_len}, lower --max-model-len, or --enable-chunked-prefill."
-            )
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(
-                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
-            )
+        settings.check({name: getattr(self, name) for name in (
+            "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode", "max_model_len")})
 
 
 @dataclass(frozen=True)
@@ -183,9 +159,8 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        settings.check({"tensor_parallel_size": self.tensor_parallel_size,
+                        "pipeline_parallel_size": self.pipeline_parallel_size})
 
     @property
     def world_size(self) -> int:

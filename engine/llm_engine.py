@@ -20,6 +20,7 @@ from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutp
 from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
+from kvpilot.engine.settings import LIVE_SETTINGS
 from kvpilot.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("kvpilot.engine")
@@ -150,7 +151,7 @@ class LLMEngine:
         enable_chunked_prefill, preemption_mode) at run time; they take effect at the next
         step and no request is dropped. Raises ValueError (nothing changed) when the new
         values break a rule or name another setting."""
-        allowed = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode"}
+        allowed = set(LIVE_SETTINGS)
         unknown = set(changes) - allowed
         if unknown:
             raise ValueError(f"cannot change {sorted(unknown)} at run time; live settings: {sorted(allowed)}")

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.exit_codes import KVCacheTooSmallError
 
 GiB = 1 << 30
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -248,11 +249,12 @@ def kv_cache_block_bytes(block_size: int, kv_bytes_per_token: int) -> int:
 
 
 def check_fits(num_blocks: int, block_size: int, max_model_len: int, block_bytes: int, how: str) -> None:
-    """Raises ValueError, with the numbers, when one max_model_len sequence does not fit."""
+    """Raises KVCacheTooSmallError (a ValueError), with the numbers, when one max_model_len
+    sequence does not fit."""
     needed_blocks = -(-max_model_len // block_size)
     if num_blocks >= needed_blocks:
         return
-    raise ValueError(
+    raise KVCacheTooSmallError(
         f"To serve one request of max_model_len ({max_model_len} tokens), {needed_blocks} KV blocks "
         f"({needed_blocks * block_bytes / GiB:.3f} GiB) are needed, but only {num_blocks} blocks "
         f"({num_blocks * block_bytes / GiB:.3f} GiB) are available: {how}. The largest max_model_len "

@@ -1,7 +1,7 @@
 """One local engine server process (`kvpilot serve`, or any server with `vllm serve`'s flags):
 start with a trial's flags and wait for health, change scheduler limits live through
-`POST /admin/scheduler_config`, stop. A start that fails is classified from the exit code
-and the log (`kvpilot.tuner.failures`)."""
+`POST /admin/scheduler_config`, stop. A start that fails is classified from kvpilot's
+documented exit code, or from the log for other engines (`kvpilot.tuner.failures`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ class EngineProcess:
         self.fixed_port = port  # 0: a free port per start
         self.port = 0
         self.settings: EngineSettings | None = None
+        # kvpilot serve states why it stopped by its exit code (kvpilot.engine.exit_codes); others: the log.
+        self.structured_exit = self.serve_command == KVPILOT_SERVE
         # kvpilot serve's control routes need a token of their own (never the API key).
         self.admin_token = secrets.token_urlsafe(24) if self.serve_command == KVPILOT_SERVE else None
 
@@ -111,7 +113,8 @@ class EngineProcess:
             code = self.proc.poll()
             if code is not None:
                 self.proc = None
-                raise TrialFailed(classify(code, self.log_tail()), f"engine exited with {code}: {self.log_tail(1500)}")
+                raise TrialFailed(classify(code, self.log_tail(), structured=self.structured_exit),
+                                  f"engine exited with {code}: {self.log_tail(1500)}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     self.settings = settings

@@ -1,17 +1,24 @@
-"""Why a trial failed to start or run, classified from the engine's exit and log.
+"""Why a trial failed to start or run.
 
-- out_of_memory: the KV cache or the weights did not fit (the engine's `check_fits`
-  message "KV blocks ... are needed", CUDA OOM, the kernel's OOM kill, exit -9/137).
-- rejected: the engine refused the flags (argparse exit 2, a ValueError naming a rule).
+- out_of_memory: the KV cache or the weights did not fit, or the kernel's OOM killer
+  stopped the engine (exit -9/137).
+- rejected: the engine refused the flags.
 - transient: anything else that may pass on a second try (port taken, connection reset,
   a timeout waiting for health, a crash with no recognised cause).
 Transient failures are retried once; the others are recorded and never tried again.
+
+kvpilot's engine says why it stopped by its exit code (`kvpilot.engine.exit_codes`: 2 bad
+arguments, 3 KV cache too small, 4 out of memory), so `classify_exit` needs no log text.
+Upstream `vllm serve` exits 1 for all of these; for it (and for a kvpilot engine that
+exits 1) `classify` falls back to reading the log tail.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from kvpilot.engine import exit_codes
 
 OUT_OF_MEMORY = "out_of_memory"
 REJECTED = "rejected"
@@ -45,10 +52,29 @@ class TrialFailed(Exception):
         return self.kind == TRANSIENT
 
 
-def classify(returncode: int | None, log_tail: str) -> str:
+_BY_EXIT_CODE = {
+    exit_codes.EXIT_BAD_ARGS: REJECTED,
+    exit_codes.EXIT_KV_CACHE_TOO_SMALL: OUT_OF_MEMORY,
+    exit_codes.EXIT_OUT_OF_MEMORY: OUT_OF_MEMORY,
+    -9: OUT_OF_MEMORY,  # SIGKILL as subprocess reports it: the kernel's OOM killer
+    137: OUT_OF_MEMORY,  # the same through a shell or a container runtime (128 + 9)
+}
+
+
+def classify_exit(returncode: int | None) -> str | None:
+    """The failure kind that kvpilot's engine states by its exit code, or None when the code
+    states none (1: see the log; None: still running)."""
+    return _BY_EXIT_CODE.get(returncode) if returncode is not None else None
+
+
+def classify(returncode: int | None, log_tail: str, structured: bool = False) -> str:
     """The failure kind for an engine process that exited with `returncode` (None: still
-    running but unhealthy) after writing `log_tail`. Memory wins over rejection because
-    the engine's KV-cache refusal is also a ValueError."""
+    running but unhealthy) after writing `log_tail`. structured: the engine is kvpilot's, whose
+    exit code is the answer (any code that names no class is transient). Otherwise (upstream
+    vLLM) the log decides; memory wins over rejection because the KV-cache refusal is also a
+    ValueError."""
+    if structured:
+        return classify_exit(returncode) or TRANSIENT
     if _OOM.search(log_tail) or returncode in (-9, 137):
         return OUT_OF_MEMORY
     if _TRANSIENT.search(log_tail):

@@ -2,8 +2,8 @@
 parse `spec.engine.extraArgs` with exactly the parser the engine will use.
 
 Flags keep `vllm serve`'s names (full names only: `allow_abbrev=False`, as vLLM's flags are
-always written out). `EngineArgs.add_cli_args` delegates here; the defaults below are the
-`EngineArgs` dataclass defaults (tests/server/test_server_cli_args.py checks they agree).
+always written out). The engine settings' flags, defaults and help come from
+`kvpilot.engine.settings`; `EngineArgs.add_cli_args` delegates here.
 Source: vLLM `vllm/engine/arg_utils.py`, `vllm/entrypoints/openai/cli_args.py`."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from kvpilot.engine.settings import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS, Setting
+
+__all__ = ["ATTENTION_BACKENDS", "ArgsError", "add_engine_args", "add_server_args", "explicit_dests",
+           "make_serve_parser"]
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-# kvpilot.engine.attention.BACKENDS, repeated here so this module stays torch-free.
-ATTENTION_BACKENDS = ("torch", "triton")
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads the key from this variable too
 ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"
@@ -29,40 +32,37 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ArgsError(message)
 
 
+def _add_setting(parser: argparse.ArgumentParser, setting: Setting) -> None:
+    """One flag of `kvpilot.engine.settings`, as argparse takes it. Only string settings get
+    argparse choices; numbers are checked by the engine config (same messages everywhere)."""
+    names = [setting.flag] + ([setting.short] if setting.short else [])
+    if setting.type is bool:
+        parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=setting.default,
+                            help=setting.help)
+        return
+    parser.add_argument(*names, type=setting.type, default=setting.default, help=setting.help,
+                        metavar=setting.metavar,
+                        choices=list(setting.choices) if setting.choices and setting.type is str else None)
+
+
 def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
-    """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...)."""
+    """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...), from
+    `kvpilot.engine.settings`."""
     if positional_model:
         parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="builtin alias, .gguf file or HF directory")
     else:
         parser.add_argument("--model", default=DEFAULT_MODEL, help="builtin alias, .gguf file or HF directory")
-    add = parser.add_argument
-    add("--served-model-name", default=None, help="model name in the API (default: --model)")
-    add("--max-model-len", type=int, default=None, help="longest sequence (prompt + output) in tokens")
-    add("--max-num-seqs", type=int, default=256, help="most requests running at once")
-    add("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
-    add("--gpu-memory-utilization", type=float, default=0.9,
-        help="fraction of device memory for weights, activations and KV cache")
-    add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
-        help="split long prompts to fit the token budget, decodes first")
-    add("--tensor-parallel-size", "-tp", type=int, default=1)
-    add("--pipeline-parallel-size", "-pp", type=int, default=1)
-    add("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    add("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped blocks")
-    add("--preemption-mode", choices=["recompute", "swap"], default="recompute")
-    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
-    add("--num-gpu-blocks-override", type=int, default=None, help="use exactly this many KV blocks")
-    add("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "half", "float32", "float"])
-    add("--seed", type=int, default=0)
-    add("--attention-backend", choices=list(ATTENTION_BACKENDS), default=None,
-        help="'torch' (default on CPU) or 'triton' (default on CUDA)")
-    add("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    for setting in ENGINE_SETTINGS:
+        _add_setting(parser, setting)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """The HTTP server's own flags."""
     add = parser.add_argument
     add("--host", default="0.0.0.0", help="address to listen on")
-    add("--port", type=int, default=8000)
+    for setting in SETTINGS:
+        if setting.server:
+            _add_setting(parser, setting)
     add("--api-key", default=None,
         help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV}; prefer the "
              "variable: a flag shows in the process list). An empty key is an error, not 'no auth'")
@@ -81,9 +81,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     add("--drain-timeout", type=float, default=30.0,
         help="on SIGTERM, seconds to let accepted requests finish before aborting them")
     add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
-    add("--show-hidden-metrics-for-version", default=None, metavar="X.Y",
-        help="also export the deprecated metrics that vLLM X.(Y+1) hides behind this flag "
-        "(0.8, 0.10 or 0.11; see kvpilot.engine.entrypoints.metrics_hidden)")
     add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
 
 class _Request(BaseModel):
@@ -70,15 +72,17 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
 
 
-class SchedulerConfigUpdate(BaseModel):
-    """POST /admin/scheduler_config: the live-changeable scheduler limits."""
+def _live_field(setting: Setting) -> tuple[Any, None]:
+    kind = Literal[setting.choices] if setting.choices else setting.type  # type: ignore[valid-type]
+    return kind | None, None
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool | None = None
-    preemption_mode: Literal["recompute", "swap"] | None = None
+# POST /admin/scheduler_config: the live-changeable settings of `kvpilot.engine.settings`
+# (max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, preemption_mode), each optional.
+SchedulerConfigUpdate = create_model(
+    "SchedulerConfigUpdate", __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="POST /admin/scheduler_config: the live-changeable scheduler limits.",
+    **{name: _live_field(BY_NAME[name]) for name in LIVE_SETTINGS})
 
 
 # ----------------------------------------------------------------- responses

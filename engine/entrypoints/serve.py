@@ -3,7 +3,9 @@
 The port opens at once and /health answers 503 until the model has loaded. SIGTERM
 drains: /health and new requests get 503, accepted requests run to completion (at most
 --drain-timeout seconds, then they are aborted), and the process exits 0. SIGINT stops
-at once. Exit codes: 0 after a shutdown, 1 when the model fails to load, 2 for bad flags."""
+at once. Exit codes (kvpilot.engine.exit_codes, with a JSON line on stderr): 0 after a
+shutdown, 2 for bad flags or settings, 3 when the KV cache cannot hold one max_model_len
+sequence, 4 out of memory while loading, 1 for any other load failure."""
 
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PR
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
+from kvpilot.engine.exit_codes import (
+    EXIT_BAD_ARGS,
+    EXIT_FAILED,
+    EXIT_KV_CACHE_TOO_SMALL,
+    EXIT_OUT_OF_MEMORY,
+    KVCacheTooSmallError,
+    report_failure,
+)
 from kvpilot.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("kvpilot.server")
@@ -35,6 +45,15 @@ LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
 
 def make_parser() -> argparse.ArgumentParser:
     return make_serve_parser()
+
+
+def load_failure_code(exc: BaseException) -> int:
+    """The exit code (kvpilot.engine.exit_codes) for an engine that failed to load with exc."""
+    if isinstance(exc, KVCacheTooSmallError):
+        return EXIT_KV_CACHE_TOO_SMALL
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+        return EXIT_OUT_OF_MEMORY
+    return EXIT_FAILED
 
 
 def resolve_secrets(parser: argparse.ArgumentParser, ns: argparse.Namespace,
@@ -81,9 +100,9 @@ class DrainingServer(uvicorn.Server):
         t0 = time.monotonic()
         try:
             engine = await asyncio.get_running_loop().run_in_executor(None, LLMEngine, self.engine_config)
-        except Exception:
+        except Exception as exc:
             logger.exception("the engine failed to load")
-            self.exit_code = 1
+            self.exit_code = report_failure(load_failure_code(exc), f"{type(exc).__name__}: {exc}")
             self.should_exit = True
             return
         engine.detokenize_incrementally = True  # streams need each step's new text
@@ -148,7 +167,7 @@ def main(argv: list[str]) -> int:
         engine_config = EngineArgs.from_cli_args(ns).create_engine_config()
     except ValueError as exc:
         sys.stderr.write(f"kvpilot serve: error: {exc}\n")
-        return 2
+        return report_failure(EXIT_BAD_ARGS, str(exc))
     state = ServerState(
         served_model_name=engine_config.served_model_name,
         model_path=engine_config.model_path,

@@ -1,0 +1,253 @@
+"""Every engine setting, once: its `vllm serve` flag, its InferenceService field, type,
+default, bounds, whether it can change on a running engine, and the rules between settings.
+
+Torch-free (imports only the standard library), so that the operator, the tuner and the CRD
+generator read the same table the engine does. Derived from it:
+- `kvpilot serve`'s flags (`engine/entrypoints/cli_args.py`) and `EngineArgs` validation;
+- the live `/admin/scheduler_config` fields (`LIVE_SETTINGS`);
+- the operator's rendering and validation of `spec.engine`, and `extraArgs`' owned flags;
+- the tuner's flags and `spec.engine` keys;
+- the CRD's `spec.engine` schema and CEL rules (`kvpilot crd`).
+
+Defaults are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config`). Two are derived:
+`max_model_len` is the model's context length, and `max_num_batched_tokens` is 2048 with
+chunked prefill and max(max_model_len, 2048) without (so any prompt fits one step). Where
+the deployment cannot see the model (the CRD, the operator, the tuner's base point), it
+uses `deploy_default`: a fixed `max_model_len` of 2048, and the budget derived from it.
+Rules: see `RULES`; each is a Python check and the same check in CEL (Kubernetes'
+x-kubernetes-validations), which tests/engine/test_settings.py evaluates against each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
+ATTENTION_BACKENDS = ("torch", "triton")  # kvpilot.engine.attention.BACKENDS (a test checks they agree)
+_UNSET = object()
+
+
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
+    """The token budget when none is given: 2048 with chunked prefill, else
+    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults). None when
+    chunked prefill is off and max_model_len is not known yet."""
+    if enable_chunked_prefill:
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return None if max_model_len is None else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One engine setting.
+
+    name: the EngineArgs field and argparse dest (snake_case, vLLM's).
+    flag: the `vllm serve` flag; booleans also take `--no-<flag>`.
+    type: int, float, bool or str. default: the engine's default (None: derived or unset).
+    crd: the `spec.engine` field (camelCase), or None when the CRD does not carry it.
+    live: can change on a running engine (`POST /admin/scheduler_config`).
+    minimum/maximum (exclusive_minimum), choices, pattern: what values are allowed.
+    deploy_default: what the CRD, the operator and the tuner use when the engine's default
+        depends on the loaded model (unset: `default`).
+    server: a flag of the HTTP server, not of EngineArgs.
+    crd_help: the CRD's description where it says more than help (unset: help).
+    """
+
+    name: str
+    flag: str
+    type: type
+    default: Any
+    help: str
+    crd: str | None = None
+    live: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[Any, ...] | None = None
+    choices_text: str | None = None
+    pattern: str | None = None
+    max_length: int | None = None
+    short: str | None = None
+    metavar: str | None = None
+    deploy_default: Any = _UNSET
+    server: bool = False
+    crd_help: str | None = None
+
+    @property
+    def deployed_default(self) -> Any:
+        return self.default if self.deploy_default is _UNSET else self.deploy_default
+
+    def problem(self, value: Any, name: str | None = None) -> str | None:
+        """Why `value` is out of this setting's bounds or choices (named `name`), or None."""
+        name = name or self.name
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            allowed = self.choices_text or f"one of {list(self.choices)}"
+            return f"{name} {value!r} is not supported; {name} must be {allowed}"
+        low, high = self.minimum, self.maximum
+        if low is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        too_low = value <= low if self.exclusive_minimum else value < low
+        if too_low or (high is not None and value > high):
+            return f"{name} must be {self.interval_text()}, got {value}"
+        return None
+
+    def interval_text(self) -> str:
+        low, high = _num(self.minimum), _num(self.maximum) if self.maximum is not None else None
+        if self.exclusive_minimum:
+            return f"in ({low}, {high}]"
+        return f">= {low}" + (f" and <= {high}" if high is not None else "")
+
+
+def _num(value: float) -> str:
+    """2.0 -> '2', 0.9 -> '0.9': numbers read as a person would type them."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+S = Setting
+SETTINGS: tuple[Setting, ...] = (
+    S("max_model_len", "--max-model-len", int, None, "longest sequence (prompt + output) in tokens "
+      "(default: the model's context length)", crd="maxModelLen", minimum=16, maximum=1048576, deploy_default=2048,
+      crd_help="longest sequence (prompt + output) in tokens. The engine's own default is the model's context "
+      "length; the CRD cannot read the model and fills 2048"),
+    S("max_num_seqs", "--max-num-seqs", int, 256, "most requests running at once", crd="maxNumSeqs", live=True,
+      minimum=1, maximum=4096),
+    S("max_num_batched_tokens", "--max-num-batched-tokens", int, None, "per-step token budget. Small budgets "
+      "favour inter-token latency, large ones time to first token and throughput (default: 2048 with chunked "
+      "prefill, else max(max_model_len, 2048))", crd="maxNumBatchedTokens", live=True, minimum=1, maximum=1048576),
+    S("gpu_memory_utilization", "--gpu-memory-utilization", float, 0.9, "fraction of device memory for weights, "
+      "activations and KV cache", crd="gpuMemoryUtilization", minimum=0, maximum=1, exclusive_minimum=True),
+    S("enable_chunked_prefill", "--enable-chunked-prefill", bool, True, "split long prompts to fit the token "
+      "budget, decodes first", crd="enableChunkedPrefill", live=True),
+    S("enable_prefix_caching", "--enable-prefix-caching", bool, False, "reuse KV blocks of shared prompt prefixes",
+      crd="enablePrefixCaching"),
+    S("tensor_parallel_size", "--tensor-parallel-size", int, 1, "devices one layer is split over; must divide "
+      "the attention and KV heads", crd="tensorParallelSize", minimum=1, maximum=64, short="-tp"),
+    S("pipeline_parallel_size", "--pipeline-parallel-size", int, 1, "stages the layers are split into; must not "
+      "exceed the layer count", crd="pipelineParallelSize", minimum=1, maximum=64, short="-pp"),
+    S("block_size", "--block-size", int, 16, "tokens per KV-cache block", crd="blockSize",
+      choices=(1, 2, 4, 8, 16, 32, 64, 128), choices_text="a power of two from 1 to 128"),
+    S("swap_space", "--swap-space", float, 4.0, "GiB of host memory for swapped-out KV blocks", crd="swapSpace",
+      minimum=0, maximum=1024),
+    S("preemption_mode", "--preemption-mode", str, "recompute", "how a preempted request resumes: recompute "
+      "(drop its blocks, prefill again) or swap (copy its blocks to host memory and back)", crd="preemptionMode",
+      live=True, choices=("recompute", "swap")),
+    S("served_model_name", "--served-model-name", str, None, "model name in the API (default: --model)"),
+    S("num_gpu_blocks_override", "--num-gpu-blocks-override", int, None, "use exactly this many KV blocks",
+      minimum=1),
+    S("dtype", "--dtype", str, "auto", "weight and activation data type (auto: bfloat16 on GPUs and on CPUs with "
+      "native bf16, float32 on other CPUs)", crd="dtype",
+      choices=("auto", "bfloat16", "float16", "half", "float32", "float")),
+    S("seed", "--seed", int, 0, "random seed for sampling", crd="seed", minimum=0),
+    S("attention_backend", "--attention-backend", str, None, "'torch' (default on CPU) or 'triton' (default "
+      "on CUDA)", choices=ATTENTION_BACKENDS),
+    S("device", "--device", str, None, "cpu or cuda (default: cuda when available)"),
+    S("port", "--port", int, 8000, "the HTTP port the server listens on", crd="port", minimum=1024,
+      maximum=65535, server=True),
+    S("show_hidden_metrics_for_version", "--show-hidden-metrics-for-version", str, None,
+      "also export the Prometheus metrics that vLLM deprecated and hid after this version (0.8, 0.10 or 0.11), "
+      "so dashboards written for it keep working while they migrate", crd="showHiddenMetricsForVersion",
+      pattern=r"^([0-9]+\.[0-9]+)?$", max_length=16, metavar="X.Y", deploy_default="0.11", server=True,
+      crd_help="also export the Prometheus metrics that vLLM deprecated and hid after this version, so dashboards "
+      "written for it keep working while they migrate. 0.11 brings back vllm:time_per_output_token_seconds, 0.10 "
+      "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits, 0.8 vllm:num_requests_swapped; other "
+      "versions add nothing. An empty string renders no flag"),
+)
+del S
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_CRD: dict[str, Setting] = {s.crd: s for s in SETTINGS if s.crd}
+CRD_FIELDS: dict[str, str] = {s.name: s.crd for s in SETTINGS if s.crd}  # name -> spec.engine key
+LIVE_SETTINGS: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.live)
+ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server)
+
+
+def deploy_defaults() -> dict[str, Any]:
+    """The defaults the CRD, the operator and the tuner use, with the derived budget resolved."""
+    values = {s.name: s.deployed_default for s in SETTINGS}
+    values["max_num_batched_tokens"] = default_max_num_batched_tokens(
+        values["enable_chunked_prefill"], values["max_model_len"])
+    return values
+
+
+def flag_words(name: str, value: Any) -> list[str]:
+    """The command-line words that set `name` to `value` (booleans: `--x` / `--no-x`;
+    numbers as a person types them). [] for None."""
+    setting = BY_NAME[name]
+    if value is None:
+        return []
+    if setting.type is bool:
+        return [setting.flag if value else "--no-" + setting.flag[2:]]
+    if setting.type is float:
+        return [setting.flag, _num(value)]
+    return [setting.flag, str(value)]
+
+
+def to_flags(values: Mapping[str, Any], names: tuple[str, ...] | None = None) -> list[str]:
+    """`vllm serve` flags for `values` (snake_case names), in the table's order; only `names`
+    (default: every name in values). None values render nothing."""
+    wanted = set(values if names is None else names)
+    words: list[str] = []
+    for setting in SETTINGS:
+        if setting.name in wanted and setting.name in values:
+            words += flag_words(setting.name, values[setting.name])
+    return words
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between settings. check(values) -> bool over resolved values (every name in
+    `names` present and not None; the rule is skipped otherwise). message(show) -> str, where
+    show(name) spells a setting (snake_case or camelCase, with or without its value). cel: the
+    same check over `self` = spec.engine after CRD defaulting; field: the setting it blames."""
+
+    names: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], bool]
+    message: Callable[[Callable[[str], str]], str]
+    cel: str
+    field: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("max_num_batched_tokens", "max_num_seqs"),
+         lambda v: v["max_num_batched_tokens"] >= v["max_num_seqs"],
+         lambda n: (f"{n('max_num_batched_tokens')} must be >= {n('max_num_seqs')}: each running sequence needs one "
+                    f"token per step; raise {n('max_num_batched_tokens:')} or lower {n('max_num_seqs:')}"),
+         "self.maxNumBatchedTokens >= self.maxNumSeqs", "max_num_batched_tokens"),
+    Rule(("enable_chunked_prefill", "max_num_batched_tokens", "max_model_len"),
+         lambda v: v["enable_chunked_prefill"] or v["max_num_batched_tokens"] >= v["max_model_len"],
+         lambda n: (f"with {n('enable_chunked_prefill:')} false, {n('max_num_batched_tokens')} must not be smaller "
+                    f"than {n('max_model_len')}, or a prompt longer than the budget can never be scheduled; raise "
+                    f"{n('max_num_batched_tokens:')}, lower {n('max_model_len:')} or enable chunked prefill"),
+         "self.enableChunkedPrefill || self.maxNumBatchedTokens >= self.maxModelLen", "max_num_batched_tokens"),
+    Rule(("preemption_mode", "swap_space"),
+         lambda v: v["preemption_mode"] != "swap" or v["swap_space"] > 0,
+         lambda n: f"{n('preemption_mode:')} swap needs {n('swap_space:')} > 0",
+         "self.preemptionMode != 'swap' || self.swapSpace > 0.0", "swap_space"),
+)
+
+
+def rule_problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda name: name) -> list[str]:
+    """The messages of the rules `values` breaks (rules missing a value are skipped).
+    spell(name) names a setting in the caller's spelling (`CRD_FIELDS.get` for spec.engine)."""
+    def show(key: str) -> str:  # 'name' shows the value, 'name:' only the name
+        name = key.rstrip(":")
+        return spell(name) if key.endswith(":") else f"{spell(name)} ({values[name]})"
+    return [rule.message(show) for rule in RULES
+            if all(values.get(n) is not None for n in rule.names) and not rule.check(values)]
+
+
+def problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda name: name) -> list[str]:
+    """Bounds and choices of every given setting, then the rules, as messages."""
+    found = [p for name, value in values.items() if name in BY_NAME
+             if (p := BY_NAME[name].problem(value, spell(name)))]
+    return found + rule_problems(values, spell)
+
+
+def check(values: Mapping[str, Any]) -> None:
+    """Raises ValueError with the first problem of `values` (snake_case names)."""
+    found = problems(values)
+    if found:
+        raise ValueError(found[0])

@@ -1,0 +1,123 @@
+"""kvpilot.engine.settings is the one table of engine settings: the serve parser, EngineArgs,
+the live scheduler_config schema and the CRD's CEL rules are derived from it and agree with it."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import subprocess
+import sys
+
+import celpy
+import pytest
+from celpy import celtypes
+
+from kvpilot.engine import settings
+from kvpilot.engine.entrypoints.cli_args import make_serve_parser
+from kvpilot.engine.settings import BY_NAME, CRD_FIELDS, RULES, SETTINGS
+
+
+def test_importing_the_settings_and_the_serve_parser_loads_no_torch():
+    code = ("import sys, kvpilot.engine.settings, kvpilot.engine.entrypoints.cli_args, kvpilot.engine.exit_codes; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_every_setting_is_a_serve_flag_with_its_default_type_and_short_form():
+    parser = make_serve_parser()
+    actions = {a.dest: a for a in parser._actions}
+    for s in SETTINGS:
+        action = actions[s.name]
+        assert s.flag in action.option_strings and (s.short is None or s.short in action.option_strings)
+        assert action.default == s.default, s.name
+        if s.type is bool:
+            assert "--no-" + s.flag[2:] in action.option_strings
+        else:
+            assert action.type is s.type
+    ns = parser.parse_args(["-tp", "3", "--no-enable-chunked-prefill", "--swap-space", "2.5"])
+    assert (ns.tensor_parallel_size, ns.enable_chunked_prefill, ns.swap_space) == (3, False, 2.5)
+
+
+def test_engine_args_fields_are_the_settings_with_the_same_defaults():
+    from kvpilot.engine.arg_utils import EngineArgs
+
+    fields = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
+    engine_settings = {s.name: s.default for s in settings.ENGINE_SETTINGS}
+    assert fields.keys() - {"model"} == engine_settings.keys()
+    assert {k: fields[k] for k in engine_settings} == engine_settings
+
+
+def test_live_settings_are_the_admin_schema_and_what_the_engine_changes_live():
+    from kvpilot.engine.entrypoints.protocol import SchedulerConfigUpdate
+
+    assert tuple(SchedulerConfigUpdate.model_fields) == settings.LIVE_SETTINGS
+    assert set(settings.LIVE_SETTINGS) == {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                                           "preemption_mode"}
+    with pytest.raises(ValueError):
+        SchedulerConfigUpdate(preemption_mode="drop")
+
+
+@pytest.mark.parametrize("chunked, max_model_len, expected", [
+    (True, 8192, 2048), (False, 1024, 2048), (False, 8192, 8192), (False, None, None)])
+def test_the_derived_budget_default_is_vllms(chunked, max_model_len, expected):
+    assert settings.default_max_num_batched_tokens(chunked, max_model_len) == expected
+
+
+def test_deploy_defaults_differ_from_the_engine_only_where_the_model_decides():
+    deployed = settings.deploy_defaults()
+    differs = {s.name for s in SETTINGS if deployed[s.name] != s.default}
+    assert differs == {"max_model_len", "max_num_batched_tokens", "show_hidden_metrics_for_version"}
+    assert deployed["max_num_batched_tokens"] == 2048 and deployed["max_num_seqs"] == 256
+
+
+def test_flags_render_in_the_table_order_and_parse_back():
+    values = {"max_num_seqs": 8, "enable_chunked_prefill": False, "gpu_memory_utilization": 0.85,
+              "swap_space": 2.0, "tensor_parallel_size": 1, "attention_backend": None}
+    words = settings.to_flags(values)
+    assert words == ["--max-num-seqs", "8", "--gpu-memory-utilization", "0.85", "--no-enable-chunked-prefill",
+                     "--tensor-parallel-size", "1", "--swap-space", "2"]
+    ns = make_serve_parser().parse_args(words)
+    assert {k: getattr(ns, k) for k in values if values[k] is not None} == {k: v for k, v in values.items()
+                                                                           if v is not None}
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"max_num_seqs": 0}, "max_num_seqs must be >= 1 and <= 4096, got 0"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization must be in (0, 1]"),
+    ({"block_size": 24}, "block_size must be a power of two"),
+    ({"dtype": "int8"}, "dtype 'int8' is not supported"),
+    ({"max_num_batched_tokens": 8, "max_num_seqs": 16}, "max_num_batched_tokens (8) must be >= max_num_seqs (16)"),
+    ({"preemption_mode": "swap", "swap_space": 0.0}, "preemption_mode swap needs swap_space > 0"),
+])
+def test_problems_name_the_setting_and_what_to_change(values, fragment):
+    found = settings.problems(values)
+    assert len(found) == 1 and fragment in found[0]
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        settings.check(values)
+
+
+def test_rules_spell_settings_as_the_caller_does():
+    values = {"enable_chunked_prefill": False, "max_num_batched_tokens": 512, "max_model_len": 1024}
+    (message,) = settings.rule_problems(values, CRD_FIELDS.get)
+    assert message.startswith("with enableChunkedPrefill false, maxNumBatchedTokens (512) must not be smaller "
+                              "than maxModelLen (1024)")
+    assert settings.rule_problems({"max_num_batched_tokens": 8}) == []  # a rule missing a value is skipped
+
+
+def _cel_value(value):
+    return celtypes.DoubleType(value) if isinstance(value, float) else celpy.json_to_cel(value)
+
+
+GRID = {"max_num_batched_tokens": [64, 2048], "max_num_seqs": [32, 256], "max_model_len": [1024, 4096],
+        "enable_chunked_prefill": [True, False], "preemption_mode": ["recompute", "swap"], "swap_space": [0.0, 4.0]}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.field)
+def test_each_rules_cel_agrees_with_its_python_check(rule):
+    env = celpy.Environment()
+    program = env.program(env.compile(rule.cel))
+    for combo in itertools.product(*(GRID[n] for n in rule.names)):
+        values = dict(zip(rule.names, combo))
+        engine = celtypes.MapType({celtypes.StringType(CRD_FIELDS[k]): _cel_value(v) for k, v in values.items()})
+        assert bool(program.evaluate({"self": engine})) == rule.check(values), values
+        assert set(rule.names) <= BY_NAME.keys() and rule.field in rule.names
