@@ -6,6 +6,7 @@
     kvpilot bench serve          serving benchmark against any OpenAI-compatible server
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
     kvpilot operator             the Kopf operator for InferenceService resources
+    kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
 
 Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
 """
@@ -20,6 +21,7 @@ COMMANDS = {
     "serve": "kvpilot.engine.entrypoints.serve",
     "operator": "kvpilot.operator.cli",
     "tune": "kvpilot.tuner.cli",
+    "crd": "kvpilot.operator.crd",  # issue 13: the CRD, generated from kvpilot.engine.settings
 }
 BENCH_COMMANDS = {
     "throughput": "kvpilot.bench.throughput",

@@ -106,7 +106,7 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
-        """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...); the parser
+        """Adds vLLM's engine flags (those of `kvpilot.engine.settings`); the parser
         is built in the torch-free `entrypoints.cli_args` so the operator can use it too."""
         add_engine_args(parser, positional_model)
 

@@ -74,7 +74,7 @@ class ModelConfig:
         if self.max_model_len > self.max_position_embeddings:
             raise ValueError(
                 f"max_model_len ({self.max_model_len}) exceeds the model's context length "
-                f"({self.max_position_embeddings}); lower --max-model-len"
+                f"({self.max_position_embeddings}); lower {settings.BY_NAME['max_model_len'].flag}"
             )
 
     def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:

@@ -20,7 +20,7 @@ x-kubernetes-validations), which tests/engine/test_settings.py evaluates against
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +183,18 @@ def flag_words(name: str, value: Any) -> list[str]:
     if setting.type is float:
         return [setting.flag, _num(value)]
     return [setting.flag, str(value)]
+
+
+def flag_value(args: Sequence[str], name: str) -> str | None:
+    """The value `args` give setting `name` as `--flag VALUE` or `--flag=VALUE` (the last one
+    wins, as argparse does), or None when they do not set it."""
+    flag, found = BY_NAME[name].flag, None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def to_flags(values: Mapping[str, Any], names: tuple[str, ...] | None = None) -> list[str]:

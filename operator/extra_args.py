@@ -15,24 +15,12 @@ turning authentication off).
 from __future__ import annotations
 
 from kvpilot.engine.entrypoints.cli_args import ArgsError, explicit_dests, make_serve_parser
+from kvpilot.engine.settings import CRD_FIELDS, SETTINGS
 
-# argparse dests of `kvpilot serve` that the operator owns.
-OWNED_SETTINGS = frozenset({
-    "model", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-    "enable_chunked_prefill", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "swap_space",
-    "preemption_mode", "enable_prefix_caching", "dtype", "seed", "port", "host", "api_key",
-    "enable_admin_routes", "served_model_name", "show_hidden_metrics_for_version",
-})
-
-# The same settings as `vllm serve` spells them (vLLM's names; -tp/-pp are its short forms).
-VLLM_DENIED_FLAGS = (
-    "--model", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
-    "--enable-chunked-prefill", "--tensor-parallel-size", "--pipeline-parallel-size", "--block-size",
-    "--swap-space", "--preemption-mode", "--enable-prefix-caching", "--dtype", "--seed", "--port", "--host",
-    "--api-key", "--config", "--enable-admin-routes", "--served-model-name",
-    "--show-hidden-metrics-for-version",
-)
-VLLM_DENIED_SHORT = ("-tp", "-pp")
+# argparse dests of `kvpilot serve` that the operator owns: every setting spec.engine carries
+# (kvpilot.engine.settings), the model and its served name, and the server's identity.
+OWNED_SETTINGS = frozenset({*CRD_FIELDS, "model", "served_model_name", "host", "api_key", "enable_admin_routes"})
+VLLM_CONFIG_FLAG = "--config"  # vLLM only: a YAML file that can set any flag
 
 
 def _flag_names() -> dict[str, str]:
@@ -42,6 +30,17 @@ def _flag_names() -> dict[str, str]:
         longs = [s for s in action.option_strings if s.startswith("--")]
         names[action.dest] = longs[0] if longs else action.dest
     return names
+
+
+def _long_flag(dest: str, names: dict[str, str]) -> str:
+    flag = names.get(dest, "")
+    return flag if flag.startswith("--") else "--" + dest.replace("_", "-")  # the positional model: --model
+
+
+# The same settings as `vllm serve` spells them (vLLM's names; -tp/-pp are its short forms).
+_NAMES = _flag_names()
+VLLM_DENIED_FLAGS = (*(_long_flag(d, _NAMES) for d in sorted(OWNED_SETTINGS)), VLLM_CONFIG_FLAG)
+VLLM_DENIED_SHORT = tuple(s.short for s in SETTINGS if s.crd and s.short)
 
 
 def extra_args_problem(runtime: str, extra_args: list[str] | tuple[str, ...], model: str) -> str | None:
@@ -60,8 +59,7 @@ def _kvpilot_problem(extra_args: list[str], model: str) -> str | None:
     given.pop("model", None)  # the model we put first
     owned = sorted(OWNED_SETTINGS & set(given))
     if owned:
-        names = _flag_names()
-        return (f"extraArgs set {', '.join(names[d] for d in owned)}, which the operator sets from spec.engine "
+        return (f"extraArgs set {', '.join(_NAMES[d] for d in owned)}, which the operator sets from spec.engine "
                 "(or owns: API key, admin routes, listen address); set the matching spec.engine field instead")
     return None
 

@@ -1,12 +1,16 @@
 """Checks a spec needs beyond the CRD schema: ones that need the model's shape, and the
-engine invariants again for clusters that do not run the CRD's CEL rules.
+engine settings' bounds and rules (kvpilot.engine.settings) again for clusters that do not
+run the CRD's schema and CEL rules.
 
 A failed check is an InvalidSpec with a CamelCase reason; the operator shows it as the
 Failed condition and creates no children.
 """
 from __future__ import annotations
 
+from kvpilot.engine import settings
+
 from .builders import OPERATOR_ENV
+from .engine_args import engine_settings
 from .extra_args import extra_args_problem
 from .models import BUILTIN_MODELS, builtin_model, is_builtin
 from .spec import InferenceServiceSpec
@@ -24,16 +28,9 @@ class InvalidSpec(ValueError):
 def validate(spec: InferenceServiceSpec) -> None:
     """Raise InvalidSpec for the first problem found; return None when the spec can run."""
     engine = spec.engine
-    if engine.maxNumBatchedTokens < engine.maxNumSeqs:
-        raise InvalidSpec("InvalidEngineArgs", (
-            f"maxNumBatchedTokens ({engine.maxNumBatchedTokens}) must be >= maxNumSeqs "
-            f"({engine.maxNumSeqs}): each running sequence needs one token per step"))
-    if not engine.enableChunkedPrefill and engine.maxNumBatchedTokens < engine.maxModelLen:
-        raise InvalidSpec("InvalidEngineArgs", (
-            f"with enableChunkedPrefill false, maxNumBatchedTokens ({engine.maxNumBatchedTokens}) "
-            f"must be >= maxModelLen ({engine.maxModelLen}); raise it or enable chunked prefill"))
-    if engine.preemptionMode == "swap" and engine.swapSpace <= 0:
-        raise InvalidSpec("InvalidEngineArgs", "preemptionMode swap needs swapSpace > 0")
+    problems = settings.problems(engine_settings(engine), spell=lambda name: settings.CRD_FIELDS.get(name, name))
+    if problems:
+        raise InvalidSpec("InvalidEngineArgs", problems[0])
     if is_builtin(spec.model.source):
         _validate_builtin(spec)
     reserved = sorted({name for name, _ in engine.env} & OPERATOR_ENV)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import SAMPLERS
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--rollout-timeout", type=float, default=600.0, help="seconds to wait for a rollout")
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", default="smollm2-135m-instruct", help="builtin alias or HF directory")
-    g.add_argument("--max-model-len", type=int, default=1024)
+    g.add_argument(BY_NAME["max_model_len"].flag, type=int, default=1024)
     g.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
                    help="extra engine flag for every trial (repeat; e.g. --engine-arg=--num-gpu-blocks-override=256)")
     g.add_argument("--api-key", default=None, help="the engine's API key (local default: a random one)")
@@ -80,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trials", type=int, default=None,
                    help="deployments to spend (pruned trials are free); default 8 locally, spec.tuning.maxTrials")
     o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
-    o.add_argument("--max-num-batched-tokens", type=_range(int), default=(128, 4096), metavar="LOW:HIGH")
-    o.add_argument("--max-num-seqs", type=_range(int), default=(2, 64), metavar="LOW:HIGH")
-    o.add_argument("--gpu-memory-utilization", type=_range(float), default=None, metavar="LOW:HIGH")
+    for name, kind, bounds in (("max_num_batched_tokens", int, (128, 4096)), ("max_num_seqs", int, (2, 64)),
+                               ("gpu_memory_utilization", float, None)):  # search ranges, named as the setting
+        o.add_argument(BY_NAME[name].flag, type=_range(kind), default=bounds, metavar="LOW:HIGH")
     o.add_argument("--chunked-prefill", type=_bools, default=(True, False), metavar="both|on|off")
     o.add_argument("--block-sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=())
     o.add_argument("--prefix-caching", type=_bools, default=(), metavar="both|on|off")

@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 
+from kvpilot.engine.settings import BY_NAME, flag_value
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed
 from kvpilot.tuner.kube_client import KubeClient, KubeError
 from kvpilot.tuner.local import TrialCutShort
@@ -30,19 +31,17 @@ from kvpilot.tuner.window import config_mismatches
 
 logger = logging.getLogger("kvpilot.tuner")
 HISTORY_LENGTH = 20
-_FLAG_OF = {k: "--" + k.replace("_", "-") for k in SPEC_KEYS}
-
-
 def flag_values(args: list[str]) -> dict[str, str]:
-    """{setting: value} from a rendered engine command line; booleans from their flags."""
+    """{setting: value} from a rendered engine command line; booleans from `--x` / `--no-x`
+    (absent: the setting's default), as strings."""
     values = {}
-    for key, flag in _FLAG_OF.items():
-        if flag in args and key not in ("enable_chunked_prefill", "enable_prefix_caching"):
-            i = args.index(flag)
-            if i + 1 < len(args):
-                values[key] = args[i + 1]
-    values["enable_chunked_prefill"] = str("--no-enable-chunked-prefill" not in args)
-    values["enable_prefix_caching"] = str("--enable-prefix-caching" in args)
+    for key in SPEC_KEYS:
+        setting = BY_NAME[key]
+        if setting.type is bool:
+            negated = "--no-" + setting.flag[2:]
+            values[key] = str(setting.flag in args or (setting.default and negated not in args))
+        elif (value := flag_value(args, key)) is not None:
+            values[key] = value
     return values
 
 

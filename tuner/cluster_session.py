@@ -21,6 +21,7 @@ from typing import Any
 import optuna
 
 from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.engine.settings import flag_value
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
@@ -57,11 +58,8 @@ def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
     limit (CPU engines: every rank shares it); --num-gpu-blocks-override in extraArgs
     fixes the cache size."""
     memory = int(a.device_memory_gib * (1 << 30)) if a.device_memory_gib else quantity_bytes(spec.resources.memory)
-    extra = list(spec.engine.extraArgs)
-    override = None
-    for i, arg in enumerate(extra):
-        if arg.startswith("--num-gpu-blocks-override"):
-            override = int(arg.split("=", 1)[1] if "=" in arg else extra[i + 1])
+    value = flag_value(spec.engine.extraArgs, "num_gpu_blocks_override")
+    override = None if value is None else int(value)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
                     shared_memory=not a.device_memory_gib)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed, classify
 from kvpilot.tuner.settings import EngineSettings
 
@@ -78,7 +79,7 @@ class EngineProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self, settings: EngineSettings) -> list[str]:
-        cmd = [*self.serve_command, self.model, "--host", self.host, "--port", str(self.port),
+        cmd = [*self.serve_command, self.model, "--host", self.host, *flag_words("port", self.port),
                *settings.to_flags(), *self.extra_args]
         return cmd + (["--enable-admin-routes"] if self.admin_token else [])
 

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 import torch
 
+from kvpilot.engine.settings import flag_value, flag_words
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
@@ -37,8 +38,8 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
     else:
         memory = total_device_memory_bytes(torch.device("cuda" if on_gpu else "cpu"))
     override = None
-    if "--num-gpu-blocks-override" in a.engine_args:
-        override = int(a.engine_args[a.engine_args.index("--num-gpu-blocks-override") + 1])
+    if (value := flag_value(a.engine_args, "num_gpu_blocks_override")) is not None:
+        override = int(value)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
                     shared_memory=not on_gpu)
 
@@ -46,9 +47,9 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
 def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
     """Every flag a trial may pass: both spellings of the booleans the space can flip."""
     flags = base.to_flags() + [f for f in a.engine_args if f.startswith("--")]
-    flags += ["--enable-chunked-prefill", "--no-enable-chunked-prefill"]
+    flags += flag_words("enable_chunked_prefill", True) + flag_words("enable_chunked_prefill", False)
     if a.prefix_caching:
-        flags.append("--enable-prefix-caching")
+        flags += flag_words("enable_prefix_caching", True) + flag_words("enable_prefix_caching", False)
     return flags
 
 

@@ -1,11 +1,10 @@
 """The engine settings one trial runs with, and their three spellings: `vllm serve` flags,
 the InferenceService's `spec.engine` (camelCase) and the study's parameters.
 
-Which settings can change on a running engine: the scheduler limits
-(`max_num_seqs`, `max_num_batched_tokens`, `enable_chunked_prefill`, `preemption_mode`),
-through the server's `POST /admin/scheduler_config` (kvpilot's engine:
-`LLMEngine.update_scheduler_config`). Everything else sizes memory or processes at startup
-and needs a restart (locally) or a rollout (in a cluster).
+All three come from `kvpilot.engine.settings`, which also says which settings can change on a
+running engine (`live`: the scheduler limits, through the server's `POST
+/admin/scheduler_config`). Everything else sizes memory or processes at startup and needs a
+restart (locally) or a rollout (in a cluster).
 """
 
 from __future__ import annotations
@@ -15,48 +14,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.engine.arg_utils import EngineArgs
-from kvpilot.engine.config import default_max_num_batched_tokens
+from kvpilot.engine import settings
+from kvpilot.engine.settings import LIVE_SETTINGS, default_max_num_batched_tokens
 
-LIVE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode")
-
-# snake_case field -> InferenceService spec.engine key (crds/inferenceservices.kvpilot.dev.yaml)
-SPEC_KEYS = {
-    "max_model_len": "maxModelLen",
-    "max_num_seqs": "maxNumSeqs",
-    "max_num_batched_tokens": "maxNumBatchedTokens",
-    "gpu_memory_utilization": "gpuMemoryUtilization",
-    "enable_chunked_prefill": "enableChunkedPrefill",
-    "tensor_parallel_size": "tensorParallelSize",
-    "pipeline_parallel_size": "pipelineParallelSize",
-    "block_size": "blockSize",
-    "enable_prefix_caching": "enablePrefixCaching",
-    "preemption_mode": "preemptionMode",
-    "swap_space": "swapSpace",
-}
+LIVE_FIELDS = LIVE_SETTINGS  # changeable on a running engine (POST /admin/scheduler_config)
+_DEFAULTS = settings.deploy_defaults()
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """One point of the search: the engine flags a trial runs with.
 
-    Defaults are the engine's own (`kvpilot.engine.arg_utils.EngineArgs`, which keeps
-    vLLM's), with `max_num_batched_tokens` resolved as `SchedulerConfig` does: 2048 with
-    chunked prefill, max(max_model_len, 2048) without. Units: lengths and budgets in
-    tokens, gpu_memory_utilization a fraction of device memory, swap_space in GiB.
+    Defaults are `kvpilot.engine.settings.deploy_defaults()` (the engine's, vLLM's, with a
+    fixed max_model_len of 2048 as the CRD has), with `max_num_batched_tokens` derived as the
+    engine does: 2048 with chunked prefill, max(max_model_len, 2048) without. Units: lengths
+    and budgets in tokens, gpu_memory_utilization a fraction of device memory, swap_space in GiB.
     """
 
-    max_model_len: int = 2048
-    max_num_seqs: int = EngineArgs.max_num_seqs
+    max_model_len: int = _DEFAULTS["max_model_len"]
+    max_num_seqs: int = _DEFAULTS["max_num_seqs"]
     max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = EngineArgs.gpu_memory_utilization
-    enable_chunked_prefill: bool = EngineArgs.enable_chunked_prefill
-    tensor_parallel_size: int = EngineArgs.tensor_parallel_size
-    pipeline_parallel_size: int = EngineArgs.pipeline_parallel_size
-    block_size: int = EngineArgs.block_size
-    enable_prefix_caching: bool = EngineArgs.enable_prefix_caching
-    preemption_mode: str = EngineArgs.preemption_mode
-    swap_space: float = EngineArgs.swap_space
+    gpu_memory_utilization: float = _DEFAULTS["gpu_memory_utilization"]
+    enable_chunked_prefill: bool = _DEFAULTS["enable_chunked_prefill"]
+    tensor_parallel_size: int = _DEFAULTS["tensor_parallel_size"]
+    pipeline_parallel_size: int = _DEFAULTS["pipeline_parallel_size"]
+    block_size: int = _DEFAULTS["block_size"]
+    enable_prefix_caching: bool = _DEFAULTS["enable_prefix_caching"]
+    preemption_mode: str = _DEFAULTS["preemption_mode"]
+    swap_space: float = _DEFAULTS["swap_space"]
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens is None:
@@ -72,25 +57,11 @@ class EngineSettings:
 
     def to_flags(self) -> list[str]:
         """`vllm serve` / `kvpilot serve` flags for these settings (without the model)."""
-        flags = [
-            "--max-model-len", str(self.max_model_len),
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--gpu-memory-utilization", repr(self.gpu_memory_utilization),
-            "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
-            "--tensor-parallel-size", str(self.tensor_parallel_size),
-            "--pipeline-parallel-size", str(self.pipeline_parallel_size),
-            "--block-size", str(self.block_size),
-            "--preemption-mode", self.preemption_mode,
-            "--swap-space", repr(float(self.swap_space)),
-        ]
-        if self.enable_prefix_caching:
-            flags.append("--enable-prefix-caching")
-        return flags
+        return settings.to_flags(self.as_dict())
 
     def to_engine_spec(self) -> dict[str, Any]:
         """The InferenceService `spec.engine` keys these settings set (camelCase)."""
-        return {SPEC_KEYS[k]: v for k, v in self.as_dict().items()}
+        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items()}
 
     @classmethod
     def from_engine_spec(cls, engine: Mapping[str, Any]) -> EngineSettings:
@@ -121,3 +92,7 @@ class EngineSettings:
         if self.enable_prefix_caching:
             text += " prefix-cache"
         return text
+
+
+# snake_case field -> InferenceService spec.engine key, for the settings a trial sets
+SPEC_KEYS = {f.name: settings.CRD_FIELDS[f.name] for f in dataclasses.fields(EngineSettings)}

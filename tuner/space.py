@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from kvpilot.engine.config import ModelConfig, ParallelConfig
+from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.settings import EngineSettings
 
 
@@ -51,10 +52,17 @@ class SearchSpace:
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
             bounds = getattr(self, name)
-            if bounds is not None and not 0 < bounds[0] <= bounds[1]:
-                raise ValueError(f"{name} bounds must satisfy 0 < low <= high, got {bounds}")
-        if self.gpu_memory_utilization is not None and self.gpu_memory_utilization[1] > 1:
-            raise ValueError(f"gpu_memory_utilization is a fraction <= 1, got {self.gpu_memory_utilization}")
+            if bounds is None:
+                continue
+            if not bounds[0] <= bounds[1]:
+                raise ValueError(f"{name} bounds must satisfy low <= high, got {bounds}")
+            problem = BY_NAME[name].problem(bounds[0]) or BY_NAME[name].problem(bounds[1])
+            if problem:  # the engine's own bounds (kvpilot.engine.settings)
+                raise ValueError(f"{name} bounds {bounds}: {problem}")
+        for name in ("block_size", "enable_prefix_caching", "enable_chunked_prefill"):
+            problem = next(filter(None, map(BY_NAME[name].problem, getattr(self, name))), None)
+            if problem:
+                raise ValueError(problem)
         if self.num_devices < 1:
             raise ValueError(f"num_devices must be >= 1, got {self.num_devices}")
 

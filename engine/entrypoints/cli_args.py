@@ -46,8 +46,7 @@ def _add_setting(parser: argparse.ArgumentParser, setting: Setting) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
-    """Adds vLLM's engine flags (--max-num-seqs, --enable-chunked-prefill, ...), from
-    `kvpilot.engine.settings`."""
+    """Adds vLLM's engine flags: every engine setting of `kvpilot.engine.settings`."""
     if positional_model:
         parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="builtin alias, .gguf file or HF directory")
     else:

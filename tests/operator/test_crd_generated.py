@@ -1,0 +1,42 @@
+"""Both CRD copies are `kvpilot crd`'s output, byte for byte: the engine settings' schema and
+CEL rules come from kvpilot.engine.settings, the rest from operator/crd_base.yaml."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpilot.engine import settings
+from kvpilot.operator.crd import COPIES, build_crd, render_crd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("relative", COPIES, ids=str)
+def test_each_crd_copy_is_the_generators_output(relative):
+    assert (ROOT / relative).read_text() == render_crd(), f"run `kvpilot crd --write` to regenerate {relative}"
+
+
+def test_kvpilot_crd_write_regenerates_both_copies(tmp_path):
+    for relative in COPIES:
+        (tmp_path / relative).parent.mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "kvpilot.cli.main", "crd", "--write", str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.count("wrote ") == 2
+    assert all((tmp_path / r).read_bytes() == (ROOT / r).read_bytes() for r in COPIES)
+
+
+def test_the_crd_carries_every_setting_with_its_bounds_default_and_rules():
+    engine = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "engine"]
+    defaults = settings.deploy_defaults()
+    for name, field in settings.CRD_FIELDS.items():
+        s, schema = settings.BY_NAME[name], engine["properties"][field]
+        assert s.flag in schema["description"]
+        assert schema.get("default") == defaults[name] and schema.get("minimum") == s.minimum, field
+        assert schema.get("enum") == (list(s.choices) if s.choices else None)
+    assert [r["rule"] for r in engine["x-kubernetes-validations"]] == [r.cel for r in settings.RULES]
+    assert list(engine["properties"])[:3] == ["runtime", "image", "imagePullPolicy"]
+
