@@ -44,7 +44,7 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     estimate_activation_bytes,
 )
 from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
-from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
+from kvpilot.api.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
 
 if TYPE_CHECKING:  # dtypes travel as names ('bfloat16'): the tuner runs without torch
@@ -68,7 +68,7 @@ def model_config_from_shape(shape: ModelShape, dtype: str | torch.dtype = "bfloa
 
 def resolve_model(model: str, dtype: str | torch.dtype = "bfloat16") -> ModelConfig:
     """The shape of `model`: a builtin name (`smollm2-135m-instruct` or `builtin://...`,
-    from `kvpilot.operator.models`) or a Hugging Face directory with config.json (read by
+    from `kvpilot.api.models`) or a Hugging Face directory with config.json (read by
     `kvpilot.engine.model_loader.load_model_config`). Raises ValueError otherwise."""
     name = model.removeprefix(BUILTIN_SCHEME)
     if name in BUILTIN_MODELS:

@@ -14,9 +14,9 @@ HEAVY = ("torch", "transformers")
 # the operator's and the tuner's entry points and every module they load on a path
 ENTRY_MODULES = (
     "kvpilot.cli.main",
-    "kvpilot.operator.cli",
+    "kvpilot.cli.operator",
     "kvpilot.operator.handlers",
-    "kvpilot.operator.slo_metrics",
+    "kvpilot.tuner.slo_metrics",
     "kvpilot.tuner.daemon",
     "kvpilot.tuner.cli",
     "kvpilot.tuner.cluster_session",
