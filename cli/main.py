@@ -19,7 +19,7 @@ import sys
 COMMANDS = {
     "demo": "kvpilot.cli.demo",
     "serve": "kvpilot.engine.entrypoints.serve",
-    "operator": "kvpilot.operator.cli",
+    "operator": "kvpilot.cli.operator",
     "tune": "kvpilot.tuner.cli",
     "crd": "kvpilot.operator.crd",  # issue 13: the CRD, generated from kvpilot.engine.settings
 }

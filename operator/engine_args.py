@@ -10,9 +10,8 @@ import hashlib
 import json
 from typing import Any
 
+from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 from kvpilot.engine import settings
-
-from .spec import EngineSpec, InferenceServiceSpec
 
 # The engine reads its API key from this variable (as vLLM does); extraArgs may not repeat
 # any flag rendered here (operator/extra_args.py).

@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.engine.settings import flag_value
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpilot.api.spec import EngineSpec
 from kvpilot.engine import settings
 from kvpilot.operator.crd import COPIES, build_crd, render_crd
 
@@ -40,3 +41,9 @@ def test_the_crd_carries_every_setting_with_its_bounds_default_and_rules():
     assert [r["rule"] for r in engine["x-kubernetes-validations"]] == [r.cel for r in settings.RULES]
     assert list(engine["properties"])[:3] == ["runtime", "image", "imagePullPolicy"]
 
+
+
+def test_engine_spec_has_a_field_per_setting_with_the_deploy_default():
+    defaults, spec = settings.deploy_defaults(), EngineSpec()
+    for name, field in settings.CRD_FIELDS.items():
+        assert getattr(spec, field) == defaults[name], field

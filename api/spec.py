@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-GROUP = "kvpilot.dev"
-VERSION = "v1alpha1"
-PLURAL = "inferenceservices"
-KIND = "InferenceService"
+from kvpilot.engine.settings import deploy_defaults
+
+_DEFAULTS = deploy_defaults()
 
 
 @dataclass(frozen=True)
@@ -39,21 +38,23 @@ class EngineSpec:
     runtime: str = "kvpilot"
     image: str = ""
     imagePullPolicy: str = "IfNotPresent"
-    maxModelLen: int = 2048
-    maxNumSeqs: int = 64
-    maxNumBatchedTokens: int = 2048
-    gpuMemoryUtilization: float = 0.9
-    enableChunkedPrefill: bool = True
-    enablePrefixCaching: bool = False
-    tensorParallelSize: int = 1
-    pipelineParallelSize: int = 1
-    blockSize: int = 16
-    swapSpace: float = 4
-    preemptionMode: str = "recompute"
-    dtype: str = "auto"
-    seed: int = 0
-    port: int = 8000
-    showHiddenMetricsForVersion: str = "0.11"  # "" renders no flag (issue 14)
+    # The engine settings: field names and defaults from kvpilot.engine.settings (deploy_defaults:
+    # the engine's, with maxModelLen fixed at 2048 and the budget derived from it).
+    maxModelLen: int = _DEFAULTS["max_model_len"]
+    maxNumSeqs: int = _DEFAULTS["max_num_seqs"]
+    maxNumBatchedTokens: int = _DEFAULTS["max_num_batched_tokens"]
+    gpuMemoryUtilization: float = _DEFAULTS["gpu_memory_utilization"]
+    enableChunkedPrefill: bool = _DEFAULTS["enable_chunked_prefill"]
+    enablePrefixCaching: bool = _DEFAULTS["enable_prefix_caching"]
+    tensorParallelSize: int = _DEFAULTS["tensor_parallel_size"]
+    pipelineParallelSize: int = _DEFAULTS["pipeline_parallel_size"]
+    blockSize: int = _DEFAULTS["block_size"]
+    swapSpace: float = _DEFAULTS["swap_space"]
+    preemptionMode: str = _DEFAULTS["preemption_mode"]
+    dtype: str = _DEFAULTS["dtype"]
+    seed: int = _DEFAULTS["seed"]
+    port: int = _DEFAULTS["port"]
+    showHiddenMetricsForVersion: str = _DEFAULTS["show_hidden_metrics_for_version"]  # "" renders no flag
     apiKeySecret: SecretRef | None = None
     profiling: bool = False
     extraArgs: tuple[str, ...] = ()
