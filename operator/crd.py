@@ -41,16 +41,9 @@ def setting_schema(setting: Setting, default: Any) -> dict[str, Any]:
         schema["enum"] = list(setting.choices)
     if default is not None:
         schema["default"] = default
-    if setting.minimum is not None:
-        schema["minimum"] = setting.minimum
-        if setting.exclusive_minimum:
-            schema["exclusiveMinimum"] = True
-    if setting.maximum is not None:
-        schema["maximum"] = setting.maximum
-    if setting.pattern is not None:
-        schema["pattern"] = setting.pattern
-    if setting.max_length is not None:
-        schema["maxLength"] = setting.max_length
+    keywords = {"minimum": setting.minimum, "exclusiveMinimum": setting.exclusive_minimum or None,
+                "maximum": setting.maximum, "pattern": setting.pattern, "maxLength": setting.max_length}
+    schema.update({k: v for k, v in keywords.items() if v is not None})
     return schema
 
 
