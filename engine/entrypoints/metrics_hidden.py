@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from kvpilot.engine.settings import BY_NAME
+
 # flag value -> names that the vLLM release after it showed only with the flag
 HIDDEN_METRICS: dict[str, tuple[str, ...]] = {
     # vllm/engine/metrics.py (V0) in 0.9: "Deprecated in 0.8 - KV cache offloading is not used in V1"
@@ -36,7 +38,8 @@ def check_version(value: str | None) -> str | None:
     try:
         Version(value)
     except InvalidVersion:
-        raise ValueError(f"--show-hidden-metrics-for-version must be a version such as 0.11, got {value!r}") from None
+        raise ValueError(f"{BY_NAME['show_hidden_metrics_for_version'].flag} must be a version such as 0.11, "
+                         f"got {value!r}") from None
     return value
 
 
