@@ -230,9 +230,10 @@ RULES: tuple[Rule, ...] = (
          "self.maxNumBatchedTokens >= self.maxNumSeqs", "max_num_batched_tokens"),
     Rule(("enable_chunked_prefill", "max_num_batched_tokens", "max_model_len"),
          lambda v: v["enable_chunked_prefill"] or v["max_num_batched_tokens"] >= v["max_model_len"],
-         lambda n: (f"with {n('enable_chunked_prefill:')} false, {n('max_num_batched_tokens')} must not be smaller "
-                    f"than {n('max_model_len')}, or a prompt longer than the budget can never be scheduled; raise "
-                    f"{n('max_num_batched_tokens:')}, lower {n('max_model_len:')} or enable chunked prefill"),
+         lambda n: (f"{n('max_num_batched_tokens')} is smaller than {n('max_model_len')} with chunked "
+                    f"prefill off ({n('enable_chunked_prefill:')} false): a prompt longer than the budget can never "
+                    f"be scheduled; raise {n('max_num_batched_tokens:')}, lower {n('max_model_len:')} or enable "
+                    f"chunked prefill"),
          "self.enableChunkedPrefill || self.maxNumBatchedTokens >= self.maxModelLen", "max_num_batched_tokens"),
     Rule(("preemption_mode", "swap_space"),
          lambda v: v["preemption_mode"] != "swap" or v["swap_space"] > 0,

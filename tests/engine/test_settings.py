@@ -99,8 +99,8 @@ def test_problems_name_the_setting_and_what_to_change(values, fragment):
 def test_rules_spell_settings_as_the_caller_does():
     values = {"enable_chunked_prefill": False, "max_num_batched_tokens": 512, "max_model_len": 1024}
     (message,) = settings.rule_problems(values, CRD_FIELDS.get)
-    assert message.startswith("with enableChunkedPrefill false, maxNumBatchedTokens (512) must not be smaller "
-                              "than maxModelLen (1024)")
+    assert message.startswith("maxNumBatchedTokens (512) is smaller than maxModelLen (1024) with chunked "
+                              "prefill off (enableChunkedPrefill false)")
     assert settings.rule_problems({"max_num_batched_tokens": 8}) == []  # a rule missing a value is skipped
 
 
