@@ -9,7 +9,6 @@ Source: vLLM `vllm/engine/arg_utils.py`, `vllm/entrypoints/openai/cli_args.py`."
 from __future__ import annotations
 
 import argparse
-import os
 
 from kvpilot.engine.settings import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS, Setting
 
