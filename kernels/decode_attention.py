@@ -38,6 +38,7 @@ from kvpilot.kernels._common import (
     kv_tile,
     pow2_at_least,
 )
+from kvpilot.kernels.paged_tiles import paged_kv_online_softmax
 
 _FN = "paged_decode_attention"
 _LOG2E = 1.4426950408889634
@@ -70,7 +71,6 @@ def _decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
@@ -79,32 +79,11 @@ def _decode_split_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table = Block_tables + seq * stride_bts
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < end
-        block_id = tl.load(table + (pos // BLOCK_SIZE) * stride_btb, mask=n_mask, other=0)
-        slot = block_id.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co + kv_head * stride_ch
-        # K is loaded transposed, [BLOCK_D, BLOCK_N]. Masked lanes read 0 so that stale
-        # (even NaN) cache contents past seq_len never reach the sums.
-        k = tl.load(K_cache + slot[None, :] + offs_d[:, None] * stride_cd,
-                    mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        v = tl.load(V_cache + slot[:, None] + offs_d[None, :] * stride_cd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = paged_kv_online_softmax(
+        q, offs_g, K_cache, V_cache, Block_tables + seq * stride_bts, kv_head, start, end, qk_scale,
+        stride_cb, stride_co, stride_ch, stride_cd, stride_btb,
+        ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, CAUSAL=False,
+        DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
 
     # An empty split (a short sequence) has l_i == 0: it writes o = 0, lse = -inf and so
     # gets zero weight in stage 2.

@@ -37,6 +37,7 @@ from kvpilot.kernels._common import (
     kv_tile,
     pow2_at_least,
 )
+from kvpilot.kernels.paged_tiles import paged_kv_online_softmax
 
 _FN = "paged_extend_attention"
 _LOG2E = 1.4426950408889634
@@ -70,7 +71,6 @@ def _extend_kernel(
     offs_q = q_block * BLOCK_Q + offs_r // GROUP
     heads = kv_head * GROUP + offs_r % GROUP
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     r_mask = (offs_r < BLOCK_Q * GROUP) & (offs_q < q_len)
     d_mask = offs_d < HEAD_DIM
     q_pos = ctx_len + offs_q
@@ -80,36 +80,15 @@ def _extend_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    table = Block_tables + seq * stride_bts
     # The tile's last query token sees up to its own position; nothing after it is read.
+    # Every row, padding rows included, sees position 0, so the row max is finite from the
+    # first tile on and exp2(-inf - m) is a clean 0.
     kv_end = tl.minimum(seq_len, ctx_len + (q_block + 1) * BLOCK_Q)
-    for tile in range(0, kv_end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < kv_end
-        block_id = tl.load(table + (pos // BLOCK_SIZE) * stride_btb, mask=n_mask, other=0)
-        slot = block_id.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co + kv_head * stride_ch
-        # Masked lanes read 0: cache slots past seq_len may hold stale values, even NaN.
-        k = tl.load(K_cache + slot[None, :] + offs_d[:, None] * stride_cd,
-                    mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        v = tl.load(V_cache + slot[:, None] + offs_d[None, :] * stride_cd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        # Every row, padding rows included, sees position 0, so the row max is finite
-        # from the first tile on and exp2(-inf - m) is a clean 0.
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = paged_kv_online_softmax(
+        q, q_pos, K_cache, V_cache, Block_tables + seq * stride_bts, kv_head, 0, kv_end, qk_scale,
+        stride_cb, stride_co, stride_ch, stride_cd, stride_btb,
+        ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, CAUSAL=True,
+        DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
 
     o = acc / l_i[:, None]
     out_rows = (q_start + offs_q)[:, None] * stride_ot + heads[:, None] * stride_oh
