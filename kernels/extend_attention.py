@@ -23,14 +23,11 @@ import triton
 import triton.language as tl
 
 from kvpilot.kernels._common import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_cache_pair,
     check_devices,
     check_dtype,
-    check_group,
     check_out,
-    check_same_dtype,
+    check_paged_attention_args,
     check_shape,
     dot_options,
     is_interpreted,
@@ -105,6 +102,21 @@ def _tile_rows(max_query_len: int, group: int, row_bytes: int) -> tuple[int, int
     return block_m, block_m // group
 
 
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[int, int, int, int, bool]:
+    """(block_size, num_kv_heads, head_dim, group, interpreted); ValueError on a mismatch."""
+    check_shape(_FN, "seq_lens", seq_lens, (None,), "[num_seqs]")
+    num_seqs = seq_lens.shape[0]
+    block_size, num_kv_heads, head_dim, group = check_paged_attention_args(
+        _FN, q, k_cache, v_cache, block_tables, seq_lens, num_seqs, "[num_tokens, num_heads, head_dim]")
+    check_shape(_FN, "query_start_loc", query_start_loc, (num_seqs + 1,), "[num_seqs + 1]")
+    check_dtype(_FN, "query_start_loc", query_start_loc, INDEX_DTYPES)
+    interpreted = is_interpreted(_extend_kernel)
+    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
+                  block_tables=block_tables, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    return block_size, num_kv_heads, head_dim, group, interpreted
+
+
 def paged_extend_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -138,23 +150,9 @@ def paged_extend_attention(
     Raises ValueError on mismatched shapes, dtypes or devices.
     Sources: vLLM PagedAttention (SOSP'23); FlashAttention-2 online softmax.
     """
-    _, block_size, num_kv_heads, head_dim = check_cache_pair(_FN, k_cache, v_cache)
-    check_shape(_FN, "q", q, (None, None, head_dim), "[num_tokens, num_heads, head_dim]")
-    num_heads = q.shape[1]
-    group = check_group(_FN, num_heads, num_kv_heads)
-    check_dtype(_FN, "q", q, FLOAT_DTYPES)
-    check_same_dtype(_FN, q=q, k_cache=k_cache)
-    check_shape(_FN, "seq_lens", seq_lens, (None,), "[num_seqs]")
+    block_size, num_kv_heads, head_dim, group, interpreted = _check_args(q, k_cache, v_cache, block_tables,
+                                                                         query_start_loc, seq_lens)
     num_seqs = seq_lens.shape[0]
-    check_shape(_FN, "query_start_loc", query_start_loc, (num_seqs + 1,), "[num_seqs + 1]")
-    check_shape(_FN, "block_tables", block_tables, (num_seqs, None),
-                "[num_seqs, max_num_blocks_per_seq]")
-    for name, t in (("block_tables", block_tables), ("query_start_loc", query_start_loc),
-                    ("seq_lens", seq_lens)):
-        check_dtype(_FN, name, t, INDEX_DTYPES)
-    interpreted = is_interpreted(_extend_kernel)
-    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
-                  block_tables=block_tables, query_start_loc=query_start_loc, seq_lens=seq_lens)
     out = check_out(_FN, out, q)
     if num_seqs == 0 or q.shape[0] == 0:
         return out
