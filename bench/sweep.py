@@ -38,7 +38,6 @@ from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, ServerRef
 from kvpilot.bench.sweep_report import write_report
 from kvpilot.bench.tokenizers import load_tokenizer
 
-DEFAULT_BUDGETS = tuple(2**k for k in range(6, 14))  # 64 ... 8192 tokens per step
 # Per-request lists are kept out of the run JSON: the report folder stays small.
 DROPPED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
                 "generated_texts", "errors")

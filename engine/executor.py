@@ -220,9 +220,6 @@ class MultiprocExecutor:
         torch.set_num_threads(self._saved_threads)
 
 
-TensorParallelExecutor = MultiprocExecutor  # the name before pipeline parallelism
-
-
 def create_executor(config: EngineConfig) -> ModelRunner | MultiprocExecutor:
     """A plain ModelRunner for one rank (no processes, no overhead), else the executor."""
     if config.parallel.world_size == 1:

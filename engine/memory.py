@@ -253,10 +253,6 @@ class KVCachePlan:
                 f"KiB per block by rank: {per_rank}")
 
 
-def kv_cache_block_bytes(block_size: int, kv_bytes_per_token: int) -> int:
-    return block_size * kv_bytes_per_token
-
-
 def check_fits(num_blocks: int, block_size: int, max_model_len: int, block_bytes: int, how: str) -> None:
     """Raises KVCacheTooSmallError (a ValueError), with the numbers, when one max_model_len
     sequence does not fit."""

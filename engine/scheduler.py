@@ -32,10 +32,6 @@ class SchedulerOutput:
     def total_num_scheduled_tokens(self) -> int:
         return sum(n for _, n in self.scheduled)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
 
 class Scheduler:
     """Each step, gives every sequence tokens so that its num_computed_tokens catches up
@@ -70,10 +66,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._requests)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:

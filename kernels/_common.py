@@ -134,3 +134,22 @@ def kv_tile(element_size: int, block_d: int) -> tuple[int, int]:
 def pow2_at_least(n: int, floor: int = 16) -> int:
     """Next power of two >= n, and >= floor (tl.dot needs every dimension >= 16)."""
     return max(floor, triton.next_power_of_2(n))
+
+
+def check_paged_attention_args(fn: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int,
+                               q_layout: str) -> tuple[int, int, int, int]:
+    """What the paged attention launchers share: the cache pair, q [*, num_heads, head_dim]
+    of the cache's float dtype (`q_layout` names its dimensions for the message),
+    block_tables [num_seqs, *] and seq_lens [num_seqs] of an index dtype. Returns
+    (block_size, num_kv_heads, head_dim, group); ValueError on a mismatch."""
+    _, block_size, num_kv_heads, head_dim = check_cache_pair(fn, k_cache, v_cache)
+    check_shape(fn, "q", q, (None, None, head_dim), q_layout)
+    group = check_group(fn, q.shape[1], num_kv_heads)
+    check_dtype(fn, "q", q, FLOAT_DTYPES)
+    check_same_dtype(fn, q=q, k_cache=k_cache)
+    check_shape(fn, "block_tables", block_tables, (num_seqs, None), "[num_seqs, max_num_blocks_per_seq]")
+    check_shape(fn, "seq_lens", seq_lens, (num_seqs,), "[num_seqs]")
+    check_dtype(fn, "block_tables", block_tables, INDEX_DTYPES)
+    check_dtype(fn, "seq_lens", seq_lens, INDEX_DTYPES)
+    return block_size, num_kv_heads, head_dim, group

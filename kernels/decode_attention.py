@@ -24,20 +24,15 @@ import triton
 import triton.language as tl
 
 from kvpilot.kernels._common import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_cache_pair,
     check_devices,
-    check_dtype,
-    check_group,
     check_out,
-    check_same_dtype,
-    check_shape,
+    check_paged_attention_args,
     dot_options,
     is_interpreted,
     kv_tile,
     pow2_at_least,
 )
+from kvpilot.kernels.paged_tiles import paged_kv_online_softmax
 
 _FN = "paged_decode_attention"
 _LOG2E = 1.4426950408889634
@@ -70,7 +65,6 @@ def _decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
@@ -79,32 +73,11 @@ def _decode_split_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table = Block_tables + seq * stride_bts
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < end
-        block_id = tl.load(table + (pos // BLOCK_SIZE) * stride_btb, mask=n_mask, other=0)
-        slot = block_id.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co + kv_head * stride_ch
-        # K is loaded transposed, [BLOCK_D, BLOCK_N]. Masked lanes read 0 so that stale
-        # (even NaN) cache contents past seq_len never reach the sums.
-        k = tl.load(K_cache + slot[None, :] + offs_d[:, None] * stride_cd,
-                    mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        v = tl.load(V_cache + slot[:, None] + offs_d[None, :] * stride_cd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = paged_kv_online_softmax(
+        q, offs_g, K_cache, V_cache, Block_tables + seq * stride_bts, kv_head, start, end, qk_scale,
+        stride_cb, stride_co, stride_ch, stride_cd, stride_btb,
+        ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, CAUSAL=False,
+        DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
 
     # An empty split (a short sequence) has l_i == 0: it writes o = 0, lse = -inf and so
     # gets zero weight in stage 2.
@@ -161,6 +134,30 @@ def choose_num_kv_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> 
     return min(_MAX_SPLITS, triton.next_power_of_2(min(by_length, by_occupancy)))
 
 
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                seq_lens: torch.Tensor, num_kv_splits: int | None) -> tuple[int, int, int, int, bool]:
+    """(block_size, num_kv_heads, head_dim, group, interpreted); ValueError on a mismatch."""
+    block_size, num_kv_heads, head_dim, group = check_paged_attention_args(
+        _FN, q, k_cache, v_cache, block_tables, seq_lens, q.shape[0], "[num_seqs, num_heads, head_dim]")
+    interpreted = is_interpreted(_decode_split_kernel)
+    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
+                  block_tables=block_tables, seq_lens=seq_lens)
+    if num_kv_splits is not None and not 1 <= num_kv_splits <= 256:
+        raise ValueError(f"{_FN}: num_kv_splits must be in [1, 256], got {num_kv_splits}")
+    return block_size, num_kv_heads, head_dim, group, interpreted
+
+
+def _split_buffers(out: torch.Tensor, num_kv_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's partial outputs [num_seqs, num_heads, splits, head_dim] and log-sum-exps
+    [num_seqs, num_heads, splits], float32; with one split `out` (the kernel ignores them)."""
+    if num_kv_splits == 1:
+        return out, out
+    num_seqs, num_heads, head_dim = out.shape
+    mid_o = torch.empty((num_seqs, num_heads, num_kv_splits, head_dim), dtype=torch.float32, device=out.device)
+    mid_lse = torch.empty((num_seqs, num_heads, num_kv_splits), dtype=torch.float32, device=out.device)
+    return mid_o, mid_lse
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -190,22 +187,9 @@ def paged_decode_attention(
     Raises ValueError on mismatched shapes, dtypes or devices.
     Sources: vLLM PagedAttention (SOSP'23); FlashAttention online softmax; Flash-Decoding.
     """
-    _, block_size, num_kv_heads, head_dim = check_cache_pair(_FN, k_cache, v_cache)
-    check_shape(_FN, "q", q, (None, None, head_dim), "[num_seqs, num_heads, head_dim]")
+    block_size, num_kv_heads, head_dim, group, interpreted = _check_args(q, k_cache, v_cache, block_tables,
+                                                                         seq_lens, num_kv_splits)
     num_seqs, num_heads, _ = q.shape
-    group = check_group(_FN, num_heads, num_kv_heads)
-    check_dtype(_FN, "q", q, FLOAT_DTYPES)
-    check_same_dtype(_FN, q=q, k_cache=k_cache)
-    check_shape(_FN, "block_tables", block_tables, (num_seqs, None),
-                "[num_seqs, max_num_blocks_per_seq]")
-    check_shape(_FN, "seq_lens", seq_lens, (num_seqs,), "[num_seqs]")
-    check_dtype(_FN, "block_tables", block_tables, INDEX_DTYPES)
-    check_dtype(_FN, "seq_lens", seq_lens, INDEX_DTYPES)
-    interpreted = is_interpreted(_decode_split_kernel)
-    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
-                  block_tables=block_tables, seq_lens=seq_lens)
-    if num_kv_splits is not None and not 1 <= num_kv_splits <= 256:
-        raise ValueError(f"{_FN}: num_kv_splits must be in [1, 256], got {num_kv_splits}")
     out = check_out(_FN, out, q)
     if num_seqs == 0:
         return out
@@ -214,13 +198,7 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_kv_splits = choose_num_kv_splits(num_seqs, num_kv_heads, max_seq_len)
-    if num_kv_splits > 1:
-        mid_o = torch.empty((num_seqs, num_heads, num_kv_splits, head_dim),
-                            dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((num_seqs, num_heads, num_kv_splits),
-                              dtype=torch.float32, device=q.device)
-    else:
-        mid_o = mid_lse = out  # unused by the kernel with one split
+    mid_o, mid_lse = _split_buffers(out, num_kv_splits)
     block_d = pow2_at_least(head_dim)
     block_n, num_stages = kv_tile(q.element_size(), block_d)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_kv_splits)](

@@ -23,20 +23,18 @@ import triton
 import triton.language as tl
 
 from kvpilot.kernels._common import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_cache_pair,
     check_devices,
     check_dtype,
-    check_group,
     check_out,
-    check_same_dtype,
+    check_paged_attention_args,
     check_shape,
     dot_options,
     is_interpreted,
     kv_tile,
     pow2_at_least,
 )
+from kvpilot.kernels.paged_tiles import paged_kv_online_softmax
 
 _FN = "paged_extend_attention"
 _LOG2E = 1.4426950408889634
@@ -70,7 +68,6 @@ def _extend_kernel(
     offs_q = q_block * BLOCK_Q + offs_r // GROUP
     heads = kv_head * GROUP + offs_r % GROUP
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     r_mask = (offs_r < BLOCK_Q * GROUP) & (offs_q < q_len)
     d_mask = offs_d < HEAD_DIM
     q_pos = ctx_len + offs_q
@@ -80,36 +77,15 @@ def _extend_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    table = Block_tables + seq * stride_bts
     # The tile's last query token sees up to its own position; nothing after it is read.
+    # Every row, padding rows included, sees position 0, so the row max is finite from the
+    # first tile on and exp2(-inf - m) is a clean 0.
     kv_end = tl.minimum(seq_len, ctx_len + (q_block + 1) * BLOCK_Q)
-    for tile in range(0, kv_end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < kv_end
-        block_id = tl.load(table + (pos // BLOCK_SIZE) * stride_btb, mask=n_mask, other=0)
-        slot = block_id.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co + kv_head * stride_ch
-        # Masked lanes read 0: cache slots past seq_len may hold stale values, even NaN.
-        k = tl.load(K_cache + slot[None, :] + offs_d[:, None] * stride_cd,
-                    mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        v = tl.load(V_cache + slot[:, None] + offs_d[None, :] * stride_cd,
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        # Every row, padding rows included, sees position 0, so the row max is finite
-        # from the first tile on and exp2(-inf - m) is a clean 0.
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = paged_kv_online_softmax(
+        q, q_pos, K_cache, V_cache, Block_tables + seq * stride_bts, kv_head, 0, kv_end, qk_scale,
+        stride_cb, stride_co, stride_ch, stride_cd, stride_btb,
+        ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N, CAUSAL=True,
+        DOT_FP32=DOT_FP32, DOT_PRECISION=DOT_PRECISION)
 
     o = acc / l_i[:, None]
     out_rows = (q_start + offs_q)[:, None] * stride_ot + heads[:, None] * stride_oh
@@ -124,6 +100,21 @@ def _tile_rows(max_query_len: int, group: int, row_bytes: int) -> tuple[int, int
     block_m = min(64 if row_bytes <= 512 else 32, pow2_at_least(max_query_len * group))
     block_m = max(block_m, pow2_at_least(group))
     return block_m, block_m // group
+
+
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[int, int, int, int, bool]:
+    """(block_size, num_kv_heads, head_dim, group, interpreted); ValueError on a mismatch."""
+    check_shape(_FN, "seq_lens", seq_lens, (None,), "[num_seqs]")
+    num_seqs = seq_lens.shape[0]
+    block_size, num_kv_heads, head_dim, group = check_paged_attention_args(
+        _FN, q, k_cache, v_cache, block_tables, seq_lens, num_seqs, "[num_tokens, num_heads, head_dim]")
+    check_shape(_FN, "query_start_loc", query_start_loc, (num_seqs + 1,), "[num_seqs + 1]")
+    check_dtype(_FN, "query_start_loc", query_start_loc, INDEX_DTYPES)
+    interpreted = is_interpreted(_extend_kernel)
+    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
+                  block_tables=block_tables, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    return block_size, num_kv_heads, head_dim, group, interpreted
 
 
 def paged_extend_attention(
@@ -159,23 +150,9 @@ def paged_extend_attention(
     Raises ValueError on mismatched shapes, dtypes or devices.
     Sources: vLLM PagedAttention (SOSP'23); FlashAttention-2 online softmax.
     """
-    _, block_size, num_kv_heads, head_dim = check_cache_pair(_FN, k_cache, v_cache)
-    check_shape(_FN, "q", q, (None, None, head_dim), "[num_tokens, num_heads, head_dim]")
-    num_heads = q.shape[1]
-    group = check_group(_FN, num_heads, num_kv_heads)
-    check_dtype(_FN, "q", q, FLOAT_DTYPES)
-    check_same_dtype(_FN, q=q, k_cache=k_cache)
-    check_shape(_FN, "seq_lens", seq_lens, (None,), "[num_seqs]")
+    block_size, num_kv_heads, head_dim, group, interpreted = _check_args(q, k_cache, v_cache, block_tables,
+                                                                         query_start_loc, seq_lens)
     num_seqs = seq_lens.shape[0]
-    check_shape(_FN, "query_start_loc", query_start_loc, (num_seqs + 1,), "[num_seqs + 1]")
-    check_shape(_FN, "block_tables", block_tables, (num_seqs, None),
-                "[num_seqs, max_num_blocks_per_seq]")
-    for name, t in (("block_tables", block_tables), ("query_start_loc", query_start_loc),
-                    ("seq_lens", seq_lens)):
-        check_dtype(_FN, name, t, INDEX_DTYPES)
-    interpreted = is_interpreted(_extend_kernel)
-    check_devices(_FN, interpreted, q=q, k_cache=k_cache, v_cache=v_cache,
-                  block_tables=block_tables, query_start_loc=query_start_loc, seq_lens=seq_lens)
     out = check_out(_FN, out, q)
     if num_seqs == 0 or q.shape[0] == 0:
         return out

@@ -30,8 +30,8 @@ from kvpilot.engine.entrypoints.protocol import (
     SchedulerConfigUpdate,
 )
 from kvpilot.engine.entrypoints.serving import ServerState
-from kvpilot.engine.entrypoints.serving_chat import create_chat_completion
-from kvpilot.engine.entrypoints.serving_completion import create_completion
+from kvpilot.engine.entrypoints.serving_chat import OpenAIServingChat
+from kvpilot.engine.entrypoints.serving_completion import OpenAIServingCompletion
 
 API_PREFIXES = ("/v1/",)
 CONTROL_PREFIXES = ("/admin/", "/start_profile", "/stop_profile")
@@ -113,13 +113,16 @@ def build_app(state: ServerState) -> FastAPI:
                  for name in sorted(state.model_names())]
         return ModelList(data=cards).model_dump()
 
+    serving_completion = OpenAIServingCompletion(state)
+    serving_chat = OpenAIServingChat(state)
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request) -> Response:
-        return await create_completion(req, raw, state)
+        return await serving_completion.create_completion(req, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
-        return await create_chat_completion(req, raw, state)
+        return await serving_chat.create_chat_completion(req, raw)
 
     if state.admin_token:
         add_control_routes(app, state)

@@ -17,11 +17,11 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.engine.config import SchedulerConfig
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
+from kvpilot.engine.entrypoints.stat_loggers import SchedulerState, StatLoggerBase, StatLoggerManager
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
@@ -39,17 +39,6 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped after an error; no request can be served."""
 
 
-@dataclass
-class SchedulerState:
-    """What the scheduler held after the last step, published for the API thread."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    kv_usage: float = 0.0
-    num_free_blocks: int = 0
-
-
 class RequestStream:
     """The event-loop side of one request: outputs, then None or an exception."""
 
@@ -61,12 +50,16 @@ class RequestStream:
 
 
 class AsyncLLMEngine:
+    """`metrics` (the vllm:* series) and, unless `log_stats` is off, the throughput line
+    every `stats_interval_s` are fed by stat loggers (`stat_loggers.py`); pass
+    `stat_loggers` to choose them yourself."""
+
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None, *, log_stats: bool = True,
-                 stats_interval_s: float = 10.0) -> None:
+                 stats_interval_s: float = 10.0, stat_loggers: StatLoggerBase | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.log_stats = log_stats
-        self.stats_interval_s = stats_interval_s
+        self.stat_loggers = (StatLoggerManager.for_server(metrics, log_stats, stats_interval_s)
+                             if stat_loggers is None else stat_loggers)
         self.state = SchedulerState(num_free_blocks=engine.block_manager.num_free_blocks)
         self.errored: BaseException | None = None
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -77,9 +70,6 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._profiler = None
-        self._interval_start = time.monotonic()
-        self._interval_tokens = [0, 0]  # prompt, generation
-        self._last_logged_busy = False
 
     # ------------------------------------------------------------ lifecycle
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -212,7 +202,7 @@ class AsyncLLMEngine:
                     outputs = self.engine.step()
                     self._dispatch(outputs)
                 self._publish_state()
-                self._maybe_log_stats()
+                self.stat_loggers.log(time.monotonic())
         except BaseException as exc:
             logger.exception("the engine loop failed; failing every request")
             self.errored = exc
@@ -245,26 +235,19 @@ class AsyncLLMEngine:
 
     def _abort(self, request_id: str, reason: str = "aborted") -> None:
         stream = self._streams.pop(request_id, None)
-        if self.engine.abort_request(request_id) and self.metrics is not None:
-            self.metrics.record_aborted(request_id)
+        if self.engine.abort_request(request_id):
+            self.stat_loggers.record_aborted(request_id)
         if stream is not None:
             self._deliver_threadsafe([(stream, RequestAborted(f"request {request_id} was {reason}"))])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        step = self.engine.last_step
-        now = time.monotonic()
-        if self.metrics is not None and step is not None:
-            self.metrics.record_step(step, outputs, now)
+        self.stat_loggers.record_step(self.engine.last_step, outputs, time.monotonic())
         batch = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if out.finished:
                 self._streams.pop(out.request_id, None)
-                if self.metrics is not None:
-                    self.metrics.record_finished(out, stream.params.max_tokens if stream else None)
-            if out.metrics is not None and out.metrics.first_token_s == out.metrics.last_token_s:
-                self._interval_tokens[0] += len(out.prompt_token_ids)
-            self._interval_tokens[1] += len(out.new_token_ids)
+                self.stat_loggers.record_finished(out, stream.params.max_tokens if stream else None)
             if stream is not None:
                 batch.append((stream, out))
         if batch:
@@ -285,29 +268,7 @@ class AsyncLLMEngine:
     def _publish_state(self) -> None:
         sched, bm = self.engine.scheduler, self.engine.block_manager
         state = SchedulerState(len(sched.running), len(sched.waiting), len(sched.swapped), bm.usage,
-                               bm.num_free_blocks)
+                               bm.num_free_blocks, bm.prefix_queries, bm.prefix_hits)
         with self._lock:
             self.state = state
-        if self.metrics is not None:
-            self.metrics.record_scheduler_state(state.num_running, state.num_waiting, state.num_swapped,
-                                                state.kv_usage, bm.prefix_queries, bm.prefix_hits)
-
-    def _maybe_log_stats(self) -> None:
-        now = time.monotonic()
-        elapsed = now - self._interval_start
-        if elapsed < self.stats_interval_s:
-            return
-        prompt_tps, gen_tps = (n / elapsed for n in self._interval_tokens)
-        self._interval_start, self._interval_tokens = now, [0, 0]
-        busy = bool(prompt_tps or gen_tps or self.state.num_running or self.state.num_waiting)
-        if self.log_stats and (busy or self._last_logged_busy):  # an idle server stays quiet
-            bm = self.engine.block_manager
-            hit_rate = bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0
-            logger.info(
-                "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-                "Running: %d reqs, Waiting: %d reqs, Swapped: %d reqs, GPU KV cache usage: %.1f%%, "
-                "Prefix cache hit rate: %.1f%%",
-                prompt_tps, gen_tps, self.state.num_running, self.state.num_waiting, self.state.num_swapped,
-                self.state.kv_usage * 100, hit_rate * 100,
-            )
-        self._last_logged_busy = busy
+        self.stat_loggers.record_scheduler_state(state)

@@ -15,62 +15,29 @@ Source: vLLM `vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/stats.py`."""
 from __future__ import annotations
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.entrypoints.metric_families import (  # noqa: F401  (CONTENT_TYPE, buckets: re-exported)
+    ADMISSION_REASONS,
+    CACHE_HIT_SOURCES,
+    CONTENT_TYPE,
+    FINISH_REASONS,
+    ITERATION_TOKEN_BUCKETS,
+    PROMPT_SOURCES,
+    REQUEST_LATENCY_BUCKETS,
+    REQUEST_NUM_PREEMPTIONS_BUCKETS,
+    REQUEST_PARAMS_N_BUCKETS,
+    SLEEP_STATES,
+    TOKEN_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    MetricFactory,
+    build_1_2_5_buckets,
+    config_info_labels,
+)
 from kvpilot.engine.entrypoints.metrics_hidden import hidden_metrics_shown
 from kvpilot.engine.llm_engine import StepStats
 from kvpilot.engine.outputs import RequestOutput
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
-PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
-ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
-
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                         10.0, 20.0, 40.0, 80.0]
-REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-REQUEST_PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
-REQUEST_NUM_PREEMPTIONS_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
-
-
-def build_1_2_5_buckets(max_value: int) -> list[int]:
-    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
-    buckets, scale = [], 1
-    while True:
-        for m in (1, 2, 5):
-            if m * scale > max_value:
-                return buckets
-            buckets.append(m * scale)
-        scale *= 10
-
-
-def config_info_labels(config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int) -> dict[str, str]:
-    """The running configuration as `vllm:cache_config_info` labels (vLLM's cache-config
-    names plus the scheduler limits the tuner changes), booleans spelled as vLLM does."""
-    c, s, p = config.cache, config.scheduler, config.parallel
-    return {
-        "block_size": str(c.block_size),
-        "gpu_memory_utilization": str(c.gpu_memory_utilization),
-        "swap_space": str(c.swap_space),
-        "enable_prefix_caching": str(c.enable_prefix_caching),
-        "num_gpu_blocks": str(num_gpu_blocks),
-        "num_cpu_blocks": str(num_cpu_blocks),
-        "max_model_len": str(s.max_model_len),
-        "max_num_seqs": str(s.max_num_seqs),
-        "max_num_batched_tokens": str(s.max_num_batched_tokens),
-        "enable_chunked_prefill": str(s.enable_chunked_prefill),
-        "preemption_mode": s.preemption_mode,
-        "tensor_parallel_size": str(p.tensor_parallel_size),
-        "pipeline_parallel_size": str(p.pipeline_parallel_size),
-        "dtype": str(config.model.dtype).removeprefix("torch."),
-    }
 
 
 class EngineMetrics:
@@ -85,120 +52,122 @@ class EngineMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
         labels = {"model_name": config.served_model_name, "engine": "0"}
-        names = list(labels)
-        max_len = config.scheduler.max_model_len
-        reg = self.registry
-        hidden = hidden_metrics_shown(show_hidden_for)
-        token_buckets = build_1_2_5_buckets(max_len)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, registry=reg).labels(**labels)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=reg).labels(**labels)
-
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(**labels)
-
-        def by_label(cls, name: str, doc: str, label: str, values: tuple[str, ...], base=names) -> dict:
-            family = cls(name, doc, base + [label], registry=reg)
-            return {v: family.labels(**{k: labels[k] for k in base}, **{label: v}) for v in values}
-
-        def maybe(name: str, make):
-            return make() if name in hidden else None
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.waiting_by_reason = by_label(
-            Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: "
-            "'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints.",
-            "reason", ("capacity", "deferred"))
-        sleep = by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 1 means engine is awake.",
-                         "sleep_state", SLEEP_STATES)
-        sleep["awake"].set(1)  # kvpilot has no sleep mode
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = counter("vllm:prefix_cache_queries",
-                                      "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        for name, doc in (("external_prefix_cache_queries", "External prefix cache queries from KV connector."),
-                          ("external_prefix_cache_hits", "External prefix cache hits from KV connector."),
-                          ("mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
-                          ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")):
-            counter(f"vllm:{name}", doc)  # features kvpilot lacks: always 0, as in vLLM without them
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.prompt_by_source = by_label(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                         "source", PROMPT_SOURCES)
-        self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        self.cached_by_source = by_label(Counter, "vllm:prompt_tokens_cached_by_source",
-                                         "Prefix-cache hit tokens by the cache tier that supplied them.",
-                                         "source", CACHE_HIT_SOURCES)
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.success = by_label(Counter, "vllm:request_success", "Count of successfully processed requests.",
-                                "finished_reason", FINISH_REASONS)
-        self.admission_rejections = by_label(
-            Counter, "vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
-            "reason", ADMISSION_REASONS, base=["model_name"])
-        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                               token_buckets)
-        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.", token_buckets)
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
-        self.max_num_generation_tokens = histogram("vllm:request_max_num_generation_tokens",
-                                                   "Histogram of maximum number of requested generation tokens.",
-                                                   token_buckets)
-        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
-                                  REQUEST_PARAMS_N_BUCKETS)
-        self.request_max_tokens = histogram("vllm:request_params_max_tokens",
-                                            "Histogram of the max_tokens request parameter.", token_buckets)
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.", TOKEN_LATENCY_BUCKETS)
-        phase = "Histogram of time spent in {} phase for request."
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds", phase.format("WAITING"),
-                                    REQUEST_LATENCY_BUCKETS)
-        self.inference_time = histogram("vllm:request_inference_time_seconds", phase.format("RUNNING"),
-                                        REQUEST_LATENCY_BUCKETS)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds", phase.format("PREFILL"),
-                                      REQUEST_LATENCY_BUCKETS)
-        self.decode_time = histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
-                                     REQUEST_LATENCY_BUCKETS)
-        self.request_preemptions = histogram("vllm:request_num_preemptions",
-                                             "Histogram of the number of times a request was preempted.",
-                                             REQUEST_NUM_PREEMPTIONS_BUCKETS)
-        self.prefill_kv_computed = histogram("vllm:request_prefill_kv_computed_tokens",
-                                             "Histogram of new KV tokens computed during prefill "
-                                             "(excluding cached tokens).", token_buckets)
-        deprecated = "DEPRECATED: Use vllm:{} instead."
-        self.swapped = maybe("vllm:num_requests_swapped", lambda: gauge(
-            "vllm:num_requests_swapped", "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is "
-            "not used in V1"))
-        self.gpu_cache_usage = maybe("vllm:gpu_cache_usage_perc", lambda: gauge(
-            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage." +
-            deprecated.format("kv_cache_usage_perc")))
-        self.gpu_prefix_queries = maybe("vllm:gpu_prefix_cache_queries", lambda: counter(
-            "vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. " +
-            deprecated.format("prefix_cache_queries")))
-        self.gpu_prefix_hits = maybe("vllm:gpu_prefix_cache_hits", lambda: counter(
-            "vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. " +
-            deprecated.format("prefix_cache_hits")))
-        self.time_per_output_token = maybe("vllm:time_per_output_token_seconds", lambda: histogram(
-            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds." +
-            deprecated.format("inter_token_latency_seconds"), TOKEN_LATENCY_BUCKETS))
+        f = MetricFactory(self.registry, labels)
+        token_buckets = build_1_2_5_buckets(config.scheduler.max_model_len)
+        self._declare_state(f)
+        self._declare_tokens(f, token_buckets)
+        self._declare_latencies(f, token_buckets)
+        self._declare_hidden(f, hidden_metrics_shown(show_hidden_for))
         self._labels = labels
-        self._info_names = names + list(config_info_labels(config, 0, 0))
+        self._info_names = f.names + list(config_info_labels(config, 0, 0))
         self._info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", self._info_names,
-                           registry=reg)
+                           registry=self.registry)
         self._info_labels: dict[str, str] | None = None
         self.set_config(config)
         self._last_token_s: dict[str, float] = {}
         self._prefix_seen = (0, 0)
+
+    def _declare_state(self, f: MetricFactory) -> None:
+        """Gauges of the scheduler and cache, and the prefix-cache counters."""
+        self.running = f.gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.waiting_by_reason = f.by_label(
+            Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: "
+            "'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints.",
+            "reason", ("capacity", "deferred"))
+        sleep = f.by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 1 means engine is awake.",
+                           "sleep_state", SLEEP_STATES)
+        sleep["awake"].set(1)  # kvpilot has no sleep mode
+        self.kv_usage = f.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = f.counter("vllm:prefix_cache_queries",
+                                        "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = f.counter("vllm:prefix_cache_hits",
+                                     "Prefix cache hits, in terms of number of cached tokens.")
+        for name, doc in (("external_prefix_cache_queries", "External prefix cache queries from KV connector."),
+                          ("external_prefix_cache_hits", "External prefix cache hits from KV connector."),
+                          ("mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
+                          ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")):
+            f.counter(f"vllm:{name}", doc)  # features kvpilot lacks: always 0, as in vLLM without them
+
+    def _declare_tokens(self, f: MetricFactory, token_buckets: list[int]) -> None:
+        """Token and request counters, and the per-request token histograms."""
+        self.preemptions = f.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = f.counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_by_source = f.by_label(Counter, "vllm:prompt_tokens_by_source",
+                                           "Number of prompt tokens by source.", "source", PROMPT_SOURCES)
+        self.prompt_cached = f.counter("vllm:prompt_tokens_cached",
+                                       "Number of cached prompt tokens (local + external).")
+        self.cached_by_source = f.by_label(Counter, "vllm:prompt_tokens_cached_by_source",
+                                           "Prefix-cache hit tokens by the cache tier that supplied them.",
+                                           "source", CACHE_HIT_SOURCES)
+        self.generation_tokens = f.counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.success = f.by_label(Counter, "vllm:request_success", "Count of successfully processed requests.",
+                                  "finished_reason", FINISH_REASONS)
+        self.admission_rejections = f.by_label(
+            Counter, "vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+            "reason", ADMISSION_REASONS, base=["model_name"])
+        self.request_prompt_tokens = f.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                                 token_buckets)
+        self.request_generation_tokens = f.histogram("vllm:request_generation_tokens",
+                                                     "Number of generation tokens processed.", token_buckets)
+        self.iteration_tokens = f.histogram("vllm:iteration_tokens_total",
+                                            "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.max_num_generation_tokens = f.histogram("vllm:request_max_num_generation_tokens",
+                                                     "Histogram of maximum number of requested generation tokens.",
+                                                     token_buckets)
+        self.params_n = f.histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                                    REQUEST_PARAMS_N_BUCKETS)
+        self.request_max_tokens = f.histogram("vllm:request_params_max_tokens",
+                                              "Histogram of the max_tokens request parameter.", token_buckets)
+
+    def _declare_latencies(self, f: MetricFactory, token_buckets: list[int]) -> None:
+        """Per-token and per-request latency histograms."""
+        self.ttft = f.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                TTFT_BUCKETS)
+        self.itl = f.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                               TOKEN_LATENCY_BUCKETS)
+        self.tpot = f.histogram("vllm:request_time_per_output_token_seconds",
+                                "Histogram of time_per_output_token_seconds per request.", TOKEN_LATENCY_BUCKETS)
+        phase = "Histogram of time spent in {} phase for request."
+        self.e2e = f.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                               REQUEST_LATENCY_BUCKETS)
+        self.queue_time = f.histogram("vllm:request_queue_time_seconds", phase.format("WAITING"),
+                                      REQUEST_LATENCY_BUCKETS)
+        self.inference_time = f.histogram("vllm:request_inference_time_seconds", phase.format("RUNNING"),
+                                          REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = f.histogram("vllm:request_prefill_time_seconds", phase.format("PREFILL"),
+                                        REQUEST_LATENCY_BUCKETS)
+        self.decode_time = f.histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
+                                       REQUEST_LATENCY_BUCKETS)
+        self.request_preemptions = f.histogram("vllm:request_num_preemptions",
+                                               "Histogram of the number of times a request was preempted.",
+                                               REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.prefill_kv_computed = f.histogram("vllm:request_prefill_kv_computed_tokens",
+                                               "Histogram of new KV tokens computed during prefill "
+                                               "(excluding cached tokens).", token_buckets)
+
+    def _declare_hidden(self, f: MetricFactory, hidden: frozenset[str]) -> None:
+        """Deprecated names, declared only when --show-hidden-metrics-for-version shows them."""
+
+        def maybe(name: str, make):
+            return make() if name in hidden else None
+
+        deprecated = "DEPRECATED: Use vllm:{} instead."
+        self.swapped = maybe("vllm:num_requests_swapped", lambda: f.gauge(
+            "vllm:num_requests_swapped", "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is "
+            "not used in V1"))
+        self.gpu_cache_usage = maybe("vllm:gpu_cache_usage_perc", lambda: f.gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage." +
+            deprecated.format("kv_cache_usage_perc")))
+        self.gpu_prefix_queries = maybe("vllm:gpu_prefix_cache_queries", lambda: f.counter(
+            "vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. " +
+            deprecated.format("prefix_cache_queries")))
+        self.gpu_prefix_hits = maybe("vllm:gpu_prefix_cache_hits", lambda: f.counter(
+            "vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. " +
+            deprecated.format("prefix_cache_hits")))
+        self.time_per_output_token = maybe("vllm:time_per_output_token_seconds", lambda: f.histogram(
+            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds." +
+            deprecated.format("inter_token_latency_seconds"), TOKEN_LATENCY_BUCKETS))
 
     def set_config(self, config: EngineConfig) -> None:
         """Replaces the `vllm:cache_config_info` series with the running configuration (the

