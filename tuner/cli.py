@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trials", type=int, default=None,
                    help="deployments to spend (pruned trials are free); default 8 locally, spec.tuning.maxTrials")
     o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
+    o.add_argument("--no-guide", dest="guide", action="store_false",
+                   help="let the sampler propose every trial (default: memory-model points, SLO repairs and "
+                        "neighbour moves first, kvpilot.tuner.guide)")
     o.add_argument("--max-num-batched-tokens", type=_range(int), default=(128, 4096), metavar="LOW:HIGH")
     o.add_argument("--max-num-seqs", type=_range(int), default=(2, 64), metavar="LOW:HIGH")
     o.add_argument("--gpu-memory-utilization", type=_range(float), default=None, metavar="LOW:HIGH")
