@@ -185,7 +185,7 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
     budget = math.ceil(len(points) / 3)
     model = resolve_model(MODEL)
     hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
-    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": [], "windows": []}
+    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": [], "windows": [], "choices": []}
                                 for k in ("tuner", "tpe", "random", "grid_order")}
 
     def score(p: dict) -> float:
@@ -196,6 +196,7 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
         results[strategy]["ratios"].append(score(pick))
         results[strategy]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
         results[strategy]["windows"].append(len(runner.deployed))
+        results[strategy]["choices"].append(pick["settings"])
 
     space = GridSpace(spec["axes"])
     for seed in range(seeds):
@@ -223,6 +224,7 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
             record(strategy, observe_pick(r, order, defaults), r)
     summary = {k: {"median_ratio": statistics.median(v["ratios"]), "worst_ratio": min(v["ratios"]),
                    "refused_deployed_total": sum(v["refused_deployed"]), "max_windows": max(v["windows"]),
+                   "choices": v["choices"],
                    "ratios": [round(x, 3) for x in v["ratios"]]}
                for k, v in results.items()}
     violating = sum(1 for f in figures if not f["feasible"])
