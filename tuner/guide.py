@@ -13,12 +13,16 @@ trials that Optuna's sampler would only reach by chance with a budget of a few d
   with a small token budget (the guide: "smaller max_num_batched_tokens gives better ITL";
   the chunked-prefill study: below ~256 tokens the total time grows, so 256 or the
   nearest choice below it).
-- Neighbour moves (pattern search): from the best feasible trial so far (the least
-  violating one when none is feasible), the settings one step away on one axis (the next
-  budget or max_num_seqs choice, chunked prefill flipped) that were not tried and that the
-  memory model accepts. The engine's response to each limit is smooth (the guide's and
-  the study's curves), so the best point is usually next to a good one. When no such
-  neighbour is left the sampler (TPE / GP with the SLO constraints) proposes.
+- Neighbour moves (compass / Hooke-Jeeves pattern search): from the best feasible trial so
+  far (then the others, the least violating first), first the pattern move (when the best
+  came from a move of its own, the same step once more along that axis), then the settings
+  a step away on one axis (budget or max_num_seqs choices; chunked prefill flipped), in
+  random order, the step coarse first (half the longest axis) and halved when every
+  setting at that step was tried; only settings not tried yet that the memory model
+  accepts. The
+  engine's response to each limit is smooth (the guide's and the study's curves), so the
+  best point is usually next to a good one, and a step that helped tends to help again.
+  When no such neighbour is left the sampler (TPE / GP with the SLO constraints) proposes.
 Nothing here reads measured values other than the study's own trials.
 """
 
@@ -124,21 +128,43 @@ def _axes(space: SearchSpace, base: EngineSettings) -> dict[str, list[Any]]:
     return axes
 
 
-def neighbours(settings: EngineSettings, space: SearchSpace, base: EngineSettings) -> list[EngineSettings]:
-    """Settings one step away from `settings` on one axis."""
+def neighbours(settings: EngineSettings, space: SearchSpace, base: EngineSettings,
+               step: int = 1) -> list[EngineSettings]:
+    """Settings `step` choices away from `settings` on one axis (clamped to the axis' ends),
+    and chunked prefill flipped."""
     out = []
     for name, values in _axes(space, base).items():
         current = getattr(settings, name)
         if name == "enable_chunked_prefill":
             out += [settings.replace(enable_chunked_prefill=v) for v in values if v != current]
             continue
-        lower = [v for v in values if v < current]
-        higher = [v for v in values if v > current]
-        if lower:
-            out.append(settings.replace(**{name: max(lower)}))
-        if higher:
-            out.append(settings.replace(**{name: min(higher)}))
+        i = values.index(current) if current in values else min(range(len(values)),
+                                                                  key=lambda k: abs(values[k] - current))
+        for k in {max(0, i - step), min(len(values) - 1, i + step)} - {i}:
+            out.append(settings.replace(**{name: values[k]}))
     return out
+
+
+def steps(space: SearchSpace, base: EngineSettings) -> list[int]:
+    """Compass-search step sizes, coarse to fine: half the longest axis, halved down to 1."""
+    longest = max((len(v) for v in _axes(space, base).values()), default=2)
+    out, step = [], max(1, (longest - 1 + 1) // 2)
+    while step >= 1:
+        out.append(step)
+        step //= 2
+    return out
+
+
+def pattern_move(settings: EngineSettings, parent: EngineSettings, space: SearchSpace,
+                 base: EngineSettings) -> EngineSettings | None:
+    """The step parent -> settings repeated once more (one ordered axis), else None."""
+    for name, values in _axes(space, base).items():
+        if name == "enable_chunked_prefill" or getattr(settings, name) == getattr(parent, name):
+            continue
+        i, j = values.index(getattr(parent, name)), values.index(getattr(settings, name))
+        k = j + (j - i)
+        return settings.replace(**{name: values[k]}) if 0 <= k < len(values) else None
+    return None
 
 
 def _violation(t: optuna.trial.FrozenTrial, slo: SLO) -> float:
@@ -167,6 +193,9 @@ class Guide:
         return s not in tried and feasibility.check(s, self.model, self.hardware).feasible
 
     def propose(self, study: optuna.Study) -> EngineSettings | None:
+        """The next settings to try, or None; its center (the trial it moves from) is
+        in `self.center` for the trial's user attributes."""
+        self.center = None
         tried = self._tried(study)
         measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                     if t.user_attrs.get("verdict") in ("measured", "violates_slo") and "remeasure_of" not in t.user_attrs]
@@ -181,13 +210,19 @@ class Guide:
                 return s
         maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         feasible = [t for t in measured if is_feasible(t.user_attrs.get(CONSTRAINTS_ATTR))]
-        if feasible:
-            ranked = sorted(feasible, key=lambda t: t.values[0], reverse=maximize)
-        else:
-            ranked = sorted(measured, key=lambda t: _violation(t, self.slo))
+        ranked = sorted(feasible, key=lambda t: t.values[0], reverse=maximize) + \
+            sorted((t for t in measured if t not in feasible), key=lambda t: _violation(t, self.slo))
         for t in ranked:
-            options = [s for s in neighbours(EngineSettings(**t.user_attrs["settings"]), self.space, self.base)
-                       if self._ok(s, tried)]
-            if options:
-                return self.rng.choice(options)
+            center = EngineSettings(**t.user_attrs["settings"])
+            self.center = center.as_dict()
+            parent = t.user_attrs.get("guided_from")
+            if parent:
+                again = pattern_move(center, EngineSettings(**parent), self.space, self.base)
+                if again is not None and self._ok(again, tried):
+                    return again
+            for step in steps(self.space, self.base):
+                options = [s for s in neighbours(center, self.space, self.base, step) if self._ok(s, tried)]
+                if options:
+                    return self.rng.choice(options)
+        self.center = None
         return None

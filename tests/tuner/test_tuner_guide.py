@@ -14,7 +14,7 @@ import pytest
 
 from kvpilot.tuner import report
 from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.guide import RequestTokens, kv_fit_seqs, kv_fit_settings, neighbours
+from kvpilot.tuner.guide import RequestTokens, kv_fit_seqs, kv_fit_settings, neighbours, steps
 from kvpilot.tuner.loop import Tuner, TunerConfig
 from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
 from kvpilot.tuner.settings import EngineSettings
@@ -105,6 +105,10 @@ def test_neighbours_are_one_step_on_one_axis():
     s = BASE.replace(max_num_seqs=4, max_num_batched_tokens=512)
     got = {(n.max_num_seqs, n.max_num_batched_tokens) for n in neighbours(s, SPACE, BASE)}
     assert got == {(3, 512), (6, 512), (4, 128), (4, 2048)}
+    # a coarse step, clamped to the ends of an axis
+    got = {(n.max_num_seqs, n.max_num_batched_tokens) for n in neighbours(s, SPACE, BASE, step=2)}
+    assert got == {(2, 512), (8, 512), (4, 64), (4, 2048)}
+    assert steps(SPACE, BASE) == [4, 2, 1]  # 8 max_num_seqs choices
 
 
 def test_first_trials_are_the_defaults_then_the_memory_model_points_and_no_refused_setting_is_deployed():
