@@ -137,7 +137,8 @@ class Tuner:
         if self.guide is not None and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             proposal = self.guide.propose(self.study)
             if proposal is not None:
-                self.study.enqueue_trial(self.space.params_of(proposal, self.model), user_attrs={"guided": True})
+                attrs = {"guided": True, **({"guided_from": self.guide.center} if self.guide.center else {})}
+                self.study.enqueue_trial(self.space.params_of(proposal, self.model), user_attrs=attrs)
         trial = self.study.ask()
         settings = self.space.suggest(trial, self.base, self.model)
         trial.set_user_attr("settings", settings.as_dict())
