@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kvpilot.tuner import cli
 
-MODEL, MAX_MODEL_LEN, KV_BLOCKS = "smollm2-135m-instruct", 512, 24
+MODEL, MAX_MODEL_LEN, KV_BLOCKS = "smollm2-135m-instruct", 256, 24  # 24 blocks hold 1.5 max_model_len
 MAX_PROMPT, MAX_OUTPUT = 128, 48
 DEMO_ARGS = [
     "--local", "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
