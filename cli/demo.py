@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvpilot.engine import LLM, SamplingParams
 
     console = Console()
-    llm = LLM(args.model, dtype="bfloat16", max_model_len=2048, max_num_seqs=64)
+    llm = LLM(args.model, dtype="auto", max_model_len=2048, max_num_seqs=64)  # bf16 only where the CPU has it
     tokenizer = llm.get_tokenizer()
     questions = []
     for prompt, _ in sharegpt_pairs():
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tune:
         return 0
     del llm
-    console.rule("SLO tuning: kvpilot tune --local (8 trials)")
+    console.rule("SLO tuning: kvpilot tune --local (SLOs calibrated on this machine, 6 trials)")
     from kvpilot.tuner import demo as tuner_demo
 
     return tuner_demo.main([])

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trials", type=int, default=None,
                    help="deployments to spend (pruned trials are free); default 8 locally, spec.tuning.maxTrials")
     o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
+    o.add_argument("--no-guide", dest="guide", action="store_false",
+                   help="let the sampler propose every trial (default: memory-model points, SLO repairs and "
+                        "neighbour moves first, kvpilot.tuner.guide)")
     for name, kind, bounds in (("max_num_batched_tokens", int, (128, 4096)), ("max_num_seqs", int, (2, 64)),
                                ("gpu_memory_utilization", float, None)):  # search ranges, named as the setting
         o.add_argument(BY_NAME[name].flag, type=_range(kind), default=bounds, metavar="LOW:HIGH")

@@ -17,12 +17,13 @@ from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
+from kvpilot.tuner.guide import RequestTokens
 from kvpilot.tuner.local import LocalRunner
 from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
 from kvpilot.tuner.promql import PrometheusSource
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.study import open_study
-from kvpilot.tuner.workload import load_requests
+from kvpilot.tuner.workload import Load, load_requests
 
 
 def hardware_for(a: argparse.Namespace) -> Hardware:
@@ -52,6 +53,12 @@ def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
     if a.prefix_caching:
         flags += flag_words("enable_prefix_caching", True) + flag_words("enable_prefix_caching", False)
     return flags
+
+
+def request_tokens(load: Load) -> RequestTokens:
+    """The window's request sizes (prompt + output tokens) for the guide's memory-model points."""
+    sizes = [r.prompt_len + r.expected_output_len for r in load.requests]
+    return RequestTokens(mean=sum(sizes) / len(sizes), longest=max(sizes))
 
 
 def progress_printer(total: int, metrics: TunerMetrics, study_ref: list[optuna.Study]):
@@ -95,7 +102,8 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
         metrics.serve(a.metrics_port)
     tuner = Tuner(study, a.space, base, model, hardware_for(a), a.slo, runner,
                   TunerConfig(objective=a.objective, latency=a.latency, n_trials=a.trials,
-                              remeasure_top=a.remeasure_top),
+                              remeasure_top=a.remeasure_top, guided=a.guide,
+                              request_tokens=request_tokens(load)),
                   on_trial=progress_printer(a.trials, metrics, [study]))
     print(f"tuning {name} locally: {a.trials} trials of {a.workload.num_requests} ShareGPT requests; "
           f"SLOs {vars(a.slo)}; report in {a.report_dir}", file=sys.stderr, flush=True)

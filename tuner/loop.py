@@ -20,7 +20,10 @@ The real outcome stays visible in the user attributes: `verdict`, `pruned_reason
 `failure_kind`, `failure_message`, `measurement`. Only a failure that says nothing about
 the settings is told FAIL: a transient one after its retry, and a trial interrupted by a
 killed tuner (`kvpilot.tuner.study.recover_interrupted`); both may be proposed again.
-The engine defaults are enqueued as the first trial. At the end the best few feasible
+The engine defaults are enqueued as the first trial; with `guided` (`kvpilot tune`'s default) the next
+trials come from `kvpilot.tuner.guide` (memory-model points, a repair of the SLO the
+defaults broke, neighbour moves from the best so far) and the sampler proposes when the
+guide has nothing left. At the end the best few feasible
 trials (and the incumbent, the defaults, when feasible) are measured again; the report's
 decision (`kvpilot.tuner.decision`) replaces the running settings only when the winner
 beats the incumbent beyond the measured spread.
@@ -40,6 +43,7 @@ from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner import feasibility
 from kvpilot.tuner.decision import relative_spread, window_figure
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
+from kvpilot.tuner.guide import Guide, RequestTokens
 from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
                                      slack, values)
@@ -73,7 +77,9 @@ class TunerConfig:
     feasible); max_asks: stop after this many asks even if the budget is not spent (a space
     that is mostly infeasible); max_windows: windows per trial, more than one measures a
     second and keeps going up to max_windows while their relative spread exceeds
-    wide_spread (`kvpilot.tuner.decision.window_figure`)."""
+    wide_spread (`kvpilot.tuner.decision.window_figure`); guided: propose trials with
+    `kvpilot.tuner.guide` before the sampler; request_tokens: the workload's request sizes
+    (prompt + output tokens) the guide's memory-model points use (None: max_model_len)."""
 
     objective: str = "goodput"
     latency: str = "e2e"
@@ -82,6 +88,8 @@ class TunerConfig:
     max_asks: int = 200
     max_windows: int = 1
     wide_spread: float = 0.15
+    guided: bool = False
+    request_tokens: RequestTokens | None = None
 
 
 class Tuner:
@@ -95,6 +103,8 @@ class Tuner:
         self.slo, self.runner, self.config = slo, runner, config
         self.on_trial = on_trial or (lambda _t: None)
         self.n_constraints = len(constraint_names(slo))
+        self.guide = Guide(self.space, base, model, hardware, slo, config.request_tokens,
+                           seed=len(study.trials)) if config.guided else None
 
     # ------------------------------------------------------------ driver
     def run(self, stop: Callable[[], bool] = lambda: False) -> optuna.Study:
@@ -123,7 +133,12 @@ class Tuner:
                    and "remeasure_of" not in t.user_attrs)
 
     def step(self) -> optuna.trial.FrozenTrial:
-        """One ask, judge, (maybe) run, tell."""
+        """One ask (the guide's proposal when it has one), judge, (maybe) run, tell."""
+        if self.guide is not None and not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            proposal = self.guide.propose(self.study)
+            if proposal is not None:
+                attrs = {"guided": True, **({"guided_from": self.guide.center} if self.guide.center else {})}
+                self.study.enqueue_trial(self.space.params_of(proposal, self.model), user_attrs=attrs)
         trial = self.study.ask()
         settings = self.space.suggest(trial, self.base, self.model)
         trial.set_user_attr("settings", settings.as_dict())

@@ -25,20 +25,28 @@ def _windows(t: optuna.trial.FrozenTrial) -> list[float]:
 
 
 def _ranked(study: optuna.Study) -> list[dict[str, Any]]:
-    """Feasible original trials with their re-measurements, best median first; runs are
-    the objective of every window (the trial's and its re-measurements')."""
-    again: dict[int, list[float]] = {}
+    """Trials feasible in their first measurement, with their re-measurements: runs are the
+    objective of every window (the trial's and its re-measurements'), feasible_runs how
+    many of them met the SLOs. A trial stays feasible only while more than half of its
+    measurements met the SLOs (one of two is not enough: a lucky first window is the
+    commonest way to pick a setting that breaks the SLOs). Feasible ones first, then by
+    best median."""
+    again: dict[int, list[tuple[list[float], bool]]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if "remeasure_of" in t.user_attrs and t.user_attrs.get("verdict") in (MEASURED, VIOLATES):
-            again.setdefault(t.user_attrs["remeasure_of"], []).extend(_windows(t))
+            again.setdefault(t.user_attrs["remeasure_of"], []).append((_windows(t), t.user_attrs["verdict"] == MEASURED))
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     ranked = []
     for t in best_measured(study):
-        runs = [*_windows(t), *again.get(t.number, [])]
+        runs, met = _windows(t), 1
+        for windows, ok in again.get(t.number, []):
+            runs += windows
+            met += int(ok)
+        measurements = 1 + len(again.get(t.number, []))
         ranked.append({"number": t.number, "settings": t.user_attrs["settings"], "runs": runs,
                        "median": statistics.median(runs), "spread": max(runs) - min(runs),
-                       "feasible": True})
-    return sorted(ranked, key=lambda r: r["median"], reverse=maximize)
+                       "feasible_runs": f"{met}/{measurements}", "feasible": met * 2 > measurements})
+    return sorted(ranked, key=lambda r: (r["feasible"], r["median"] if maximize else -r["median"]), reverse=True)
 
 
 def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
@@ -78,7 +86,7 @@ def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | 
         return report
     ranked = _ranked(study)
     report["ranking"] = ranked
-    best = ranked[0] if ranked else None
+    best = ranked[0] if ranked and ranked[0]["feasible"] else None
     report["best"] = best
     incumbent = defaults and (next((r for r in ranked if r["number"] == defaults["number"]), None)
                               or {"number": defaults["number"], "runs": [defaults["values"][0]], "feasible": False})

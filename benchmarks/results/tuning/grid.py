@@ -1,18 +1,23 @@
-"""Tuning-quality benchmark, step 1 (expensive): measure every point of a small grid on the
-real engine, `--repeats` windows per point, and store each window's per-request timings.
+"""Tuning-quality benchmark, step 1 (expensive): measure every point of a grid on the real
+engine, `--repeats` windows per point, and store each window's per-request timings.
 
 Three scenarios where the engine defaults (max_num_seqs 256, max_num_batched_tokens 2048,
-chunked prefill on) are the wrong choice:
+chunked prefill on) are meant to be the wrong choice:
   preempt:  a small KV cache (--num-gpu-blocks-override) and a burst of ShareGPT requests:
             many sequences at once preempt each other (no-preemption SLO);
-  ttft:     long ShareGPT prompts at a Poisson rate: a large budget batches several long
-            prefills into one step (p95 TTFT SLO);
+  ttft:     long ShareGPT prompts at a Poisson rate: the budget and the concurrency cap decide
+            how long a prompt waits for its first token (p95 TTFT SLO);
   itl:      long prompts arriving while others decode: a large budget stalls the decodes
             behind whole prefills; chunked prefill with a small budget keeps ITL low (p95 ITL SLO).
 The SLOs are not fixed here: `replay.py` sets them from quantiles of this table, so the
-table stores what any SLO needs (per request: TTFT and TPOT; per window: preemptions,
-failures, duration). Repeats run as outer loops (every point once, then again), so slow
-drift of the shared machine spreads over all points rather than biasing a few.
+table stores what any SLO needs (per request: TTFT, TPOT and every inter-token gap; per
+window: preemptions, failures, duration, the engine's CPU seconds, the load average).
+
+Windows are short (a handful of requests, few output tokens) so a grid of 18-30 points
+with 3 repeats measures in well under an hour. One engine per scenario (every axis is a
+scheduler limit, changed live); the repeats are interleaved: each repeat visits every
+point once in its own shuffled order, so the shared machine's drift spreads over all
+points instead of biasing a few, and the median of a point's windows is its figure.
 
     .venv/bin/python benchmarks/results/tuning/grid.py --out benchmarks/results/tuning/grid.json
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import random
 import sys
@@ -41,15 +47,16 @@ DEFAULTS = EngineSettings()  # the engine's own defaults, max_model_len set per 
 
 SCENARIOS = {
     "preempt": {"max_model_len": 256, "kv_blocks": 16, "requests": 8, "rate": float("inf"),
-                "prompt_len": (16, 96), "output_len": 32,
-                "axes": {"max_num_seqs": [1, 2, 4, 256], "max_num_batched_tokens": [256, 2048]}},
-    "ttft": {"max_model_len": 512, "kv_blocks": 64, "requests": 6, "rate": 0.5,
-             "prompt_len": (150, 260), "output_len": 8,
-             "axes": {"max_num_seqs": [2, 256], "max_num_batched_tokens": [64, 256, 2048]}},
-    "itl": {"max_model_len": 512, "kv_blocks": 64, "requests": 6, "rate": 0.5,
-            "prompt_len": (150, 260), "output_len": 24,
-            "axes": {"enable_chunked_prefill": [True, False], "max_num_seqs": [8, 256],
-                     "max_num_batched_tokens": [64, 2048]}},
+                "prompt_len": (16, 96), "output_len": 16,
+                "axes": {"max_num_seqs": [1, 2, 3, 4, 6, 8, 16, 256],
+                         "max_num_batched_tokens": [128, 512, 2048]}},
+    "ttft": {"max_model_len": 512, "kv_blocks": 128, "requests": 6, "rate": 1.0,
+             "prompt_len": (100, 200), "output_len": 4,
+             "axes": {"max_num_seqs": [2, 4, 8, 256], "max_num_batched_tokens": [64, 128, 256, 512, 2048]}},
+    "itl": {"max_model_len": 512, "kv_blocks": 128, "requests": 6, "rate": 1.0,
+            "prompt_len": (100, 200), "output_len": 16,
+            "axes": {"enable_chunked_prefill": [True, False], "max_num_seqs": [4, 256],
+                     "max_num_batched_tokens": [32, 64, 128, 256, 512, 1024, 2048]}},
 }
 
 
@@ -86,19 +93,27 @@ def offsets(name: str) -> list[float] | None:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (/proc/PID/stat fields 14 and 15)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def window(engine: EngineProcess, measurer: WindowMeasurer, requests, offs, workload) -> dict:
     url, headers = engine.base_url, engine.headers
     drive(requests[:1], workload, url, MODEL, headers)
     measurer.wait_idle(url)
     source = ScrapeSource(url, {"model_name": MODEL})
-    start = source.begin()
+    start, cpu0 = source.begin(), cpu_seconds(engine.proc.pid)
     results, duration = drive(requests[1:], workload, url, MODEL, headers, offsets=offs)
     measurer.wait_idle(url)
     server = source.measure(start, SLO())
     ok = [r for r in results if r.success]
     return {"duration_s": duration, "failed": len(results) - len(ok), "preemptions": server.preemptions,
+            "engine_cpu_s": round(cpu_seconds(engine.proc.pid) - cpu0, 2),
             "ttft_s": [round(r.ttft, 4) for r in ok],
             "tpot_s": [round((r.latency - r.ttft) / max(1, (r.output_tokens or 1) - 1), 5) for r in ok],
+            "itl_s": [[round(x, 4) for x in r.itl] for r in ok],
             "itl_p95_server_s": server.itl_p95_s, "ttft_p95_server_s": server.ttft_p95_s}
 
 
@@ -113,30 +128,28 @@ def main() -> int:
     out = pathlib.Path(a.out)
     table = json.loads(out.read_text()) if out.exists() else {"scenarios": {}, "load": []}
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="tuning-grid-"))
-    names = a.scenarios.split(",")
     t0 = time.monotonic()
-    for rep in range(a.repeats):
-        for name in names:
-            spec = SCENARIOS[name]
-            hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
-            scen = table["scenarios"].setdefault(name, {
-                "spec": {k: (str(v) if k == "rate" else v) for k, v in spec.items()},
-                "defaults": DEFAULTS.replace(max_model_len=spec["max_model_len"]).as_dict(),
-                "points": []})
-            if not scen["points"]:
-                for s in points(name):
-                    v = check(s, model, hardware)
-                    scen["points"].append({"settings": s.as_dict(), "feasible_model": v.feasible,
-                                           "reason": v.reason, "windows": []})
-            requests, offs = requests_for(name, tokenizer), offsets(name)
-            workload = Workload(num_requests=spec["requests"], warmup_requests=1, ignore_eos=True)
-            engine = EngineProcess(MODEL, workdir / f"{name}.log",
-                                   ["--num-gpu-blocks-override", str(spec["kv_blocks"]), "--disable-log-requests"])
-            measurer = WindowMeasurer(workload, None, SLO(), MODEL)
-            try:
-                for pt in scen["points"]:
-                    if not pt["feasible_model"] or len(pt["windows"]) > rep:
-                        continue
+    for name in a.scenarios.split(","):
+        spec = SCENARIOS[name]
+        hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
+        scen = table["scenarios"].setdefault(name, {
+            "spec": {k: (str(v) if k == "rate" else v) for k, v in spec.items()},
+            "defaults": DEFAULTS.replace(max_model_len=spec["max_model_len"]).as_dict(), "points": []})
+        if not scen["points"]:
+            for s in points(name):
+                v = check(s, model, hardware)
+                scen["points"].append({"settings": s.as_dict(), "feasible_model": v.feasible, "reason": v.reason,
+                                       "windows": []})
+        requests, offs = requests_for(name, tokenizer), offsets(name)
+        workload = Workload(num_requests=spec["requests"], warmup_requests=1, ignore_eos=True)
+        engine = EngineProcess(MODEL, workdir / f"{name}.log",
+                               ["--num-gpu-blocks-override", str(spec["kv_blocks"]), "--disable-log-requests"])
+        measurer = WindowMeasurer(workload, None, SLO(), MODEL)
+        try:
+            for rep in range(a.repeats):
+                order = [pt for pt in scen["points"] if pt["feasible_model"] and len(pt["windows"]) <= rep]
+                random.Random(100 * rep + len(name)).shuffle(order)
+                for pt in order:
                     s = EngineSettings(**pt["settings"])
                     if engine.running and engine.settings and (ch := engine.settings.live_changes(s)) is not None \
                             and (ch == {} or engine.apply_live(ch)):
@@ -146,16 +159,18 @@ def main() -> int:
                     w0 = time.monotonic()
                     w = window(engine, measurer, requests, offs, workload)
                     w["load_avg"] = open("/proc/loadavg").read().split()[:3]
+                    w["repeat"], w["finished"] = rep, time.strftime("%H:%M:%S", time.gmtime())
                     pt["windows"].append(w)
                     print(f"[{time.monotonic() - t0:6.0f}s] rep {rep} {name} {s.describe()}: "
                           f"{time.monotonic() - w0:.1f}s, ttft max {max(w['ttft_s'] or [0]):.2f}, "
                           f"tpot max {max(w['tpot_s'] or [0]):.3f}, preempt {w['preemptions']:.0f}, "
-                          f"failed {w['failed']}, load {w['load_avg']}", file=sys.stderr, flush=True)
+                          f"failed {w['failed']}, cpu {w['engine_cpu_s']}s, load {w['load_avg']}",
+                          file=sys.stderr, flush=True)
                     out.write_text(json.dumps(table, indent=1) + "\n")
-            finally:
-                engine.stop()
+        finally:
+            engine.stop()
     table["load"].append({"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "wall_s": round(time.monotonic() - t0),
+                          "scenarios": a.scenarios, "wall_s": round(time.monotonic() - t0),
                           "cpu": next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                                       if ln.startswith("model name"))})
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -2,20 +2,30 @@
 grid-in-random-order (vtune-style) against the grid measured by `grid.py`.
 
 Per scenario the SLOs are set from quantiles of the table (this machine's measurements):
-  preempt: no preemption; p95 TTFT and p95 TPOT at the 75th percentile of the points' p95s;
-  ttft:    p95 TTFT at the median of the points' p95 TTFTs (TPOT loose);
-  itl:     p95 TPOT (a request's mean inter-token latency) at the median of the points'
-           p95 TPOTs (TTFT loose).
-A point's table figure is the median over its windows of the goodput (requests/s meeting
-every per-request limit); it is feasible when the medians of its p95s, preemptions/min and
-failures meet the SLOs. A point the memory model refuses has no windows: deploying it is a
-failed deployment. Each strategy gets a third of the grid as deployments; each deployment
-observes ONE stored window of the point, drawn by the seed (the real run-to-run noise),
-and picks the best observed feasible point (the running defaults when none). Reported per
-scenario over the seeds: the median and worst ratio of the pick's table goodput to the
-table's best feasible goodput, and the deployments of settings the memory model refuses.
+  preempt: no preemption; p95 TTFT and p95 ITL at the 90th percentile of the points' p95s;
+  ttft:    p95 TTFT at the median of the points' p95 TTFTs (ITL and preemptions loose);
+  itl:     p95 ITL (every inter-token gap of the window) at the median of the points'
+           p95 ITLs (TTFT and preemptions loose).
+A point's table figure is the median over its windows of the goodput (requests/s whose
+TTFT and TPOT meet the limits, vLLM's definition); it is feasible when the medians of its
+p95s, preemptions/min and failures meet the SLOs. A point the memory model refuses has no
+windows: deploying it is a failed deployment. Each strategy gets a third of the grid as
+windows (a deployment or a re-measurement each); each window observes one stored window
+of the point, the next one of a per-seed shuffle of its windows (so a re-measurement sees
+another window, as it would on the machine). Strategies:
+  tuner:      kvpilot's Tuner as shipped (guided proposals, TPE with the SLO constraints,
+              memory-model pruning, the best one re-measured with the incumbent, the
+              noise-aware decision); its choice is the decision's (the defaults when it
+              keeps them);
+  tpe:        the Tuner with plain TPE (no guide, no re-measurement), its best trial;
+  random:     points drawn uniformly with replacement (refused points included);
+  grid_order: the grid shuffled by the seed, the first points (vtune-style);
+random and grid order pick the best observed feasible point (the defaults when none).
+Reported per scenario over the seeds: the median and worst ratio of the choice's table
+goodput to the table's best feasible goodput (0 when the choice breaks the SLOs in the
+table), and the deployments of settings the memory model refuses.
 
-    .venv/bin/python benchmarks/results/tuning/replay.py [--grid grid.json] [--seeds 20]
+    .venv/bin/python benchmarks/results/tuning/replay.py [--grid grid.json ...] [--seeds 20]
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ import optuna
 
 from kvpilot.tuner import report
 from kvpilot.tuner.feasibility import Hardware, resolve_model
+from kvpilot.tuner.guide import RequestTokens
 from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
 from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
 from kvpilot.tuner.settings import EngineSettings
@@ -48,25 +59,29 @@ def p95(values: list[float]) -> float:
 
 
 def window_measurement(w: dict, slo: SLO) -> Measurement:
-    """One stored window judged against `slo` (the ITL limit applies to each request's TPOT)."""
+    """One stored window judged against `slo`: per request TTFT and TPOT for goodput, the
+    window's p95 over every inter-token gap for the ITL constraint (as the engine's
+    vllm:inter_token_latency_seconds histogram measures it)."""
     good = sum(1 for t, o in zip(w["ttft_s"], w["tpot_s"])
                if t * 1000 <= slo.ttft_p95_ms and o * 1000 <= slo.itl_p95_ms)
+    gaps = [x for r in w["itl_s"] for x in r] if "itl_s" in w else w["tpot_s"]
     d = w["duration_s"]
     return Measurement(duration_s=d, completed=len(w["ttft_s"]), failed=w["failed"],
                        throughput_rps=len(w["ttft_s"]) / d, goodput_rps=good / d, ttft_p95_s=p95(w["ttft_s"]),
-                       itl_p95_s=p95(w["tpot_s"]), preemptions=w["preemptions"], source="table")
+                       itl_p95_s=p95(gaps), preemptions=w["preemptions"], source="table")
 
 
 def slos_for(name: str, points: list[dict]) -> SLO:
     measured = [p for p in points if p["windows"]]
-    ttft = [statistics.median(p95(w["ttft_s"]) for w in p["windows"]) * 1000 for p in measured]
-    tpot = [statistics.median(p95(w["tpot_s"]) for w in p["windows"]) * 1000 for p in measured]
+    judged = [[window_measurement(w, SLO(LOOSE, LOOSE)) for w in p["windows"]] for p in measured]
+    ttft = [statistics.median(m.ttft_p95_s for m in ms) * 1000 for ms in judged]
+    itl = [statistics.median(m.itl_p95_s for m in ms) * 1000 for ms in judged]
     q = lambda xs, pct: float(np.percentile(xs, pct))  # noqa: E731
     if name == "preempt":
-        return SLO(ttft_p95_ms=q(ttft, 75), itl_p95_ms=q(tpot, 75), max_preemptions_per_min=0)
+        return SLO(ttft_p95_ms=q(ttft, 90), itl_p95_ms=q(itl, 90), max_preemptions_per_min=0)
     if name == "ttft":
         return SLO(ttft_p95_ms=q(ttft, 50), itl_p95_ms=LOOSE, max_preemptions_per_min=LOOSE)
-    return SLO(ttft_p95_ms=LOOSE, itl_p95_ms=q(tpot, 50), max_preemptions_per_min=LOOSE)
+    return SLO(ttft_p95_ms=LOOSE, itl_p95_ms=q(itl, 50), max_preemptions_per_min=LOOSE)
 
 
 def table_figures(points: list[dict], slo: SLO) -> list[dict]:
@@ -116,11 +131,18 @@ class GridSpace(SearchSpace):
 
 
 class TableRunner:
-    """Deploys a point by reading one of its stored windows (drawn by rng)."""
+    """Deploys a point by reading its next stored window (a per-seed shuffle of them)."""
 
     def __init__(self, points: list[dict], slo: SLO, rng: random.Random):
         self.by_settings = {json.dumps(p["settings"], sort_keys=True): p for p in points}
         self.slo, self.rng, self.deployed = slo, rng, []
+        self.order: dict[str, list[dict]] = {}
+
+    def window(self, p: dict) -> dict:
+        key = json.dumps(p["settings"], sort_keys=True)
+        if not self.order.get(key):
+            self.order[key] = self.rng.sample(p["windows"], len(p["windows"]))
+        return self.order[key].pop()
 
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
         p = self.by_settings[json.dumps(settings.as_dict(), sort_keys=True)]
@@ -128,7 +150,7 @@ class TableRunner:
         if not p["windows"]:
             from kvpilot.tuner.failures import OUT_OF_MEMORY, TrialFailed
             raise TrialFailed(OUT_OF_MEMORY, "refused by the engine (not measurable)")
-        return window_measurement(self.rng.choice(p["windows"]), self.slo)
+        return window_measurement(self.window(p), self.slo)
 
 
 def observe_pick(runner: TableRunner, order: list[dict], defaults: dict) -> dict:
@@ -144,6 +166,13 @@ def observe_pick(runner: TableRunner, order: list[dict], defaults: dict) -> dict
     return best
 
 
+def request_tokens(spec: dict) -> RequestTokens:
+    """The workload's request sizes as the tuner knows them: the prompt-length range's
+    middle and top plus the output length."""
+    low, high = spec["prompt_len"]
+    return RequestTokens(mean=(low + high) / 2 + spec["output_len"], longest=high + spec["output_len"])
+
+
 def replay(name: str, scen: dict, seeds: int) -> dict:
     points, spec = scen["points"], scen["spec"]
     slo = slos_for(name, points)
@@ -156,41 +185,47 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
     budget = math.ceil(len(points) / 3)
     model = resolve_model(MODEL)
     hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
-    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": []}
-                                for k in ("tuner", "tuner_decide", "random", "grid_order")}
+    results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": [], "windows": [], "choices": []}
+                                for k in ("tuner", "tpe", "random", "grid_order")}
 
     def score(p: dict) -> float:
         f = fig[key(p)]
         return (f["goodput"] / best) if f["feasible"] and best > 0 else 0.0
 
+    def record(strategy: str, pick: dict, runner: TableRunner) -> None:
+        results[strategy]["ratios"].append(score(pick))
+        results[strategy]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
+        results[strategy]["windows"].append(len(runner.deployed))
+        results[strategy]["choices"].append(pick["settings"])
+
+    space = GridSpace(spec["axes"])
     for seed in range(seeds):
+        # the tuner as shipped: the budget covers its re-measurements (the best one and the incumbent)
         runner = TableRunner(points, slo, random.Random(seed))
-        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, n_startup_trials=1))
-        Tuner(study, GridSpace(spec["axes"]), base, model, hardware, slo, runner,
-              TunerConfig(n_trials=budget, remeasure_top=0, max_asks=50)).run()
-        found = best_measured(study)
-        pick = runner.by_settings[json.dumps(found[0].user_attrs["settings"], sort_keys=True)] if found else defaults
-        results["tuner"]["ratios"].append(score(pick))
-        results["tuner"]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
-        # the same, plus the re-measurement of its best and of the incumbent and the noise-aware
-        # decision (up to 2 windows over the budget): deploy the winner only beyond the spread
-        runner = TableRunner(points, slo, random.Random(seed))
-        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, n_startup_trials=1))
-        Tuner(study, GridSpace(spec["axes"]), base, model, hardware, slo, runner,
-              TunerConfig(n_trials=budget, remeasure_top=1, max_asks=50)).run()
+        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed))
+        Tuner(study, space, base, model, hardware, slo, runner,
+              TunerConfig(n_trials=budget - 2, remeasure_top=1, max_asks=50, guided=True,
+                          request_tokens=request_tokens(spec))).run()
         rep = report.build(study, slo, "goodput")
         chosen = rep["best"]["settings"] if rep["best"] and rep["decision"]["replace"] else base.as_dict()
-        results["tuner_decide"]["ratios"].append(score(runner.by_settings[json.dumps(chosen, sort_keys=True)]))
-        results["tuner_decide"]["refused_deployed"].append(sum(1 for p in runner.deployed if not p["feasible_model"]))
+        record("tuner", runner.by_settings[json.dumps(chosen, sort_keys=True)], runner)
+        # plain TPE, every window a new trial, its best single window
+        runner = TableRunner(points, slo, random.Random(seed))
+        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", seed, n_startup_trials=1))
+        Tuner(study, space, base, model, hardware, slo, runner,
+              TunerConfig(n_trials=budget, remeasure_top=0, max_asks=50, guided=False)).run()
+        found = best_measured(study)
+        record("tpe", runner.by_settings[json.dumps(found[0].user_attrs["settings"], sort_keys=True)]
+               if found else defaults, runner)
         rng = random.Random(1000 + seed)
         for strategy, order in (("random", [rng.choice(points) for _ in range(budget)]),
                                 ("grid_order", rng.sample(points, budget))):
             r = TableRunner(points, slo, random.Random(seed))
-            pick = observe_pick(r, order, defaults)
-            results[strategy]["ratios"].append(score(pick))
-            results[strategy]["refused_deployed"].append(sum(1 for p in r.deployed if not p["feasible_model"]))
+            record(strategy, observe_pick(r, order, defaults), r)
     summary = {k: {"median_ratio": statistics.median(v["ratios"]), "worst_ratio": min(v["ratios"]),
-                   "refused_deployed_total": sum(v["refused_deployed"]), "ratios": [round(x, 3) for x in v["ratios"]]}
+                   "refused_deployed_total": sum(v["refused_deployed"]), "max_windows": max(v["windows"]),
+                   "choices": v["choices"],
+                   "ratios": [round(x, 3) for x in v["ratios"]]}
                for k, v in results.items()}
     violating = sum(1 for f in figures if not f["feasible"])
     return {"slo": vars(slo), "grid_points": len(points), "budget": budget, "best_feasible_goodput": best,
@@ -199,13 +234,15 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--grid", default=str(HERE / "grid.json"))
+    p.add_argument("--grid", nargs="+", default=[str(HERE / "grid.json")], help="grid files (scenarios merged)")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--out", default=str(HERE / "replay.json"))
     a = p.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    grid = json.loads(pathlib.Path(a.grid).read_text())
-    out = {name: replay(name, scen, a.seeds) for name, scen in grid["scenarios"].items()}
+    scenarios = {}
+    for path in a.grid:
+        scenarios.update(json.loads(pathlib.Path(path).read_text())["scenarios"])
+    out = {name: replay(name, scen, a.seeds) for name, scen in scenarios.items()}
     pathlib.Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     for name, r in out.items():
         d = r["defaults"]
@@ -214,10 +251,11 @@ def main() -> int:
               f"{r['violating_points']}/{r['grid_points']} points violate or are refused; budget {r['budget']}")
         print(f"defaults: goodput {d['goodput']:.3f} req/s, feasible {d['feasible']}; "
               f"best feasible {r['best_feasible_goodput']:.3f} req/s")
-        print("| strategy | median ratio | worst ratio | refused settings deployed (all seeds) |")
-        print("|---|---|---|---|")
+        print("| strategy | median ratio | worst ratio | refused settings deployed (all seeds) | windows (max) |")
+        print("|---|---|---|---|---|")
         for k, s in r["strategies"].items():
-            print(f"| {k} | {s['median_ratio']:.2f} | {s['worst_ratio']:.2f} | {s['refused_deployed_total']} |")
+            print(f"| {k} | {s['median_ratio']:.2f} | {s['worst_ratio']:.2f} | {s['refused_deployed_total']} "
+                  f"| {s['max_windows']} |")
     return 0
 
 
