@@ -183,9 +183,17 @@ def load() -> ctypes.CDLL | None:
     return None
 
 
-@lru_cache(maxsize=1)
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
+
+
 def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(threads, thread_name_prefix="kvpilot-attn")
+    """A pool per (process, size): a forked worker (tensor/pipeline ranks) must not
+    inherit its parent's pool, whose threads do not exist in the child."""
+    key = (os.getpid(), threads)
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="kvpilot-attn")
+    return pool
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
