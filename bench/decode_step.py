@@ -30,6 +30,15 @@ def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int)
                num_gpu_blocks_override=max(max_batch * blocks_per_seq, 2048 // 16) + 8, swap_space=0)
 
 
+def _set_cpu_kernel(llm, enabled: bool) -> None:
+    """Turns the torch attention backend's C decode kernel on or off (one backend instance
+    serves every layer of the model)."""
+    for module in llm.engine.runner.model.modules():
+        backend = getattr(module, "backend", None)
+        if hasattr(backend, "use_cpu_kernel"):
+            backend.use_cpu_kernel = enabled
+
+
 def _fill(llm, prompts: list[list[int]], tag: str) -> None:
     """Adds the requests and steps until every one of them is decoding."""
     from kvpilot.engine import SamplingParams
@@ -67,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per batch size")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--cpu-kernel", choices=("on", "off", "both"), default="on",
+                   help="the C decode-attention kernel (float32 CPU); 'both' runs each dtype with and "
+                        "without it, side by side (the second labelled '<dtype>/torch-attn')")
     p.add_argument("--output-json", default="bench-results/decode_step.json")
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -82,7 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
 
     load_before = os.getloadavg()
-    engines = {d: _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds) for d in dtypes}
+    variants = {"on": [(d, True) for d in dtypes], "off": [(d, False) for d in dtypes],
+                "both": [(d, k) for d in dtypes for k in (True, False)]}[args.cpu_kernel]
+    engines = {}
+    for d, kernel in variants:
+        llm = _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds)
+        _set_cpu_kernel(llm, kernel)
+        engines[d if kernel else f"{d}/torch-attn"] = llm
+    dtypes = list(engines)
     tok = next(iter(engines.values())).get_tokenizer()
     prompts = []
     for prompt, _ in sharegpt_pairs():

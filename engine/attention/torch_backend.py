@@ -9,6 +9,10 @@ length, longest first, so buckets are tight; any order is still correct.
 Prefill/extend chunks run one sequence at a time; a fresh prefill (nothing cached) attends
 to its own new K/V without a gather.
 
+In float32 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
+layer run in one call of that kernel instead (no gather, no mask, K/V read in place);
+the buckets are the fallback and the path for other dtypes and devices.
+
 The plan (buckets, block ids, masks) depends only on the step's metadata, so it is built
 once per step, in the first layer, and kept in `meta.backend_state`. Gathers write into a
 workspace reused across layers and steps instead of fresh allocations (on CPU a large
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvpilot.engine.attention import cpu_decode
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 
 MAX_PADDING = 0.25
@@ -49,7 +54,7 @@ class _Gather:
     start: int
     end: int
     num_blocks: int
-    block_ids: torch.Tensor
+    block_ids: torch.Tensor | None  # None: the decodes run fused (cpu_decode)
     mask: torch.Tensor | None
 
 
@@ -78,16 +83,27 @@ def plan_decode_buckets(seq_lens: list[int], block_size: int, max_rows_blocks: i
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, use_cpu_kernel: bool = True) -> None:
+        """use_cpu_kernel=False keeps the decodes on the torch buckets even where the C
+        kernel would serve them (tests of the buckets, comparisons)."""
         self._workspace: torch.Tensor | None = None
+        self.use_cpu_kernel = use_cpu_kernel
 
     def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale):
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         plan = meta.backend_state.get(_PLAN_KEY)
         if plan is None:
-            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache)
+            fused = self.use_cpu_kernel and meta.num_decodes > 0 and cpu_decode.supports(query, k_cache)
+            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused)
         decodes, extends = plan
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if decodes and decodes[0].block_ids is None:  # fused: one kernel call for every decode
+            nd = meta.num_decodes
+            cpu_decode.paged_decode_attention(
+                query[:nd], k_cache, v_cache, meta.block_tables[:nd].to(torch.int32).contiguous(),
+                meta.seq_lens[:nd].to(torch.int32), scale, out[:nd],
+                meta.seq_lens_cpu[:nd])
+            decodes = ()
         for g in decodes:
             k, v = self._gather(k_cache, v_cache, g, query.dtype)  # [rows, L, KVH, D]
             o = F.scaled_dot_product_attention(
@@ -108,15 +124,16 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     @staticmethod
-    def _plan(meta: AttentionMetadata, k_cache: torch.Tensor) -> tuple[list[_Gather], list[_Gather]]:
+    def _plan(meta: AttentionMetadata, k_cache: torch.Tensor,
+              fused: bool = False) -> tuple[list[_Gather], list[_Gather]]:
         block_size = k_cache.shape[1]
         block_bytes = k_cache[0].numel() * k_cache.element_size()
         tables = meta.block_tables.to(torch.int64)
         dev = k_cache.device
         nd = meta.num_decodes
-        decodes = []
-        for s, e, nb in plan_decode_buckets(meta.seq_lens_cpu[:nd], block_size,
-                                            max(1, WORKSPACE_BYTES // block_bytes)):
+        decodes = [_Gather(0, nd, 0, None, None)] if fused else []
+        for s, e, nb in [] if fused else plan_decode_buckets(meta.seq_lens_cpu[:nd], block_size,
+                                                             max(1, WORKSPACE_BYTES // block_bytes)):
             lens = meta.seq_lens[s:e].to(dev).unsqueeze(1)
             mask = torch.arange(nb * block_size, device=dev).unsqueeze(0) < lens
             decodes.append(_Gather(s, e, nb, tables[s:e, :nb].reshape(-1), mask[:, None, None, :]))

@@ -52,7 +52,7 @@ def test_decode_buckets_and_extends_match_reference(dtype, order, seed, monkeypa
     batch = make_paged_batch(seq_lens, query_lens, *HEADS["gqa"], 64, bs, dtype)
     # A small workspace cap forces buckets to split even when their lengths are close.
     monkeypatch.setattr(torch_backend, "WORKSPACE_BYTES", 6 * batch.k_cache[0].numel() * batch.k_cache.element_size())
-    out, ref, meta = _run(batch, num_decodes=len(lens))
+    out, ref, meta = _run(batch, num_decodes=len(lens), backend=TorchAttentionBackend(use_cpu_kernel=False))
     decodes, _ = meta.backend_state[torch_backend._PLAN_KEY]
     assert len(decodes) > 1
     assert out.dtype == dtype and out.shape == batch.query.shape

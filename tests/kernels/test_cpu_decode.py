@@ -1,0 +1,126 @@
+"""The C paged decode-attention kernel for CPU (engine/attention/cpu_decode.py) against the
+float64 paged reference, its use by the torch backend in float32, and the fallback to the
+torch buckets where it cannot be built."""
+
+import logging
+import random
+
+import pytest
+import torch
+from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
+
+from kvpilot.engine.attention import cpu_decode, torch_backend
+from kvpilot.engine.attention.backend import AttentionMetadata
+from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
+from kvpilot.kernels.reference import paged_decode_attention_ref, paged_extend_attention_ref, write_kv_cache_ref
+
+
+@pytest.fixture
+def kernel():
+    if cpu_decode.load() is None:
+        pytest.fail("the CPU decode kernel did not build here (a C compiler is part of `make install`)")
+    return cpu_decode
+
+
+def _decode_batch(seq_lens, heads, head_dim, block_size):
+    batch = make_paged_batch(seq_lens, [1] * len(seq_lens), *heads, head_dim, block_size, torch.float32)
+    batch.write_new_tokens()
+    return batch
+
+
+@pytest.mark.parametrize("heads", HEADS.values(), ids=HEADS.keys())
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (80, 1), (32, 5)])
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "split-over-threads"])
+def test_kernel_matches_reference_on_ragged_lengths(kernel, heads, head_dim, block_size, split, seed, monkeypatch):
+    rng = random.Random(seed)
+    lens = [rng.choice([1, 2, block_size, block_size + 1, rng.randint(1, 200)]) for _ in range(9)]
+    batch = _decode_batch(lens, heads, head_dim, block_size)
+    if split:  # every size goes to the thread pool, cut in balanced runs of rows
+        monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    scale = head_dim**-0.5
+    ref = paged_decode_attention_ref(batch.query.double(), batch.k_cache.double(), batch.v_cache.double(),
+                                     batch.block_tables, batch.seq_lens, scale)
+    out = torch.full_like(batch.query, float("nan"))
+    # The cache's unused slots are NaN: a read past a sequence's end or through padding shows.
+    kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables,
+                                  batch.seq_lens, scale, out)
+    assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+def test_kernel_reads_strided_query_rows(kernel, seed):
+    batch = _decode_batch([17, 3, 40], HEADS["gqa"], 64, 16)
+    wide = torch.randn(3, 10, 64)
+    wide[:, :6] = batch.query  # q as a view into a fused qkv tensor, as the model passes it
+    ref = paged_decode_attention_ref(batch.query.double(), batch.k_cache.double(), batch.v_cache.double(),
+                                     batch.block_tables, batch.seq_lens, 0.125)
+    out = torch.empty(3, 6, 64)
+    kernel.paged_decode_attention(wide[:, :6], batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                  0.125, out)
+    assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+def test_kernel_refuses_other_dtypes_and_mismatched_shapes(kernel):
+    batch = _decode_batch([5], HEADS["mha"], 32, 4)
+    with pytest.raises(ValueError, match="bad shapes/dtypes"):
+        kernel.paged_decode_attention(batch.query.bfloat16(), batch.k_cache, batch.v_cache, batch.block_tables,
+                                      batch.seq_lens, 1.0, torch.empty_like(batch.query))
+    with pytest.raises(ValueError, match="bad shapes/dtypes"):
+        kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables.long(),
+                                      batch.seq_lens, 1.0, torch.empty_like(batch.query))
+
+
+def _mixed_step(seed):
+    """Decodes plus a fresh prefill and an extend, the backend's output and the reference."""
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 120) for _ in range(6)]
+    extends = [(0, 5), (20, 3)]
+    batch = make_paged_batch(lens + [c + q for c, q in extends], [1] * 6 + [q for _, q in extends],
+                             *HEADS["gqa"], 64, 16, torch.float32)
+    k_ref, v_ref = batch.k_cache.double(), batch.v_cache.double()
+    write_kv_cache_ref(batch.key.double(), batch.value.double(), k_ref, v_ref, batch.slot_mapping)
+    ref = paged_extend_attention_ref(batch.query.double(), k_ref, v_ref, batch.block_tables,
+                                     batch.query_start_loc, batch.seq_lens, 0.125)
+    meta = AttentionMetadata(
+        slot_mapping=batch.slot_mapping, query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens,
+        block_tables=batch.block_tables, num_decodes=6, query_start_loc_cpu=batch.query_start_loc.tolist(),
+        query_lens_cpu=batch.query_lens_list, seq_lens_cpu=batch.seq_lens_list)
+    out = TorchAttentionBackend().forward(batch.query, batch.key, batch.value, batch.k_cache.nan_to_num(),
+                                          batch.v_cache.nan_to_num(), meta, 0.125)
+    decodes, _ = meta.backend_state[torch_backend._PLAN_KEY]
+    return out, ref, decodes
+
+
+def test_backend_runs_float32_decodes_fused_beside_extends(kernel, seed):
+    out, ref, decodes = _mixed_step(seed)
+    assert [g.block_ids for g in decodes] == [None]  # one fused call, no gather
+    assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+def test_without_a_compiler_the_backend_falls_back_to_torch_buckets(seed, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    cpu_decode.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvpilot.engine.attention.cpu_decode"):
+            out, ref, decodes = _mixed_step(seed)
+        assert cpu_decode.load() is None
+        assert "no C compiler" in caplog.text
+    finally:
+        cpu_decode.load.cache_clear()
+    assert decodes and all(g.block_ids is not None for g in decodes)
+    assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+def test_a_failing_build_falls_back_to_torch_buckets(seed, monkeypatch, tmp_path):
+    """A compiler that exists but fails (here: `false`) for every flag set."""
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_decode.tempfile, "gettempdir", lambda: str(tmp_path))
+    cpu_decode.load.cache_clear()
+    try:
+        out, ref, decodes = _mixed_step(seed)
+        assert cpu_decode.load() is None
+    finally:
+        cpu_decode.load.cache_clear()
+    assert all(g.block_ids is not None for g in decodes)
+    assert_close_to_ref(out, ref, torch.float32, seed)
