@@ -35,4 +35,4 @@ clean:
 # operator; CUDA=1 adds the CUDA engine. BASE=... builds on your own Debian bookworm base.
 .PHONY: images
 images:
-	bash images/build.sh engine-cpu operator $(if $(CUDA),engine-cuda)
+	BASE="$(BASE)" bash images/build.sh engine-cpu operator $(if $(CUDA),engine-cuda)
