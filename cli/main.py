@@ -18,7 +18,7 @@ import sys
 COMMANDS = {
     "demo": "kvpilot.cli.demo",
     "serve": "kvpilot.engine.entrypoints.serve",
-    "operator": "kvpilot.operator.cli",
+    "operator": "kvpilot.cli.operator",
     "tune": "kvpilot.tuner.cli",
 }
 BENCH_COMMANDS = {

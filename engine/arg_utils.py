@@ -1,7 +1,10 @@
 """Engine arguments with `vllm serve`'s flag names, shared by the offline `LLM` API, the
 server and the benchmarks. `EngineArgs.add_cli_args` adds the flags to an argparse parser;
 `create_engine_config` resolves the model and validates everything (ValueError saying what
-to change). Source: vLLM `vllm/engine/arg_utils.py`."""
+to change). Source: vLLM `vllm/engine/arg_utils.py`.
+
+Importing this module loads no torch (the tuner reads EngineArgs' defaults); torch, the
+attention backends and the model loader load in `create_engine_config`."""
 
 from __future__ import annotations
 
@@ -10,9 +13,6 @@ import logging
 import os
 from dataclasses import dataclass, fields
 
-import torch
-
-from kvpilot.engine.attention import BACKENDS, default_backend
 from kvpilot.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -23,7 +23,6 @@ from kvpilot.engine.config import (
 from kvpilot.engine.cpu_info import choose_auto_dtype
 from kvpilot.engine.entrypoints.cli_args import DEFAULT_MODEL, add_engine_args
 from kvpilot.engine.memory import cpu_kvcache_space_bytes
-from kvpilot.engine.model_loader import load_model_config, resolve_model_path
 
 logger = logging.getLogger("kvpilot.engine")
 
@@ -52,10 +51,15 @@ class EngineArgs:
     def resolved_device(self) -> str:
         if self.device:
             return self.device
+        import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def create_engine_config(self) -> EngineConfig:
         """Raises ValueError for invalid values or an unknown model."""
+        from kvpilot.engine.attention import BACKENDS, default_backend
+        from kvpilot.engine.model_loader import load_model_config, resolve_model_path
+
         device = self.resolved_device()
         backend = self.attention_backend or default_backend(device)
         if backend not in BACKENDS:

@@ -9,27 +9,50 @@ performance-tuning guide for the chunked-prefill rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# `--dtype` spellings -> canonical name (torch's attribute name). Names, not torch dtypes, so
+# that the tuner and the operator can size a model without importing torch.
 _DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
+    "float32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
 }
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The canonical name ('float32', 'bfloat16', 'float16') of a `--dtype` value or a
+    torch dtype. Raises ValueError on an unknown name."""
+    if not isinstance(dtype, str):
+        return str(dtype).removeprefix("torch.")
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'") from None
+
+
+def element_bytes(dtype: str | torch.dtype) -> int:
+    """Bytes per element of a dtype name or torch dtype (torch-free for names)."""
+    if not isinstance(dtype, str):
+        return dtype.itemsize
+    return _DTYPE_BYTES[dtype_name(dtype)]
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     """Maps a `--dtype` value ('bfloat16', 'float32', 'float16', their aliases) to a torch
-    dtype. 'auto' is resolved by the caller. Raises ValueError on an unknown name."""
+    dtype (imports torch). 'auto' is resolved by the caller. Raises ValueError on an unknown
+    name."""
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)} or 'auto'") from None
+    return getattr(torch, dtype_name(name))
 
 
 @dataclass(frozen=True)
@@ -37,6 +60,9 @@ class ModelConfig:
     """The model's architecture (Llama family) and the serving length limit.
 
     max_model_len: the longest sequence (prompt + output) served, in tokens.
+    dtype: the weights' and KV cache's dtype. The engine passes a torch dtype (EngineArgs
+        resolves --dtype); torch-free callers (the tuner's feasibility check) pass its name,
+        read through `dtype_name` / `element_bytes`.
     """
 
     vocab_size: int
@@ -53,7 +79,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_model_len: int = 0
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | str = "float32"
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -72,7 +98,7 @@ class ModelConfig:
         """Bytes of KV cache one token takes over all layers:
         2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per element."""
         if dtype_bytes is None:
-            dtype_bytes = torch.empty((), dtype=self.dtype).element_size()
+            dtype_bytes = element_bytes(self.dtype)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
     def num_params(self) -> int:

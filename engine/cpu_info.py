@@ -21,8 +21,10 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch-free at import: the tuner asks for the dtype's name
+    import torch
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # flags reported in benchmark JSON (the ones that decide kernels and dtypes)
@@ -57,6 +59,8 @@ class CpuInfo:
 
     def as_dict(self) -> dict:
         """For benchmark JSON: model, architecture, the ISA flags that matter, torch's view."""
+        import torch
+
         return {"model_name": self.model_name, "machine": self.machine,
                 "isa_flags": sorted(f for f in ISA_FLAGS if f in self.flags),
                 "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
@@ -74,8 +78,17 @@ def detect_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
 
 @dataclass(frozen=True)
 class DtypeChoice:
-    dtype: torch.dtype
+    """name: 'bfloat16' or 'float32'; reason: why, for the startup log."""
+
+    name: str
     reason: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype of `name` (imports torch)."""
+        from kvpilot.engine.config import resolve_dtype
+
+        return resolve_dtype(self.name)
 
 
 def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
@@ -83,9 +96,9 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
     (AVX512_BF16 or AMX_BF16), float32 otherwise."""
     present = [f for f in NATIVE_BF16_FLAGS if f in cpu.flags]
     if present:
-        return DtypeChoice(torch.bfloat16, f"CPU {cpu.model_name!r} has native bf16 ({', '.join(present)})")
+        return DtypeChoice("bfloat16", f"CPU {cpu.model_name!r} has native bf16 ({', '.join(present)})")
     isa = "AVX-512 without BF16" if "avx512f" in cpu.flags else ("AVX2" if "avx2" in cpu.flags else cpu.machine)
-    return DtypeChoice(torch.float32, (
+    return DtypeChoice("float32", (
         f"CPU {cpu.model_name!r} has no native bf16 ({isa}; neither avx512_bf16 nor amx_bf16): "
         f"bf16 matmuls run on a slow path there and batched decode is faster in float32"))
 
@@ -94,5 +107,5 @@ def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:
     """`--dtype auto`: on CUDA bfloat16 (vLLM's default for bf16 checkpoints), on CPU
     `choose_cpu_dtype` of this machine (or `cpu`)."""
     if device.startswith("cuda"):
-        return DtypeChoice(torch.bfloat16, "CUDA device")
+        return DtypeChoice("bfloat16", "CUDA device")
     return choose_cpu_dtype(cpu or detect_cpu())

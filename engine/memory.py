@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from kvpilot.engine.config import ModelConfig, element_bytes
 
-from kvpilot.engine.config import ModelConfig
+if TYPE_CHECKING:  # torch loads only where a device is measured: the tuner sizes without it
+    import torch
 
 GiB = 1 << 30
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -54,6 +56,8 @@ def cpu_kvcache_space_bytes(environ: dict[str, str]) -> int:
 def total_device_memory_bytes(device: torch.device) -> int:
     """Bytes of memory on `device`: the GPU's total, or on CPU min(MemTotal, cgroup limit)."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.mem_get_info(device)[1]
     total = _meminfo_kib("MemTotal") * 1024
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
@@ -82,7 +86,7 @@ def estimate_activation_bytes(model: ModelConfig, max_num_batched_tokens: int, m
     that hold them (with_logits: the last pipeline stage and the driver). On GPUs the
     engine profiles the real value at startup; on CPU, where the KV cache has a fixed
     space (VLLM_CPU_KVCACHE_SPACE), it uses this estimate instead of a full dummy step."""
-    elem = torch.empty((), dtype=model.dtype).element_size()
+    elem = element_bytes(model.dtype)
     tp = tensor_parallel_size
     per_token = (model.hidden_size * 2 + ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim
                                           + 2 * model.intermediate_size) // tp) * elem * 2
@@ -101,6 +105,8 @@ class PeakMemoryProbe:
         self.peak_bytes = 0
 
     def __enter__(self) -> PeakMemoryProbe:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -111,6 +117,8 @@ class PeakMemoryProbe:
         return self
 
     def __exit__(self, *exc) -> None:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._before

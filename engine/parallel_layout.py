@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from kvpilot.engine.config import ModelConfig, ParallelConfig
+from kvpilot.engine.config import ModelConfig, ParallelConfig, element_bytes
 
 
 def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
@@ -92,7 +90,7 @@ def rank_kv_bytes_per_token(model: ModelConfig, parallel: ParallelConfig, rank: 
     pos = RankPosition.of(rank, parallel)
     start, end = get_pp_indices(model.num_layers, pos.pp_rank, pos.pp_size)
     if dtype_bytes is None:
-        dtype_bytes = torch.empty((), dtype=model.dtype).element_size()
+        dtype_bytes = element_bytes(model.dtype)
     return 2 * (end - start) * (model.num_kv_heads // pos.tp_size) * model.head_dim * dtype_bytes
 
 

@@ -12,8 +12,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.api.spec import InferenceServiceSpec
+
 from .engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_command, render_engine_args
-from .spec import InferenceServiceSpec
 
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"

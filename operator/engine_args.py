@@ -9,7 +9,7 @@ import hashlib
 import json
 from typing import Any
 
-from .spec import EngineSpec, InferenceServiceSpec
+from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 
 # The engine reads its API key from this variable (as vLLM does); extraArgs may not repeat
 # any flag rendered here (operator/extra_args.py).

@@ -21,10 +21,11 @@ from typing import Any
 
 import kopf
 
+from kvpilot.api.crd import GROUP, PLURAL, VERSION
+
 from .builders import ISVC_LABEL
 from .kube import Kube
 from .reconcile import Context, OperatorConfig, isvc_path, reconcile, refresh_status
-from .spec import GROUP, PLURAL, VERSION
 
 CONFIG = OperatorConfig.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "kvpilot-operator"}

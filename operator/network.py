@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.api.spec import InferenceServiceSpec
+
 from .builders import child_labels, selector_labels
-from .spec import InferenceServiceSpec
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 

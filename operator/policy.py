@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
+
 from .validation import InvalidSpec
 
 

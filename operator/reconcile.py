@@ -15,6 +15,9 @@ from typing import Any
 import kopf
 from kubernetes.utils.quantity import parse_quantity
 
+from kvpilot.api.crd import API_VERSION, PLURAL
+from kvpilot.api.spec import InferenceServiceSpec
+
 from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_secret, build_configmap,
                        build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
                        service_url)
@@ -22,7 +25,6 @@ from .engine_args import engine_command
 from .kube import ApiError, Kube, manifest_path, object_path
 from .network import NetworkPolicyConfig, build_networkpolicy
 from .policy import Policy
-from .spec import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from .status import deployment_conditions, failed_conditions, merge_conditions
 from .validation import InvalidSpec, validate
 
@@ -101,7 +103,7 @@ def covers(actual: Any, desired: Any, quantity: bool = False) -> bool:
 
 
 def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
-    return object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name, subresource)
+    return object_path(API_VERSION, PLURAL, namespace, name, subresource)
 
 
 def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,

@@ -6,10 +6,11 @@ Failed condition and creates no children.
 """
 from __future__ import annotations
 
+from kvpilot.api.models import BUILTIN_MODELS, builtin_model, is_builtin
+from kvpilot.api.spec import InferenceServiceSpec
+
 from .builders import OPERATOR_ENV
 from .extra_args import extra_args_problem
-from .models import BUILTIN_MODELS, builtin_model, is_builtin
-from .spec import InferenceServiceSpec
 
 
 class InvalidSpec(ValueError):

@@ -16,6 +16,10 @@
     kube_client.py, cluster.py, cluster_session.py  cluster mode (`kvpilot tune --namespace --name`)
     journal.py      a study kept in a ConfigMap (Optuna journal backend)
     exporter.py     kvpilot_slo_* / kvpilot_tuning_* (the dashboard's SLO lines and tuner panels)
+    slo_metrics.py  a Kopf event handler exporting every resource's spec.slo through exporter.py
+    daemon.py       the in-cluster tuner: a Kopf daemon per resource with spec.tuning.enabled
     report.py, artifacts.py   report.json/.txt, plots, the tuned InferenceService YAML
     cli.py, demo.py the `kvpilot tune` command and `make demo`'s session
+Nothing here imports `kvpilot.operator`: the spec types and the CRD's identity come from
+`kvpilot.api`.
 """

@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner

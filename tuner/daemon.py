@@ -23,7 +23,7 @@ from typing import Any
 
 import kopf
 
-from kvpilot.operator.spec import GROUP, PLURAL, VERSION
+from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.tuner import cli
 from kvpilot.tuner.cluster_session import run_cluster
 from kvpilot.tuner.kube_client import KubeClient

@@ -31,10 +31,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from kvpilot.engine.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from kvpilot.engine.config import (CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, dtype_name,
+                                   element_bytes)
 from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
 from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re-exported)
     KVCachePlan,
@@ -44,11 +44,14 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     estimate_activation_bytes,
 )
 from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
-from kvpilot.operator.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
+from kvpilot.api.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
 
+if TYPE_CHECKING:  # dtypes travel as names ('bfloat16'): the tuner runs without torch
+    import torch
 
-def model_config_from_shape(shape: ModelShape, dtype: torch.dtype = torch.bfloat16) -> ModelConfig:
+
+def model_config_from_shape(shape: ModelShape, dtype: str | torch.dtype = "bfloat16") -> ModelConfig:
     """An engine `ModelConfig` for a builtin shape. The shape table has no MLP width, so
     intermediate_size is derived from the parameter count (exact for Llama-family models)."""
     h, q, kv = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
@@ -63,9 +66,9 @@ def model_config_from_shape(shape: ModelShape, dtype: torch.dtype = torch.bfloat
     )
 
 
-def resolve_model(model: str, dtype: torch.dtype = torch.bfloat16) -> ModelConfig:
+def resolve_model(model: str, dtype: str | torch.dtype = "bfloat16") -> ModelConfig:
     """The shape of `model`: a builtin name (`smollm2-135m-instruct` or `builtin://...`,
-    from `kvpilot.operator.models`) or a Hugging Face directory with config.json (read by
+    from `kvpilot.api.models`) or a Hugging Face directory with config.json (read by
     `kvpilot.engine.model_loader.load_model_config`). Raises ValueError otherwise."""
     name = model.removeprefix(BUILTIN_SCHEME)
     if name in BUILTIN_MODELS:
@@ -91,8 +94,9 @@ class Hardware:
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
         engine's startup log "peak activation").
 
-    dtype: the engine's dtype. None: on CPU (shared_memory) what `--dtype auto` picks on
-        this machine's CPU (kvpilot.engine.cpu_info), on GPUs the model's dtype.
+    dtype: the engine's dtype, a name ('bfloat16') or a torch dtype. None: on CPU
+        (shared_memory) what `--dtype auto` picks on this machine's CPU
+        (kvpilot.engine.cpu_info), on GPUs the model's dtype.
     cpu_kvcache_space_bytes: on CPU, each rank's KV cache cap; None: the engine's rule
         (VLLM_CPU_KVCACHE_SPACE of this environment, 4 GiB when unset).
 
@@ -105,13 +109,14 @@ class Hardware:
     num_gpu_blocks_override: int | None = None
     activation_scale: float = 1.0
     shared_memory: bool = False
-    dtype: torch.dtype | None = None
+    dtype: str | torch.dtype | None = None
     cpu_kvcache_space_bytes: int | None = None
 
-    def engine_dtype(self, model: ModelConfig) -> torch.dtype:
+    def engine_dtype(self, model: ModelConfig) -> str:
+        """The name of the dtype the engine runs in ('bfloat16', 'float32', 'float16')."""
         if self.dtype is not None:
-            return self.dtype
-        return choose_cpu_dtype(detect_cpu()).dtype if self.shared_memory else model.dtype
+            return dtype_name(self.dtype)
+        return choose_cpu_dtype(detect_cpu()).name if self.shared_memory else dtype_name(model.dtype)
 
     def kv_space_bytes(self) -> int | None:
         """The per-rank KV cap on CPU (None on GPUs)."""
@@ -127,7 +132,7 @@ def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
     from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
     second, oneDNN-packed copy of its weights (CPU, bfloat16)."""
-    weight_elem = torch.empty((), dtype=model.dtype).element_size() * (2 if packed_weights else 1)
+    weight_elem = element_bytes(model.dtype) * (2 if packed_weights else 1)
     ranks = []
     for rank in range(parallel.world_size):
         pos = RankPosition.of(rank, parallel)
@@ -171,7 +176,7 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     if parallel.world_size > hardware.num_devices:
         return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
                                   f"exceeds the {hardware.num_devices} available device(s)")
-    packed = hardware.shared_memory and model.dtype == torch.bfloat16
+    packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
     ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"

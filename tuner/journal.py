@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from optuna.storages.journal import BaseJournalBackend, JournalStorage
 
-from kvpilot.operator.spec import GROUP, KIND, VERSION
+from kvpilot.api.crd import GROUP, KIND, VERSION
 from kvpilot.tuner.kube_client import KubeClient, KubeError
 
 KEY = "journal.jsonl.gz"

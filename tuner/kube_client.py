@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from kvpilot.operator.spec import GROUP, PLURAL, VERSION
+from kvpilot.api.crd import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 

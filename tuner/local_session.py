@@ -10,8 +10,6 @@ import sys
 from typing import Any
 
 import optuna
-import torch
-
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
@@ -29,6 +27,8 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
     """The device the trials run on: --device-memory-gib, else this machine's memory (or
     the first GPU's); --num-gpu-blocks-override among the engine args fixes the cache. On
     CPU (no GPU here) every rank of a parallel trial shares that memory."""
+    import torch  # here, not at import: `kvpilot tune`'s import graph stays torch-free
+
     from kvpilot.engine.memory import GiB, total_device_memory_bytes
 
     on_gpu = torch.cuda.is_available()

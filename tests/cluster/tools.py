@@ -87,7 +87,7 @@ class Operator:
     def start(self, timeout: float = 180) -> None:
         """Start it and wait, as the kubelet's probe would, until its liveness endpoint answers
         (with the tuner loaded, imports take seconds; a loaded machine makes it tens)."""
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", *self.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *self.args],
                                      env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
         import urllib.request
 

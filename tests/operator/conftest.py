@@ -1,5 +1,5 @@
 """Fixtures for the operator tests: the emulated cluster, kubectl against it, and the real
-operator (`kvpilot.operator.cli`, i.e. `kopf run` of our handlers) as a subprocess."""
+operator (`kvpilot.cli.operator`, i.e. `kopf run` of our handlers) as a subprocess."""
 from __future__ import annotations
 
 import pathlib

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.operator.cli import build_parser, main
+from kvpilot.cli.operator import build_parser, main
 
 
 def test_namespaces_repeat_and_exclude_all_namespaces():

@@ -17,7 +17,7 @@ from kvpilot.operator.engine_args import engine_command
 from kvpilot.operator.network import NetworkPolicyConfig, build_networkpolicy
 from kvpilot.operator.policy import Policy
 from kvpilot.operator.reconcile import OperatorConfig
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.operator.validation import InvalidSpec
 
 SMOLLM = {"source": "builtin://smollm2-135m-instruct"}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kvpilot.operator.engine_args import render_engine_args
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml",

@@ -3,8 +3,8 @@ the CRD's defaults for fields left out, and drops the series when the resource g
 
 from __future__ import annotations
 
-from kvpilot.operator.cli import build_parser
-from kvpilot.operator.slo_metrics import export_slo
+from kvpilot.cli.operator import build_parser
+from kvpilot.tuner.slo_metrics import export_slo
 from kvpilot.tuner.exporter import REGISTRY
 
 

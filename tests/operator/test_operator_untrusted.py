@@ -10,7 +10,7 @@ import pytest
 
 from kvpilot.operator.builders import build_configmap, build_deployment
 from kvpilot.operator.engine_args import engine_command
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.operator.validation import InvalidSpec, validate
 
 SMOLLM = {"source": "builtin://smollm2-135m-instruct"}
@@ -91,7 +91,7 @@ def test_vllm_allows_flags_the_operator_does_not_own():
 
 def test_parsing_extra_args_does_not_import_torch():
     code = ("import sys; from kvpilot.operator.validation import validate; "
-            "from kvpilot.operator.spec import InferenceServiceSpec as S; "
+            "from kvpilot.api.spec import InferenceServiceSpec as S; "
             "validate(S.from_dict({'model': {'source': '/m'}, 'engine': {'extraArgs': ['--disable-log-stats']}})); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

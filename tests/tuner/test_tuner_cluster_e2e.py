@@ -53,7 +53,7 @@ def operator_with_tuner(kubeconfig, log, tuner_args: list[str], prometheus_url: 
     command = chart_operator_command()  # the chart's `kvpilot operator ... --tuner`
     args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{free_port()}").replace("--metrics-port=9090", f"--metrics-port={free_port()}")
             for a in command[2:]]
-    return subprocess.Popen([sys.executable, "-m", "kvpilot.operator.cli", *args],
+    return subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *args],
                             env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 

@@ -104,6 +104,6 @@ def test_a_cpu_engine_takes_its_kv_space_not_the_whole_machine(monkeypatch):
 def test_cpu_hardware_without_a_dtype_follows_the_engine_auto_rule():
     from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
 
-    want = choose_cpu_dtype(detect_cpu()).dtype
+    want = choose_cpu_dtype(detect_cpu()).name  # dtypes travel as names in the tuner
     assert Hardware(GiB, shared_memory=True).engine_dtype(SMOL) == want
     assert Hardware(GiB).engine_dtype(SMOL) == SMOL.dtype  # GPUs: the model's dtype

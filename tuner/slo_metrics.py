@@ -2,17 +2,18 @@
 the operator process's metrics registry), so that the dashboard draws SLO lines whether or
 not the resource is being tuned. An event handler: it keeps no state on the resource.
 
-Registered by `kvpilot operator` (or `kopf run -m kvpilot.operator.slo_metrics`); served
-with `--metrics-port` / KVPILOT_METRICS_PORT."""
+Registered by `kvpilot operator --metrics-port PORT` (or `kopf run -m kvpilot.tuner.slo_metrics`);
+served with `--metrics-port` / KVPILOT_METRICS_PORT. It lives beside the exporter it feeds,
+so that the operator package needs nothing of the tuner's."""
 from __future__ import annotations
 
 from typing import Any
 
 import kopf
 
+from kvpilot.api.crd import GROUP, PLURAL, VERSION
+from kvpilot.api.spec import SLOSpec
 from kvpilot.tuner.exporter import TunerMetrics
-
-from .spec import GROUP, PLURAL, VERSION, SLOSpec
 
 
 class _SLO:

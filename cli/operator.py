@@ -1,4 +1,7 @@
-"""`kvpilot operator`: runs the Kopf operator with kvpilot's settings.
+"""`kvpilot operator`: runs the Kopf operator with kvpilot's settings, and with `--tuner` the
+tuner's daemon in the same Kopf process. This module is the one place that loads both
+packages: `kvpilot.operator` and `kvpilot.tuner` import neither each other (they share
+`kvpilot.api`), so the operator runs without the tuner and the tuner without the operator.
 
     kvpilot operator --namespace default          # watch one namespace (repeatable)
     kvpilot operator --all-namespaces             # cluster-wide
@@ -48,14 +51,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers; reads the resync interval)
+    from kvpilot.operator import handlers  # noqa: F401  (registers the handlers; reads the resync interval)
 
     if args.tuner:
         from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
     if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels
-        from kvpilot.tuner import exporter
-
-        from . import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
+        from kvpilot.tuner import exporter, slo_metrics  # noqa: F401  (registers the spec.slo exporter)
         exporter.serve(args.metrics_port)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)

@@ -10,11 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-GROUP = "kvpilot.dev"
-VERSION = "v1alpha1"
-PLURAL = "inferenceservices"
-KIND = "InferenceService"
-
 
 @dataclass(frozen=True)
 class ModelSpec:

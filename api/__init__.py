@@ -1,0 +1,9 @@
+"""kvpilot's API: what the operator and the tuner share about an InferenceService, and
+nothing else (neither imports the other; both import this).
+
+    crd.py     the custom resource's identity (group, version, plural, kind)
+    spec.py    spec as frozen dataclasses with the CRD's defaults
+    models.py  shapes of the builtin models (builtin://NAME)
+
+Torch-free and cluster-free: no Kubernetes client, no engine, no Kopf.
+"""
