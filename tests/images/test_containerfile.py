@@ -110,7 +110,7 @@ def test_final_stages_take_only_the_venv_and_the_model_from_the_builders(target)
 def test_the_cuda_build_cannot_pick_the_local_cpu_torch_wheel():
     for stage in chain(STAGES, "engine-cuda-build"):
         assert "PIP_FIND_LINKS" not in [a.split("=")[0] for a in stage.all("ARG")], stage.name
-    assert any("requirements.py engine-cuda" in r for r in STAGES["engine-cuda-deps"].all("RUN"))
+    assert "--from=requirements /requirements/engine-cuda.txt /tmp/requirements.txt" in STAGES["engine-cuda-deps"].all("COPY")
 
 
 def test_the_engine_image_bakes_the_converted_builtin_model():

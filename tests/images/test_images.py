@@ -21,7 +21,7 @@ from podman_tools import VERSION, podman
 
 from kvpilot.operator.builders import build_configmap, build_deployment
 from kvpilot.operator.engine_args import ADMIN_TOKEN_ENV
-from kvpilot.operator.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
