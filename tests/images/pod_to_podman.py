@@ -9,8 +9,9 @@ How each Kubernetes field maps (Kubernetes API reference, PodSpec / Container / 
   which a pod does not have); capabilities.drop [ALL] -> --cap-drop ALL;
   allowPrivilegeEscalation: false -> --security-opt no-new-privileges.
 - command replaces the image's ENTRYPOINT, args its CMD.
-- emptyDir -> a fresh host directory owned by fsGroup (the kubelet makes emptyDir volumes
-  group-owned by fsGroup and group-writable); emptyDir medium Memory -> a tmpfs of sizeLimit;
+- emptyDir -> a fresh host directory, mode 0777 as the kubelet creates it, group-owned by
+  fsGroup with the setgid bit where the pod sets one; emptyDir medium Memory -> a tmpfs of
+  sizeLimit;
   configMap -> a directory of its keys as files, read-only.
 - env value -> -e NAME=VALUE; valueFrom (Secrets, fieldRef) -> -e NAME, its value passed in
   podman's environment, so that no secret is on a command line.
@@ -113,9 +114,10 @@ def _mounts(pod: dict[str, Any], container: dict[str, Any], workdir: pathlib.Pat
             mounts[path] = ("tmpfs", None, f",tmpfs-size={quantity_bytes(size)}" if size else "")
         elif "emptyDir" in volume:
             host.mkdir(parents=True)
+            host.chmod(0o777)  # the kubelet creates emptyDir directories world-writable
             if fs_group is not None:
                 os.chown(host, -1, fs_group)
-                host.chmod(0o2775)
+                host.chmod(0o2777)
             mounts[path] = ("dir", host, mode)
         elif "configMap" in volume:
             host.mkdir(parents=True)
