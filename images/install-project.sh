@@ -4,7 +4,7 @@
 # `kvpilot` script) under /stage, which the final image copies over its venv.
 set -eu
 VENV=/opt/kvpilot/venv
-pip install -q --no-deps /src
+python3 -m pip install -q --no-deps /src
 SITE="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 mkdir -p "/stage$SITE" "/stage$VENV/bin"
 cp -a "$SITE/kvpilot" "$SITE"/kvpilot-*.dist-info "/stage$SITE/"
