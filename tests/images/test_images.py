@@ -102,6 +102,7 @@ def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(
     probe = container["livenessProbe"]["httpGet"]
     port_of = {p["name"]: p["containerPort"] for p in container["ports"]}
     ports = {p: free_port() for p in port_of.values()}
+    (tmp_path / "cluster").mkdir()
     with TestCluster(tmp_path / "cluster") as cluster:
         kubectl = Kubectl(cluster.kubeconfig)
         kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
