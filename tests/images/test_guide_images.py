@@ -30,8 +30,13 @@ def registry(tmp_path) -> Iterator[str]:
                       f"http: {{addr: 127.0.0.1:{port}}}\n")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200
-                 if proc.poll() is None else pytest.fail("docker-registry exited"), what="the registry")
+        def up() -> bool:
+            assert proc.poll() is None, "docker-registry exited"
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(up, what="the registry")
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
