@@ -22,10 +22,10 @@ from typing import Any
 import kopf
 
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
+from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
 from .builders import ISVC_LABEL
-from .kube import Kube
-from .reconcile import Context, OperatorConfig, isvc_path, reconcile, refresh_status
+from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "kvpilot-operator"}
@@ -44,7 +44,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.client_timeout = CONFIG.watch_timeout_seconds + 30
     settings.execution.max_workers = 16
-    memo.ctx = Context(kube=Kube.from_environment(), config=CONFIG)
+    memo.ctx = Context(kube=AsyncKubeClient.from_environment(user_agent="kvpilot-operator"), config=CONFIG)
     memo.resync_task = asyncio.create_task(resync_forever(memo.ctx, logging.getLogger("kvpilot.operator")))
 
 

@@ -15,14 +15,13 @@ from typing import Any
 import kopf
 from kubernetes.utils.quantity import parse_quantity
 
-from kvpilot.api.crd import API_VERSION, PLURAL
+from kvpilot.api.kube import ApiError, AsyncKubeClient, isvc_path, manifest_path, object_path
 from kvpilot.api.spec import InferenceServiceSpec
 
 from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_secret, build_configmap,
                        build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
                        service_url)
 from .engine_args import engine_command
-from .kube import ApiError, Kube, manifest_path, object_path
 from .network import NetworkPolicyConfig, build_networkpolicy
 from .policy import Policy
 from .status import deployment_conditions, failed_conditions, merge_conditions
@@ -54,7 +53,7 @@ class OperatorConfig:
 class Context:
     """Per-process state shared by the handlers (kept in Kopf's memo)."""
 
-    kube: Kube
+    kube: AsyncKubeClient
     config: OperatorConfig
     known: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name) the watch has seen
     _podmonitors: bool | None = None
@@ -102,10 +101,6 @@ def covers(actual: Any, desired: Any, quantity: bool = False) -> bool:
     return same_quantity(actual, desired) if quantity else actual == desired
 
 
-def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
-    return object_path(API_VERSION, PLURAL, namespace, name, subresource)
-
-
 def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,
                      podmonitor: bool) -> list[dict[str, Any]]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
@@ -120,7 +115,7 @@ def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config
     return children
 
 
-async def ensure_child(kube: Kube, desired: dict[str, Any]) -> str:
+async def ensure_child(kube: AsyncKubeClient, desired: dict[str, Any]) -> str:
     """Create the child, or restore the values it should have. Returns created / updated / unchanged."""
     path = manifest_path(desired)
     actual = await kube.get(path)
@@ -141,7 +136,7 @@ async def ensure_child(kube: Kube, desired: dict[str, Any]) -> str:
     return "updated"
 
 
-async def ensure_admin_secret(kube: Kube, body: Mapping[str, Any], spec: InferenceServiceSpec) -> bool:
+async def ensure_admin_secret(kube: AsyncKubeClient, body: Mapping[str, Any], spec: InferenceServiceSpec) -> bool:
     """Creates the admin-token Secret once (owned by the InferenceService); an existing one is
     never rewritten, so the token stays what the engine and the tuner hold. True when created.
     The token is never logged: only the Secret's name is."""
@@ -160,7 +155,7 @@ async def ensure_admin_secret(kube: Kube, body: Mapping[str, Any], spec: Inferen
     return True
 
 
-async def delete_children(kube: Kube, namespace: str, name: str) -> list[str]:
+async def delete_children(kube: AsyncKubeClient, namespace: str, name: str) -> list[str]:
     """Delete whatever children exist (for a spec that cannot run). Returns what was deleted."""
     deleted = []
     for api_version, plural, child in (("v1", "configmaps", configmap_name(name)),
@@ -246,7 +241,7 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
     await write_status(ctx.kube, body, status)
 
 
-async def write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+async def write_status(kube: AsyncKubeClient, body: Mapping[str, Any], status: dict[str, Any]) -> None:
     """Patch status through the status subresource, only when something changed."""
     old = body.get("status") or {}
     if all(old.get(k) == v for k, v in status.items()):

@@ -13,7 +13,7 @@
     workload.py     ShareGPT / trace load through the serving benchmark's client
     capacity.py     the highest request rate within the SLOs
     engine_process.py, local.py, local_session.py   local mode (`kvpilot tune --local`)
-    kube_client.py, cluster.py, cluster_session.py  cluster mode (`kvpilot tune --namespace --name`)
+    cluster.py, cluster_session.py  cluster mode (client: kvpilot.api.kube) (`kvpilot tune --namespace --name`)
     journal.py      a study kept in a ConfigMap (Optuna journal backend)
     exporter.py     kvpilot_slo_* / kvpilot_tuning_* (the dashboard's SLO lines and tuner panels)
     slo_metrics.py  a Kopf event handler exporting every resource's spec.slo through exporter.py

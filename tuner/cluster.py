@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed
-from kvpilot.tuner.kube_client import KubeClient, KubeError
+from kvpilot.api.kube import ApiError, KubeClient
 from kvpilot.tuner.local import TrialCutShort
 from kvpilot.tuner.loop import best_measured
 from kvpilot.tuner.objective import Measurement
@@ -68,7 +68,7 @@ class KubernetesRunner:
         """Merge-patches status.tuning (only the given keys change)."""
         try:
             self.kube.patch_status(self.namespace, self.name, {"tuning": fields})
-        except KubeError as e:
+        except ApiError as e:
             logger.warning("could not write status.tuning: %s", e)
 
     def record(self, study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
@@ -96,7 +96,7 @@ class KubernetesRunner:
         """Patches spec.engine; returns the resource's new generation."""
         try:
             obj = self.kube.patch_isvc(self.namespace, self.name, {"spec": {"engine": settings.to_engine_spec()}})
-        except KubeError as e:
+        except ApiError as e:
             if e.status in (400, 422):
                 raise TrialFailed(REJECTED, f"the API server refused spec.engine: {e.message}") from e
             raise TrialFailed(TRANSIENT, f"patching spec.engine failed: {e}") from e

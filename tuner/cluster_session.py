@@ -27,7 +27,7 @@ from kvpilot.tuner.cluster import KubernetesRunner
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.journal import configmap_storage
-from kvpilot.tuner.kube_client import KubeClient
+from kvpilot.api.kube import KubeClient
 from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
@@ -72,7 +72,7 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     stop: checked between trials (raises TuningStopped; status.tuning stays Running so a
     restarted tuner resumes); on_event(reason, message): e.g. Kubernetes events."""
     event = on_event or (lambda reason, message: None)
-    kube = kube or KubeClient.from_environment(a.kubeconfig)
+    kube = kube or KubeClient.from_environment(a.kubeconfig, user_agent="kvpilot-tuner")
     obj = kube.get_isvc(a.namespace, a.name)
     spec = InferenceServiceSpec.from_dict(obj.get("spec") or {})
     if not spec.tuning.enabled:

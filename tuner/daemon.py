@@ -26,7 +26,7 @@ import kopf
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.tuner import cli
 from kvpilot.tuner.cluster_session import run_cluster
-from kvpilot.tuner.kube_client import KubeClient
+from kvpilot.api.kube import KubeClient
 from kvpilot.tuner.loop import TuningStopped
 
 
@@ -49,7 +49,7 @@ def tune(namespace: str, name: str, body: kopf.Body, stopped: kopf.DaemonStopped
          **_: Any) -> None:
     """Runs the tuning session for one resource to its end (or until the operator stops)."""
     a = cli.parse(session_args(namespace, name))
-    kube = KubeClient.from_environment(a.kubeconfig)
+    kube = KubeClient.from_environment(a.kubeconfig, user_agent="kvpilot-tuner")
     try:
         run_cluster(a, kube, stop=lambda: bool(stopped),
                     on_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message))
@@ -65,7 +65,7 @@ def tune(namespace: str, name: str, body: kopf.Body, stopped: kopf.DaemonStopped
 def reset(old: Any, new: Any, namespace: str, name: str, **_: Any) -> None:
     """Tuning switched off: clear status.tuning so that switching it on starts afresh."""
     if old and not new:
-        kube = KubeClient.from_environment(os.environ.get("KUBECONFIG") or None)
+        kube = KubeClient.from_environment(os.environ.get("KUBECONFIG") or None, user_agent="kvpilot-tuner")
         try:
             kube.patch_status(namespace, name, {"tuning": None})
         finally:

@@ -21,7 +21,7 @@ import optuna
 from optuna.storages.journal import BaseJournalBackend, JournalStorage
 
 from kvpilot.api.crd import GROUP, KIND, VERSION
-from kvpilot.tuner.kube_client import KubeClient, KubeError
+from kvpilot.api.kube import ApiError, KubeClient
 
 KEY = "journal.jsonl.gz"
 
@@ -35,8 +35,8 @@ class ConfigMapJournal(BaseJournalBackend):
 
     def _read(self) -> tuple[list[str], dict[str, Any] | None]:
         try:
-            cm = self.kube.call("GET", self.path)
-        except KubeError as e:
+            cm = self.kube.request("GET", self.path)
+        except ApiError as e:
             if e.status == 404:
                 return [], None
             raise
@@ -61,14 +61,14 @@ class ConfigMapJournal(BaseJournalBackend):
                         meta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                                                     "name": self.owner["metadata"]["name"],
                                                     "uid": self.owner["metadata"]["uid"]}]
-                    self.kube.call("POST", f"/api/v1/namespaces/{self.namespace}/configmaps",
+                    self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/configmaps",
                                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
                                     "binaryData": {KEY: blob}})
                 else:
                     cm["binaryData"] = {**(cm.get("binaryData") or {}), KEY: blob}
-                    self.kube.call("PUT", self.path, cm)  # carries resourceVersion: 409 if someone wrote first
+                    self.kube.request("PUT", self.path, cm)  # carries resourceVersion: 409 if someone wrote first
                 return
-            except KubeError as e:
+            except ApiError as e:
                 if e.status != 409:
                     raise
         raise RuntimeError(f"could not append to ConfigMap {self.namespace}/{self.name}: {self.max_retries} conflicts")

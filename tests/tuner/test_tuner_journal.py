@@ -14,7 +14,7 @@ from synthetic import SyntheticRunner
 from kvpilot.engine.memory import GiB
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.journal import KEY, ConfigMapJournal, configmap_storage
-from kvpilot.tuner.kube_client import KubeClient
+from kvpilot.api.kube import KubeClient
 from kvpilot.tuner.loop import Tuner, TunerConfig
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.settings import EngineSettings

@@ -1,0 +1,185 @@
+"""One Kubernetes client for the operator and the tuner: plain-dict get / create / merge-patch /
+replace / delete on API paths, with one error type (`ApiError`, the API's Status).
+
+Built on the official `kubernetes` client (its `ApiClient`: credentials from the in-cluster
+service account or a kubeconfig, bearer tokens, TLS, urllib3's connection pool, request
+serialization and Status errors); only the paths are ours, so custom resources and core
+kinds go through one call without the generated per-kind methods or API discovery.
+Why this library: it is the one Kopf's own walkthrough creates children with, and it was
+already our dependency for credentials; crate-operator uses its asyncio twin
+(`kubernetes_asyncio`), but the tuner is synchronous (one session per thread), so one
+synchronous client serves both, and the operator's async handlers call it through
+`AsyncKubeClient`, on worker threads, as Kopf runs synchronous handlers. kr8s would add a
+dependency tree and resolves kinds through API discovery; pykube-ng is unmaintained.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+from kubernetes.client.exceptions import ApiException
+
+from kvpilot.api.crd import API_VERSION, PLURAL
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+TIMEOUT_S = 30
+
+PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
+           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
+
+
+class ApiError(Exception):
+    """A failed API call: HTTP status, the Status reason (e.g. 'AlreadyExists') and message."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+    @classmethod
+    def from_exception(cls, e: ApiException) -> ApiError:
+        try:
+            status = json.loads(e.body or "")
+        except ValueError:
+            status = None
+        status = status if isinstance(status, dict) else {}
+        return cls(int(e.status or 0), status.get("reason") or e.reason or "", status.get("message") or e.body or "")
+
+
+def object_path(api_version: str, plural: str, namespace: str | None, name: str | None = None,
+                subresource: str | None = None) -> str:
+    """/api/v1/namespaces/ns/services/name or /apis/group/version/..."""
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [root] + ([f"namespaces/{namespace}"] if namespace else []) + [plural]
+    parts += [p for p in (name, subresource) if p]
+    return "/".join(parts)
+
+
+def manifest_path(obj: dict[str, Any], with_name: bool = True) -> str:
+    meta = obj["metadata"]
+    return object_path(obj["apiVersion"], PLURALS[obj["kind"]], meta.get("namespace"),
+                       meta["name"] if with_name else None)
+
+
+def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    """The InferenceService's path (or its status / scale subresource's)."""
+    return object_path(API_VERSION, PLURAL, namespace, name, subresource)
+
+
+def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+    """Credentials as kubectl finds them: the given kubeconfig, else the in-cluster service
+    account, else KUBECONFIG / ~/.kube/config. Raises kubernetes.config.ConfigException."""
+    cfg = kubernetes.client.Configuration()
+    if kubeconfig is None:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=cfg)
+            return cfg
+        except kubernetes.config.ConfigException:
+            pass
+    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
+
+
+class KubeClient:
+    """Plain-dict calls against one API server (synchronous; thread-safe as urllib3's pool is).
+    user_agent: tells this client's requests apart in audit logs (and the RBAC-coverage test)."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration, user_agent: str = "kvpilot"):
+        self.api = kubernetes.client.ApiClient(configuration)
+        self.api.user_agent = user_agent
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot") -> KubeClient:
+        return cls(load_configuration(kubeconfig), user_agent)
+
+    def close(self) -> None:
+        self.api.close()
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = JSON,
+                params: dict[str, str] | None = None) -> Any:
+        """One call; the decoded JSON answer. Raises ApiError on an error status."""
+        headers = {"Accept": JSON, **({"Content-Type": content_type} if body is not None else {})}
+        call = self.api.param_serialize(method, path, query_params=list((params or {}).items()),
+                                        header_params=headers, body=body, auth_settings=["BearerToken"])
+        try:
+            response = self.api.call_api(*call, _request_timeout=TIMEOUT_S)
+            response.read()
+            return self.api.response_deserialize(response, {"2XX": "object"}).data
+        except ApiException as e:
+            raise ApiError.from_exception(e) from None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.request("GET", path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", manifest_path(obj, with_name=False), obj)
+
+    def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386): only the given keys change, null removes one."""
+        return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+
+    def delete(self, path: str, propagation: str = "Background") -> bool:
+        """True when deleted, False when it was already gone."""
+        try:
+            self.request("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                          "propagationPolicy": propagation})
+            return True
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def has_resource(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves group/version/plural (e.g. a CRD is installed)."""
+        found = self.get(f"/apis/{group}/{version}")
+        return bool(found) and any(r.get("name") == plural for r in found.get("resources", ()))
+
+    def get_isvc(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.request("GET", isvc_path(namespace, name))
+
+    def patch_isvc(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge patch of the resource (spec); raises ApiError (e.g. 422 when a CRD rule refuses it)."""
+        return self.patch(isvc_path(namespace, name), patch)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge patch of the status subresource: only the given keys change."""
+        return self.patch(isvc_path(namespace, name, "status"), {"status": status})
+
+
+class AsyncKubeClient:
+    """KubeClient's calls for asyncio code (the operator's Kopf handlers): each runs on a
+    worker thread, so the event loop keeps serving watches meanwhile."""
+
+    def __init__(self, client: KubeClient):
+        self.client = client
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot") -> AsyncKubeClient:
+        return cls(KubeClient.from_environment(kubeconfig, user_agent))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.client.get, path)
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.client.create, obj)
+
+    async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.client.patch, path, patch)
+
+    async def delete(self, path: str, propagation: str = "Background") -> bool:
+        return await asyncio.to_thread(self.client.delete, path, propagation)
+
+    async def has_resource(self, group: str, version: str, plural: str) -> bool:
+        return await asyncio.to_thread(self.client.has_resource, group, version, plural)

@@ -1,0 +1,55 @@
+"""kvpilot.api.kube, the one Kubernetes client of the operator and the tuner, against the test
+cluster over HTTP with a kubeconfig. Behaviour checked is the Kubernetes API's: POST answers
+201 with the object, a second POST of the same name 409 AlreadyExists, a missing object 404,
+a merge patch (RFC 7386) changes only the given keys, DELETE of a gone object 404."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvpilot.api.kube import ApiError, AsyncKubeClient, KubeClient, object_path
+
+
+def configmap(name: str, data: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"},
+            "data": data}
+
+
+def test_sync_client_creates_patches_and_deletes_plain_dicts(cluster):
+    kube = KubeClient.from_environment(str(cluster.kubeconfig), user_agent="kvpilot-test")
+    path = object_path("v1", "configmaps", "default", "kube-client")
+    try:
+        assert kube.get(path) is None
+        created = kube.create(configmap("kube-client", {"a": "1", "b": "2"}))
+        assert created["metadata"]["uid"] and created["data"] == {"a": "1", "b": "2"}
+        with pytest.raises(ApiError) as e:
+            kube.create(configmap("kube-client", {}))
+        assert (e.value.status, e.value.reason) == (409, "AlreadyExists")
+        patched = kube.patch(path, {"data": {"b": None, "c": "3"}})
+        assert patched["data"] == {"a": "1", "c": "3"}
+        assert kube.delete(path) is True
+        assert kube.delete(path) is False
+        with pytest.raises(ApiError) as e:
+            kube.request("GET", path)
+        assert e.value.status == 404 and "kube-client" in e.value.message
+    finally:
+        kube.close()
+    assert ("kvpilot-test", "POST", "/api/v1/namespaces/default/configmaps") in [
+        (agent, method, p) for agent, method, p in list(cluster.server.requests)]
+
+
+def test_async_client_runs_the_same_calls_off_the_event_loop(cluster):
+    async def run() -> tuple:
+        kube = AsyncKubeClient.from_environment(str(cluster.kubeconfig))
+        try:
+            await kube.create(configmap("kube-client-async", {"x": "1"}))
+            got = await kube.get(object_path("v1", "configmaps", "default", "kube-client-async"))
+            gone = await kube.delete(object_path("v1", "configmaps", "default", "kube-client-async"))
+            served = await kube.has_resource("apps", "v1", "deployments")
+            missing = await kube.has_resource("monitoring.example.com", "v1", "widgets")
+            return got["data"], gone, served, missing
+        finally:
+            await kube.close()
+
+    assert asyncio.run(run()) == ({"x": "1"}, True, True, False)

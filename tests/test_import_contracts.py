@@ -1,0 +1,58 @@
+"""The layering in .importlinter holds (`lint-imports` over the installed kvpilot.* packages),
+and a forbidden import breaks it: each case copies the sources, adds one import to a copy,
+and runs the same contracts over the copy."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "300"}
+    if pythonpath is not None:  # first on sys.path: the copy shadows the installed packages
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def copy_sources(dest: Path) -> Path:
+    """The kvpilot.* package folders (as pyproject.toml maps them) under dest/src/kvpilot/."""
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in package_dir.items():
+        shutil.copytree(ROOT / folder, dest / "src" / package.replace(".", "/"),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / ".importlinter", dest / ".importlinter")
+    return dest / "src"
+
+
+def test_the_layering_contracts_hold():
+    r = lint(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout and "BROKEN" not in r.stdout
+
+
+@pytest.mark.parametrize("module, added, broken", [
+    ("tuner/cli.py", "import kvpilot.operator.handlers", "kvpilot.tuner is not allowed to import kvpilot.operator"),
+    ("operator/builders.py", "import kvpilot.tuner.loop", "kvpilot.operator is not allowed to import kvpilot.tuner"),
+    ("api/spec.py", "import kvpilot.tuner.settings", "kvpilot.api is not allowed to import kvpilot.tuner"),
+    ("operator/builders.py", "import torch", "kvpilot.operator is not allowed to import torch"),
+    # torch through the engine: the LLM class loads the model code at module level
+    ("tuner/cli.py", "from kvpilot.engine.llm import LLM", "kvpilot.tuner is not allowed to import torch"),
+    ("kernels/__init__.py", "import kvpilot.engine.config", "kvpilot.kernels is not allowed to import kvpilot.engine"),
+])
+def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken):
+    src = copy_sources(tmp_path)
+    path = src / "kvpilot" / module
+    path.write_text(path.read_text() + f"\n{added}  # added by the test\n")
+    r = lint(tmp_path, src)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert broken in r.stdout, r.stdout[-3000:]  # only the copy has the import
