@@ -30,3 +30,9 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# issue 16: container images (images/Containerfile) with podman: the CPU engine and the
+# operator; CUDA=1 adds the CUDA engine. BASE=... builds on your own Debian bookworm base.
+.PHONY: images
+images:
+	BASE="$(BASE)" bash images/build.sh engine-cpu operator $(if $(CUDA),engine-cuda)

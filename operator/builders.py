@@ -48,7 +48,7 @@ ADMIN_TOKEN_KEY = "token"
 class Images:
     """Default engine images per runtime; spec.engine.image overrides them."""
 
-    kvpilot: str = "kvpilot/kvpilot:0.1.0"
+    kvpilot: str = "kvpilot/engine-cpu:0.1.0"  # make images; the chart sets engineImages.kvpilot
     vllm: str = "vllm/vllm-openai:v0.11.0"
 
     def for_runtime(self, runtime: str) -> str:

@@ -58,3 +58,6 @@ if ! grep -qs "\"version\": \"$GRAFANA_SCHEMA_VERSION\"" "$NODE_DIR/node_modules
         "@grafana/schema@$GRAFANA_SCHEMA_VERSION" "typescript@$TYPESCRIPT_VERSION")
     echo "installed @grafana/schema $GRAFANA_SCHEMA_VERSION and typescript $TYPESCRIPT_VERSION to $NODE_DIR"
 fi
+
+# issue 16: podman, runc, slirp4netns, debootstrap for `make images` and tests/images
+bash "$(dirname "$0")/../images/install-podman.sh"

@@ -141,7 +141,7 @@ def test_a_deleted_child_comes_back_and_a_hand_edit_is_undone(cluster, kubectl, 
     kubectl("patch", "deployment", "smollm2", "--type", "merge", "-p",
             json.dumps({"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil:latest"}]}}}}))
     wait_for(lambda: children(cluster, "smollm2")["deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
-             == "kvpilot/kvpilot:0.1.0", what="the Deployment restored")
+             == "kvpilot/engine-cpu:0.1.0", what="the Deployment restored")
     kubectl("delete", "configmap", "smollm2-engine")
     wait_for(lambda: children(cluster, "smollm2")["configmap"], what="the ConfigMap recreated")
 

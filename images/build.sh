@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds kvpilot's images with podman: `images/build.sh [TARGET...]` (default engine-cpu
+# operator; engine-cuda too when asked). Tags kvpilot/TARGET:VERSION (VERSION from
+# pyproject.toml, the chart's appVersion). Makes the base image first when BASE is the local
+# default. The host's pip CA bundle and find-links directory (pip config, or PIP_CERT /
+# PIP_FIND_LINKS) are bind-mounted into the build's RUN steps only, never copied into a layer.
+#   BASE=registry.example.com/debian:bookworm images/build.sh     # your own base
+#   KVPILOT_IMAGES_DIR   podman's storage (default ~/.cache/kvpilot-images), kept between builds
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(dirname "$HERE")"
+PODMAN="$HERE/podman.sh"
+BASE="${BASE:-localhost/debian:bookworm}"
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(engine-cpu operator)
+VERSION="$(python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$ROOT/pyproject.toml")"
+
+bash "$HERE/install-podman.sh"
+[ "$BASE" != "localhost/debian:bookworm" ] || bash "$HERE/build-base.sh" "$BASE"
+
+pip_setting() {  # the host's pip setting $1 (cert, find-links): env first, then pip config
+    local env="PIP_$(echo "$1" | tr 'a-z-' 'A-Z_')"
+    if [ -n "${!env:-}" ]; then echo "${!env}"; return; fi
+    python3 -m pip config list 2>/dev/null | sed -n "s/^[a-z:]*\.$1='\(.*\)'\$/\1/p" | head -1
+}
+args=(--build-arg "BASE=$BASE" --ignorefile "$HERE/containerignore" -f "$HERE/Containerfile")
+cert="$(pip_setting cert)"
+if [ -n "$cert" ] && [ -f "$cert" ]; then
+    args+=(-v "$cert:/run/kvpilot-build/ca.crt:ro" --build-arg PIP_CERT=/run/kvpilot-build/ca.crt)
+fi
+links="$(pip_setting find-links)"
+if [ -n "$links" ] && [ -d "$links" ]; then
+    args+=(-v "$links:/run/kvpilot-build/wheels:ro" --build-arg PIP_FIND_LINKS=/run/kvpilot-build/wheels)
+fi
+for target in "${TARGETS[@]}"; do
+    echo "building kvpilot/$target:$VERSION"
+    "$PODMAN" build "${args[@]}" --layers --target "$target" -t "kvpilot/$target:$VERSION" "$ROOT"
+done

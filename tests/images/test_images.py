@@ -1,0 +1,147 @@
+"""The images `make images` builds, run the way a cluster runs them: the CPU engine with the
+pod spec the operator renders for examples/inferenceservice-smollm2.yaml, the operator with
+the chart's Deployment, each through tests/images/pod_to_podman.py (uid 1000, read-only root,
+no capabilities, only the pod's volumes)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import yaml
+from cluster.harness import TestCluster
+from cluster.tools import ROOT, Kubectl, free_port, helm_template, wait_for
+from openai import OpenAI
+from pod_to_podman import PodmanRun, podman_run
+from podman_tools import VERSION, podman
+
+from kvpilot.operator.builders import build_configmap, build_deployment
+from kvpilot.operator.engine_args import ADMIN_TOKEN_ENV
+from kvpilot.api.spec import InferenceServiceSpec
+
+pytestmark = pytest.mark.slow
+EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
+
+
+@contextlib.contextmanager
+def running(run: PodmanRun, *extra: str) -> Iterator[str]:
+    """Starts the container detached; yields its name; removes it (logs kept in the failure)."""
+    name = run.argv[run.argv.index("--name") + 1]
+    podman("rm", "-f", name, check=False)
+    podman("run", "-d", *extra, *run.argv, *run.command, env={**os.environ, **run.env})
+    try:
+        yield name
+    finally:
+        podman("rm", "-f", name, check=False, timeout=60)
+
+
+def wait_http(url: str, name: str, timeout: float) -> httpx.Response:
+    """Polls url until it answers 200, failing early (with the log) if the container exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        assert state == "running", f"{name} is {state}:\n{podman('logs', name).stdout[-4000:]}"
+        with contextlib.suppress(httpx.TransportError):
+            response = httpx.get(url, timeout=3)
+            if response.status_code == 200:
+                return response
+        time.sleep(1)
+    raise AssertionError(f"{url} did not answer 200 in {timeout} s:\n{podman('logs', name).stderr[-4000:]}")
+
+
+def proc1(name: str) -> tuple[str, str]:
+    """(the Uid: line of the container's main process, the options of its root mount)."""
+    status = podman("exec", name, "cat", "/proc/1/status").stdout
+    mountinfo = podman("exec", name, "cat", "/proc/1/mountinfo").stdout
+    root = next(line.split() for line in mountinfo.splitlines() if line.split()[4] == "/")
+    return next(line for line in status.splitlines() if line.startswith("Uid:")), root[5]
+
+
+def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images, tmp_path, capsys):
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    name, spec = manifest["metadata"]["name"], InferenceServiceSpec.from_dict(manifest["spec"])
+    pod = build_deployment(name, "default", spec)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == images["engine-cpu"], "the operator's default engine image is what make images tags"
+    configmap = build_configmap(name, "default", spec)
+    port = free_port()
+    run = podman_run(pod, images["engine-cpu"], tmp_path, {spec.engine.port: port},
+                     {configmap["metadata"]["name"]: configmap["data"]}, {ADMIN_TOKEN_ENV: secrets.token_urlsafe(24)})
+    for flag in ("--read-only", "--cap-drop", "no-new-privileges", "1000:1000"):
+        assert flag in run.argv
+    with running(run) as container:
+        wait_http(f"http://127.0.0.1:{port}/health", container, timeout=420)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model=spec.model.display_name, max_tokens=16,
+                                               messages=[{"role": "user", "content": "Say hello."}])
+        answer = reply.choices[0].message.content
+        uid, root_options = proc1(container)
+        write = podman("exec", container, "touch", "/opt/kvpilot/probe", check=False)
+        log = podman("logs", container).stdout + podman("logs", container).stderr
+    assert answer and answer.strip()
+    assert uid.split()[1:] == ["1000"] * 4, uid
+    assert "ro" in root_options.split(","), root_options
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    cache = run.volumes["/home/kvpilot/.cache"]
+    assert not (cache / "kvpilot" / "models").exists(), "the pod converted the builtin model instead of using the baked one"
+    assert "converting" not in log
+    with capsys.disabled():
+        print(f"\n[engine image {images['engine-cpu']}] podman run {' '.join(run.argv)} {' '.join(run.command)}"
+              f"\n[engine image] process {uid.replace(chr(9), ' ')}; root filesystem mounted {root_options}"
+              f"\n[engine image] chat completion from {spec.model.display_name}: {answer!r}")
+
+
+def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(images, tmp_path, capsys):
+    deployment = next(d for d in helm_template("--set=watch.namespaces={default}") if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == images["operator"], "the chart's operator image is what make images tags"
+    probe = container["livenessProbe"]["httpGet"]
+    port_of = {p["name"]: p["containerPort"] for p in container["ports"]}
+    ports = {p: free_port() for p in port_of.values()}
+    (tmp_path / "cluster").mkdir()
+    with TestCluster(tmp_path / "cluster") as cluster:
+        kubectl = Kubectl(cluster.kubeconfig)
+        kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
+        # In place of the pod's service-account token: a kubeconfig for the test cluster, which
+        # the container reaches on the host's loopback through slirp4netns (10.0.2.2).
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(cluster.kubeconfig.read_text().replace("127.0.0.1", "10.0.2.2"))
+        kubeconfig.chmod(0o644)
+        run = podman_run(pod, images["operator"], tmp_path, ports, {},
+                         {"KVPILOT_OPERATOR_NAMESPACE": "kvpilot-system"})
+        extra = ("--network", "slirp4netns:allow_host_loopback=true", "-v", f"{kubeconfig}:/var/run/kvpilot/kubeconfig:ro",
+                 "-e", "KUBECONFIG=/var/run/kvpilot/kubeconfig")
+        with running(run, *extra) as name:
+            healthz = wait_http(f"http://127.0.0.1:{ports[port_of[probe['port']]]}{probe['path']}", name, timeout=300)
+            kubectl.apply(EXAMPLE)
+            engine_image = next(e["value"] for e in container["env"] if e["name"] == "KVPILOT_ENGINE_IMAGE")
+            created = wait_for(lambda: kubectl.json("get", "deployment", "smollm2")["spec"]["template"]["spec"]
+                               ["containers"][0]["image"], timeout=120, what="the engine Deployment")
+            uid, root_options = proc1(name)
+    assert created == engine_image
+    assert uid.split()[1:] == ["1000"] * 4, uid
+    assert "ro" in root_options.split(",")
+    with capsys.disabled():
+        print(f"\n[operator image {images['operator']}] {' '.join(container['command'] + container['args'])}: "
+              f"{probe['path']} answered {healthz.status_code}, created Deployment smollm2 ({created}); "
+              f"process {uid.replace(chr(9), ' ')}, root filesystem {root_options}")
+
+
+@pytest.mark.parametrize("target", ["engine-cpu", "operator"])
+def test_images_carry_no_compiler_and_the_operator_no_torch(images, target):
+    probe = podman("run", "--rm", "--entrypoint", "python3", images[target], "-c",
+                   "import importlib.util as u, shutil; print([t for t in ('cc', 'gcc', 'g++', 'make', 'pip') "
+                   "if shutil.which(t)], u.find_spec('torch') is not None)")
+    tools, has_torch = probe.stdout.strip().rsplit(" ", 1)
+    assert tools == "[]"
+    assert has_torch == ("True" if target == "engine-cpu" else "False")
+
+
+def test_image_tags_follow_the_project_version(images):
+    chart = yaml.safe_load((ROOT / "charts" / "kvpilot" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == VERSION
+    assert all(tag.endswith(f":{VERSION}") for tag in images.values())
