@@ -109,13 +109,16 @@ int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_
 }
 """
 
-# Tried in order; the first that builds wins. -ffast-math lets gcc vectorize expf through
-# glibc's libmvec and reassociate the dot products (finite inputs only: the cache holds
-# finite values everywhere, attention/backend.py).
+# Tried in order; the first that builds wins: (compile flags, link flags). -ffast-math lets
+# gcc vectorize expf through glibc's libmvec and reassociate the dot products (finite inputs
+# only: the cache holds finite values everywhere, attention/backend.py). It is a compile flag
+# only: linking a shared library with -ffast-math adds crtfastmath.o, whose constructor sets
+# the FTZ/DAZ bits of the whole process when the library loads, so every later float
+# computation in the server (numpy, hypothesis, torch) would flush subnormals to zero.
 _FLAG_SETS = (
-    ["-O3", "-march=native", "-fopenmp-simd", "-ffast-math", "-shared", "-fPIC", "-lmvec", "-lm"],
-    ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC", "-lm"],
-    ["-O2", "-shared", "-fPIC", "-lm"],
+    (["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"], ["-lmvec", "-lm"]),
+    (["-O3", "-march=native", "-fopenmp-simd"], ["-lm"]),
+    (["-O2"], ["-lm"]),
 )
 
 
@@ -125,9 +128,10 @@ def _kernel_dirs() -> list[Path]:
     return [cache_dir() / "kernels", Path(tempfile.gettempdir()) / f"kvpilot-kernels-{os.getuid()}"]
 
 
-def _build(compiler: str, flags: list[str]) -> Path | None:
+def _build(compiler: str, compile_flags: list[str], link_flags: list[str]) -> Path | None:
     from kvpilot.engine.cpu_info import detect_cpu
 
+    flags = [*compile_flags, "|", *link_flags]
     key = hashlib.sha256("\n".join([_SOURCE, compiler, *flags, *sorted(detect_cpu().flags)]).encode()).hexdigest()[:16]
     for root in _kernel_dirs():
         so = root / f"paged_decode_{key}.so"
@@ -138,9 +142,10 @@ def _build(compiler: str, flags: list[str]) -> Path | None:
             with tempfile.TemporaryDirectory(dir=root) as tmp:
                 src = Path(tmp) / "paged_decode.c"
                 src.write_text(_SOURCE)
-                built = Path(tmp) / "paged_decode.so"
-                subprocess.run([compiler, str(src), "-o", str(built), *flags], check=True,
-                               capture_output=True, timeout=120)
+                obj, built = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
+                for cmd in ([compiler, "-c", "-fPIC", *compile_flags, str(src), "-o", str(obj)],
+                            [compiler, "-shared", str(obj), "-o", str(built), *link_flags]):
+                    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
                 os.replace(built, so)  # atomic: concurrent builders never load a half-written file
             return so
         except subprocess.CalledProcessError as e:
@@ -162,8 +167,8 @@ def load() -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("CPU decode kernel: no C compiler (%s); using the torch path", os.environ.get("CC", "cc"))
         return None
-    for flags in _FLAG_SETS:
-        so = _build(compiler, flags)
+    for compile_flags, link_flags in _FLAG_SETS:
+        so = _build(compiler, compile_flags, link_flags)
         if so is None:
             continue
         try:
@@ -177,7 +182,7 @@ def load() -> ctypes.CDLL | None:
                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_int64, ctypes.c_float]
-        logger.info("CPU decode kernel built with %s %s", compiler, " ".join(flags))
+        logger.info("CPU decode kernel built with %s %s", compiler, " ".join(compile_flags))
         return lib
     logger.warning("CPU decode kernel: the build failed with every flag set; using the torch path")
     return None

@@ -124,3 +124,22 @@ def test_a_failing_build_falls_back_to_torch_buckets(seed, monkeypatch, tmp_path
         cpu_decode.load.cache_clear()
     assert all(g.block_ids is not None for g in decodes)
     assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+def test_loading_the_kernel_keeps_the_process_ieee_subnormals(kernel):
+    """Loading the library must not change the process's floating-point state. GCC links
+    crtfastmath.o into a shared object linked with -ffast-math; its constructor sets the
+    MXCSR FTZ/DAZ bits (GCC manual, -ffast-math: "...may link startup files that change the
+    default FPU control word"), after which every float op in the server flushes subnormals
+    (hypothesis refuses to run, numpy gives 0 for 5e-324 * 1.0). Checked in a fresh process
+    because the kernel is loaded once per process."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kvpilot.engine.attention import cpu_decode\n"
+            "assert cpu_decode.load() is not None, 'kernel did not build'\n"
+            "tiny = float.fromhex('0x0.0000000000001p-1022')\n"
+            "sys.exit(0 if tiny * 1.0 > 0.0 else 3)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"subnormals flushed after loading the kernel (rc {run.returncode}): {run.stderr[-800:]}"
