@@ -71,6 +71,7 @@ from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep import fit_requests
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine.settings import BY_NAME
 
 __all__ = ["GGUF_NAME", "PEERS", "PIP_COMMAND", "build_parser", "environment", "has_llama_cpp", "llama_cpp_command",
            "llama_server_command", "main", "markdown_table", "max_sustained_rate", "parse_rates", "render",
@@ -124,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default="smollm2-135m-instruct", help="name both servers answer to")
     p.add_argument("--request-rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
     p.add_argument("--num-prompts", type=int, default=32, help="ShareGPT requests per rate")
-    p.add_argument("--max-model-len", type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="ours; llama-server's --parallel")
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=16, help="ours; llama-server's --parallel")
     p.add_argument("--peers", default="kvpilot,llama-cpp-python",
                    help=f"comma-separated, from {','.join(PEERS)}; llama-server needs --llama-server")
     p.add_argument("--llama-cpp-python", default=sys.executable, metavar="PYTHON",

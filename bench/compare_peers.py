@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench.server_process import KVPILOT_SERVE
+from kvpilot.engine.settings import flag_words, to_flags
 
 WHEEL_DIR = "~/.cache/kvpilot/wheels"
 LLAMA_CPP_VERSION = "0.3.36"
@@ -95,8 +96,8 @@ def environment(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 def kvpilot_command(gguf: Path, a: argparse.Namespace, serve_args: list[str]) -> list[str]:
     """`kvpilot serve` on the GGUF; flags compare does not know go to it unchanged."""
-    return [*KVPILOT_SERVE, str(gguf), "--served-model-name", a.model_name, "--host", "127.0.0.1",
-            "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+    return [*KVPILOT_SERVE, str(gguf), *flag_words("served_model_name", a.model_name), "--host", "127.0.0.1",
+            *to_flags({"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs}),
             "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args]
 
 

@@ -25,6 +25,7 @@ import httpx
 from kvpilot.bench.datasets import sharegpt_pairs
 from kvpilot.bench.prometheus import Prometheus
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, free_port
+from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.objective import SLO
 
@@ -38,8 +39,9 @@ ROWS = {  # PNG name -> dashboard panel titles
     "queue": ["Running and waiting requests", "Queue time (p50/p95)"],
     "tuning": ["Tuning: last trial", "Tuning: best goodput", "Tuning: trials by verdict"],
 }
-ENGINE = ["--max-model-len", "384", "--max-num-seqs", "4", "--num-gpu-blocks-override", "24", "--block-size", "16",
-          "--dtype", "float32", "--enable-prefix-caching"]
+ENGINE = [word for name, value in {"max_model_len": 384, "max_num_seqs": 4, "num_gpu_blocks_override": 24,
+                                   "block_size": 16, "dtype": "float32", "enable_prefix_caching": True}.items()
+          for word in flag_words(name, value)]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -22,14 +22,16 @@ import httpx
 
 from kvpilot.bench.reliability import disconnect_storm, fuzz, generate_requests, overload
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.engine.settings import BY_NAME, to_flags
 
 API_KEY = "reliability-bench-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def server_command(a: argparse.Namespace) -> list[str]:
-    return [*KVPILOT_SERVE, a.model, "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-            "--num-gpu-blocks-override", "256", "--dtype", "float32", "--max-queue-len", str(a.max_queue_len),
+    engine = {"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs, "num_gpu_blocks_override": 256,
+              "dtype": "float32"}
+    return [*KVPILOT_SERVE, a.model, *to_flags(engine), "--max-queue-len", str(a.max_queue_len),
             "--request-deadline-s", str(a.deadline_s), "--disable-log-requests", "--disable-uvicorn-access-log"]
 
 
@@ -145,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvpilot-bench-reliability", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--max-model-len", type=int, default=256)
-    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=256)
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=4)
     p.add_argument("--max-queue-len", type=int, default=16)
     p.add_argument("--deadline-s", type=float, default=5.0)
     p.add_argument("--fuzz-requests", type=int, default=1000)

@@ -33,6 +33,7 @@ from kvpilot.bench.datasets import SampleRequest, encode_plain, sample_random_re
 from kvpilot.bench.metrics import PERCENTILE_METRICS, RequestResult, calculate_metrics, parse_goodput, result_dict
 from kvpilot.bench.request_client import RequestInput, endpoint_is_chat, send_request
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine.settings import BY_NAME
 
 DEFAULT_TIMEOUT_S = 6 * 60 * 60  # vLLM's per-request client timeout
 ENDPOINT_ALIASES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -122,11 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: --host/--port)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(BY_NAME["port"].flag, type=int, default=8000)
     p.add_argument("--endpoint", help="completions, chat, or an API path (default from --backend)")
     p.add_argument("--backend", default="openai", choices=["openai", "vllm", "openai-chat"])
     p.add_argument("--model", help="model name to request (default: the server's first /v1/models entry)")
-    p.add_argument("--served-model-name", help="name sent in requests when it differs from --model")
+    p.add_argument(BY_NAME["served_model_name"].flag, help="name sent in requests when it differs from --model")
     p.add_argument("--tokenizer", help="tokenizer name or path (default: --model)")
     p.add_argument("--label", help="result label and file-name prefix (default: --backend)")
     p.add_argument("--dataset-name", default="sharegpt", choices=["sharegpt", "random"])

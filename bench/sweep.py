@@ -37,6 +37,7 @@ from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, ServerRefused
 from kvpilot.bench.sweep_report import write_report
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine.settings import BY_NAME, to_flags
 
 # Per-request lists are kept out of the run JSON: the report folder stays small.
 DROPPED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
@@ -95,13 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot bench sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="what `kvpilot serve` loads")
-    p.add_argument("--max-num-batched-tokens", default="64-8192",
+    p.add_argument(BY_NAME["max_num_batched_tokens"].flag, default="64-8192",
                    help="budgets: a list (64,256) or a power-of-two range (64-8192, the default)")
     p.add_argument("--chunked-prefill", default="on,off", help="settings to run: on,off (default both)")
     p.add_argument("--num-prompts", type=int, default=8, help="ShareGPT requests per run (default 8)")
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf (default) = all at once")
-    p.add_argument("--max-model-len", type=int, default=512, help="tokens (default 512)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="must be <= the smallest budget (default 16)")
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=512, help="tokens (default 512)")
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=16,
+                   help="must be <= the smallest budget (default 16)")
     p.add_argument("--max-output-len", type=int, default=64,
                    help="cap on each request's output tokens (ShareGPT reply length otherwise; 0 = no cap)")
     p.add_argument("--seed", type=int, default=0)
@@ -112,15 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def serve_command(model: str, budget: int, chunked: bool, a: argparse.Namespace, serve_args: list[str]) -> list[str]:
+    """`kvpilot serve` for one configuration; flags the sweep does not know go to it unchanged."""
+    engine = {"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": budget,
+              "enable_chunked_prefill": chunked}
+    return [*KVPILOT_SERVE, model, "--host", "127.0.0.1", *to_flags(engine),
+            "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args]
+
+
 def run_one(model: str, budget: int, chunked: bool, requests: list[SampleRequest], a: argparse.Namespace,
             serve_args: list[str], out_dir: Path, tokenizer: Any) -> dict[str, Any]:
     """Start the server with one configuration, run the requests, stop it; the record."""
     record: dict[str, Any] = {"max_num_batched_tokens": budget, "enable_chunked_prefill": chunked}
     tag = f"{budget}-chunked-{'on' if chunked else 'off'}"
-    command = [*KVPILOT_SERVE, model, "--host", "127.0.0.1", "--max-model-len", str(a.max_model_len),
-               "--max-num-seqs", str(a.max_num_seqs), "--max-num-batched-tokens", str(budget),
-               "--enable-chunked-prefill" if chunked else "--no-enable-chunked-prefill",
-               "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args]
+    command = serve_command(model, budget, chunked, a, serve_args)
     server = ServerProcess(command, out_dir / "logs" / f"{tag}.log", startup_timeout_s=a.startup_timeout)
     try:
         server.start()

@@ -23,6 +23,7 @@ import time
 import torch
 
 from kvpilot.bench.datasets import sharegpt_pairs
+from kvpilot.engine.settings import BY_NAME
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                              "multi-rank runs give each rank cores // world_size")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(BY_NAME["dtype"].flag, default="bfloat16")
     ns = parser.parse_args(argv)
     if ns.threads:
         torch.set_num_threads(ns.threads)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.engine.settings import BY_NAME
 
 
 def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256, size: int = 2048,
@@ -131,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+    p.add_argument(BY_NAME["dtype"].flag, default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto: the engine's choice for this CPU (bf16 only with native bf16)")
     p.add_argument("--hf-batch-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=256)
+    p.add_argument(BY_NAME["max_num_batched_tokens"].flag, type=int, default=None)
     p.add_argument("--skip-hf", action="store_true", help="only our engine (no ratio)")
     p.add_argument("--output-json", default="bench-results/throughput.json")
     args = p.parse_args(argv)

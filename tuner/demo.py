@@ -26,17 +26,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpilot.engine.settings import BY_NAME, flag_words
 from kvpilot.tuner import cli
 
 MODEL, MAX_MODEL_LEN, KV_BLOCKS = "smollm2-135m-instruct", 256, 24  # 24 blocks hold 1.5 max_model_len
 MAX_PROMPT, MAX_OUTPUT = 128, 48
 DEMO_ARGS = [
-    "--local", "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
-    f"--engine-arg=--num-gpu-blocks-override={KV_BLOCKS}",
+    "--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN),
+    f"--engine-arg={BY_NAME['num_gpu_blocks_override'].flag}={KV_BLOCKS}",
     "--trials", "6", "--remeasure-top", "1",
     "--num-requests", "10", "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(MAX_OUTPUT),
     "--warmup-requests", "1",
-    "--max-num-batched-tokens", "128:1024", "--max-num-seqs", "2:256", "--chunked-prefill", "on",
+    BY_NAME["max_num_batched_tokens"].flag, "128:1024", BY_NAME["max_num_seqs"].flag, "2:256",
+    "--chunked-prefill", "on",
     "--max-preemptions-per-min", "0",
 ]
 
@@ -67,7 +69,7 @@ def calibrate(requests: int = 3) -> Calibration:
     w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=MAX_OUTPUT, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
     engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log",
-                           ["--num-gpu-blocks-override", str(KV_BLOCKS)])
+                           flag_words("num_gpu_blocks_override", KV_BLOCKS))
     engine.start(EngineSettings(max_model_len=MAX_MODEL_LEN))
     try:
         done = []

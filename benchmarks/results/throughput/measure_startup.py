@@ -20,6 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kvpilot.engine.settings import flag_words
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -39,7 +41,7 @@ def measure(tree: str, timeout_s: float, extra: list[str]) -> dict:
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", "--port", str(port), *extra]
+    cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", *flag_words("port", port), *extra]
     t0 = time.monotonic()
     cpu0 = os.times()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -22,6 +22,7 @@ from grid import MODEL, SCENARIOS, offsets, requests_for, window
 from replay import window_measurement
 
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.objective import SLO, is_feasible, slack
@@ -53,7 +54,7 @@ def main() -> int:
         requests, offs = requests_for(name, tokenizer), offsets(name)
         workload = Workload(num_requests=spec["requests"], warmup_requests=1, ignore_eos=True)
         engine = EngineProcess(MODEL, workdir / f"{name}.log",
-                               ["--num-gpu-blocks-override", str(spec["kv_blocks"]), "--disable-log-requests"])
+                               [*flag_words("num_gpu_blocks_override", spec["kv_blocks"]), "--disable-log-requests"])
         measurer = WindowMeasurer(workload, None, SLO(), MODEL)
         runs: dict[str, list[dict]] = {"defaults": [], "chosen": []}
         try:

@@ -34,6 +34,7 @@ import time
 
 from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.feasibility import Hardware, check, resolve_model
 from kvpilot.tuner.local import WindowMeasurer
@@ -143,7 +144,7 @@ def main() -> int:
         requests, offs = requests_for(name, tokenizer), offsets(name)
         workload = Workload(num_requests=spec["requests"], warmup_requests=1, ignore_eos=True)
         engine = EngineProcess(MODEL, workdir / f"{name}.log",
-                               ["--num-gpu-blocks-override", str(spec["kv_blocks"]), "--disable-log-requests"])
+                               [*flag_words("num_gpu_blocks_override", spec["kv_blocks"]), "--disable-log-requests"])
         measurer = WindowMeasurer(workload, None, SLO(), MODEL)
         try:
             for rep in range(a.repeats):
