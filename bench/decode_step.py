@@ -66,6 +66,43 @@ def _time_steps(llm, steps: int) -> tuple[float, float]:
     return 1e3 * statistics.median(walls), 1e3 * statistics.median(cpus)
 
 
+def _sharegpt_prompts(tok, count: int, prompt_len: int) -> list[list[int]]:
+    """The first `count` ShareGPT prompts of at least prompt_len tokens, cut to prompt_len."""
+    from kvpilot.bench.datasets import sharegpt_pairs
+
+    prompts = []
+    for prompt, _ in sharegpt_pairs():
+        ids = tok.encode(prompt, add_special_tokens=False)
+        if len(ids) >= prompt_len:
+            prompts.append(ids[:prompt_len])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def _time_batch(engines: dict, prompts: list[list[int]], batch: int, steps: int, rounds: int) -> dict[str, dict]:
+    """Fills every engine with the first `batch` prompts, times `rounds` interleaved rounds of
+    `steps` decode steps, drains them; per engine label: medians in ms, tok/s, each round's wall ms."""
+    samples: dict[str, tuple[list[float], list[float]]] = {d: ([], []) for d in engines}
+    for d, llm in engines.items():
+        _fill(llm, prompts[:batch], f"b{batch}")
+        _time_steps(llm, 2)  # warm-up at this batch size
+    for _ in range(rounds):
+        for d, llm in engines.items():
+            wall, cpu = _time_steps(llm, steps)
+            samples[d][0].append(wall)
+            samples[d][1].append(cpu)
+    rows = {}
+    for d, llm in engines.items():
+        _drain(llm, batch, f"b{batch}")
+        wall, cpu = statistics.median(samples[d][0]), statistics.median(samples[d][1])
+        rows[d] = {"step_wall_ms": wall, "step_cpu_ms": cpu,
+                   "decode_tok_s": batch / wall * 1e3, "rounds_wall_ms": samples[d][0]}
+        print(f"batch {batch:>3} {d:>9}: {wall:7.1f} ms/step wall, {cpu:7.1f} ms CPU, "
+              f"{batch / wall * 1e3:7.1f} tok/s", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvpilot bench decode-step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need at least one dtype, batch sizes >= 1, --steps >= 1 and --rounds >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from kvpilot.bench.datasets import sharegpt_pairs
     from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
 
     load_before = os.getloadavg()
@@ -102,32 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         _set_cpu_kernel(llm, kernel)
         engines[d if kernel else f"{d}/torch-attn"] = llm
     dtypes = list(engines)
-    tok = next(iter(engines.values())).get_tokenizer()
-    prompts = []
-    for prompt, _ in sharegpt_pairs():
-        ids = tok.encode(prompt, add_special_tokens=False)
-        if len(ids) >= args.prompt_len:
-            prompts.append(ids[: args.prompt_len])
-        if len(prompts) == max(batches):
-            break
+    prompts = _sharegpt_prompts(next(iter(engines.values())).get_tokenizer(), max(batches), args.prompt_len)
     results: dict[str, dict[str, dict]] = {d: {} for d in dtypes}
     for batch in batches:
-        samples = {d: ([], []) for d in dtypes}
-        for d, llm in engines.items():
-            _fill(llm, prompts[:batch], f"b{batch}")
-            _time_steps(llm, 2)  # warm-up at this batch size
-        for _ in range(args.rounds):
-            for d, llm in engines.items():
-                wall, cpu = _time_steps(llm, args.steps)
-                samples[d][0].append(wall)
-                samples[d][1].append(cpu)
-        for d, llm in engines.items():
-            _drain(llm, batch, f"b{batch}")
-            wall, cpu = statistics.median(samples[d][0]), statistics.median(samples[d][1])
-            results[d][str(batch)] = {"step_wall_ms": wall, "step_cpu_ms": cpu,
-                                      "decode_tok_s": batch / wall * 1e3, "rounds_wall_ms": samples[d][0]}
-            print(f"batch {batch:>3} {d:>9}: {wall:7.1f} ms/step wall, {cpu:7.1f} ms CPU, "
-                  f"{batch / wall * 1e3:7.1f} tok/s", flush=True)
+        for d, row in _time_batch(engines, prompts, batch, args.steps, args.rounds).items():
+            results[d][str(batch)] = row
     cpu_info = detect_cpu()
     choice = choose_cpu_dtype(cpu_info)
     out = {"cpu": cpu_info.as_dict(), "torch_threads": torch.get_num_threads(),

@@ -123,6 +123,47 @@ def parse_goodput(pairs: Sequence[str]) -> dict[str, float]:
     return slos
 
 
+@dataclass
+class _Samples:
+    """Per-request values of a run, gathered in one pass (seconds; output lengths in tokens)."""
+
+    output_lens: list[int] = field(default_factory=list)  # one per request, 0 for failures
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)  # requests with more than one token
+    all_tpots: list[float] = field(default_factory=list)  # every success, 0.0 for one token
+    itls: list[float] = field(default_factory=list)
+    e2els: list[float] = field(default_factory=list)
+    total_input: int = 0
+    completed: int = 0
+
+    def add(self, r: RequestResult, count_tokens: Callable[[str], int] | None) -> None:
+        if not r.success:
+            self.output_lens.append(0)
+            return
+        n = r.output_tokens
+        if not n:
+            n = count_tokens(r.generated_text) if count_tokens is not None else 1 + len(r.itl)
+        self.output_lens.append(n)
+        self.total_input += r.prompt_len
+        tpot = 0.0
+        if n > 1:
+            tpot = (r.latency - r.ttft) / (n - 1)
+            self.tpots.append(tpot)
+        self.all_tpots.append(tpot)
+        self.itls.extend(r.itl)
+        self.ttfts.append(r.ttft)
+        self.e2els.append(r.latency)
+        self.completed += 1
+
+    def count_good(self, goodput_slos_ms: dict[str, float] | None) -> int:
+        """Successful requests that meet every SLO (milliseconds, by GOODPUT_METRICS name)."""
+        if not goodput_slos_ms:
+            return 0
+        per_metric = {"ttft": self.ttfts, "tpot": self.all_tpots, "e2el": self.e2els}
+        checks = [(per_metric[name], slo / 1000.0) for name, slo in goodput_slos_ms.items()]
+        return sum(all(values[i] <= slo for values, slo in checks) for i in range(self.completed))
+
+
 def calculate_metrics(
     results: Sequence[RequestResult],
     duration_s: float,
@@ -139,39 +180,12 @@ def calculate_metrics(
     failures). Raises ValueError if duration_s <= 0."""
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
-    output_lens: list[int] = []
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    all_tpots: list[float] = []
-    itls: list[float] = []
-    e2els: list[float] = []
-    total_input = completed = 0
+    samples = _Samples()
     for r in results:
-        if not r.success:
-            output_lens.append(0)
-            continue
-        n = r.output_tokens
-        if not n:
-            n = count_tokens(r.generated_text) if count_tokens is not None else 1 + len(r.itl)
-        output_lens.append(n)
-        total_input += r.prompt_len
-        tpot = 0.0
-        if n > 1:
-            tpot = (r.latency - r.ttft) / (n - 1)
-            tpots.append(tpot)
-        all_tpots.append(tpot)
-        itls.extend(r.itl)
-        ttfts.append(r.ttft)
-        e2els.append(r.latency)
-        completed += 1
-
-    good = 0
-    if goodput_slos_ms:
-        per_metric = {"ttft": ttfts, "tpot": all_tpots, "e2el": e2els}
-        checks = [(per_metric[name], slo / 1000.0) for name, slo in goodput_slos_ms.items()]
-        good = sum(all(values[i] <= slo for values, slo in checks) for i in range(completed))
-
-    total_output = sum(output_lens)
+        samples.add(r, count_tokens)
+    good = samples.count_good(goodput_slos_ms)
+    completed, total_input = samples.completed, samples.total_input
+    total_output = sum(samples.output_lens)
     peak_tokens, peak_concurrency = _peaks([r for r in results if r.success])
     metrics = BenchmarkMetrics(
         completed=completed,
@@ -183,15 +197,15 @@ def calculate_metrics(
         output_throughput=total_output / duration_s,
         total_token_throughput=(total_input + total_output) / duration_s,
         stats={
-            "ttft": summarize(ttfts, percentiles),
-            "tpot": summarize(tpots, percentiles),
-            "itl": summarize(itls, percentiles),
-            "e2el": summarize(e2els, percentiles),
+            "ttft": summarize(samples.ttfts, percentiles),
+            "tpot": summarize(samples.tpots, percentiles),
+            "itl": summarize(samples.itls, percentiles),
+            "e2el": summarize(samples.e2els, percentiles),
         },
         max_output_tokens_per_s=peak_tokens,
         max_concurrent_requests=peak_concurrency,
     )
-    return metrics, output_lens
+    return metrics, samples.output_lens
 
 
 def _peaks(ok: Sequence[RequestResult]) -> tuple[float, int]:

@@ -40,31 +40,26 @@ def render_table(
     table = Table(title="Serving Benchmark Result", show_header=False, title_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    rows: list[tuple[str, str]] = [
+    # A row whose value is None is not shown (no concurrency cap, infinite rate, no SLOs).
+    rows: list[tuple[str, str | None]] = [
         ("Successful requests", f"{metrics.completed}"),
         ("Failed requests", f"{metrics.failed}"),
-    ]
-    rows += [(f"  failed: {kind}", f"{n}") for kind, n in errors.items()]
-    if max_concurrency is not None:
-        rows.append(("Maximum request concurrency", f"{max_concurrency}"))
-    if not math.isinf(request_rate):
-        rows.append(("Request rate configured (RPS)", f"{request_rate:.2f}"))
-    rows += [
+        *((f"  failed: {kind}", f"{n}") for kind, n in errors.items()),
+        ("Maximum request concurrency", None if max_concurrency is None else f"{max_concurrency}"),
+        ("Request rate configured (RPS)", None if math.isinf(request_rate) else f"{request_rate:.2f}"),
         ("Benchmark duration (s)", f"{duration_s:.2f}"),
         ("Total input tokens", f"{metrics.total_input}"),
         ("Total generated tokens", f"{metrics.total_output}"),
         ("Request throughput (req/s)", f"{metrics.request_throughput:.2f}"),
-    ]
-    if goodput:
-        rows.append(("Request goodput (req/s)", f"{metrics.request_goodput:.2f}"))
-    rows += [
+        ("Request goodput (req/s)", f"{metrics.request_goodput:.2f}" if goodput else None),
         ("Output token throughput (tok/s)", f"{metrics.output_throughput:.2f}"),
         ("Peak output token throughput (tok/s)", f"{metrics.max_output_tokens_per_s:.2f}"),
         ("Peak concurrent requests", f"{metrics.max_concurrent_requests}"),
         ("Total token throughput (tok/s)", f"{metrics.total_token_throughput:.2f}"),
     ]
     for label, value in rows:
-        table.add_row(label, value)
+        if value is not None:
+            table.add_row(label, value)
     for name in selected_metrics:
         short, title = METRIC_TITLES[name]
         s = metrics.stats[name]

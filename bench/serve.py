@@ -222,13 +222,7 @@ def main(argv: list[str]) -> int:
     tokenizer_id = a.tokenizer or model
     try:
         tokenizer = load_tokenizer(tokenizer_id)
-        if a.dataset_name == "sharegpt":
-            requests = sample_sharegpt_requests(tokenizer, a.num_prompts, seed=a.seed, shuffle=not a.disable_shuffle,
-                                                output_len=a.sharegpt_output_len, path=a.dataset_path)
-        else:
-            requests = sample_random_requests(tokenizer, a.num_prompts, a.random_input_len, a.random_output_len,
-                                              range_ratio=a.random_range_ratio, prefix_len=a.random_prefix_len, seed=a.seed)
-            a.ignore_eos = True  # random prompts run to their length, as in vLLM
+        requests = _sample_requests(a, tokenizer)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -256,18 +250,33 @@ def main(argv: list[str]) -> int:
         print(f"error ({r.error_kind}): {r.error.splitlines()[0] if r.error else ''}", file=sys.stderr)
 
     if a.save_result:
-        backend = "openai-chat" if a.chat else a.backend
-        date = datetime.now().strftime("%Y%m%d-%H%M%S")
         run = result_dict(metrics, results, output_lens, duration, selected_metrics=a.metrics,
                           goodput_slos_ms=a.goodput_slos)
         run["error_counts"] = errors
-        data = report.result_file_json(
-            run, backend=backend, label=a.label, model_id=model, tokenizer_id=tokenizer_id,
-            num_prompts=a.num_prompts, request_rate=a.request_rate, burstiness=a.burstiness,
-            max_concurrency=a.max_concurrency, metadata=a.metadata_dict, detailed=a.save_detailed, date=date)
-        path = report.result_path(label=a.label or backend, request_rate=a.request_rate,
-                                  max_concurrency=a.max_concurrency, model_id=model, date=date,
-                                  result_dir=a.result_dir, result_filename=a.result_filename)
-        report.write_json(path, data)
-        print(f"results saved to {path}")
+        _save_result(a, run, model, tokenizer_id)
     return 0 if metrics.completed else 1
+
+
+def _sample_requests(a: argparse.Namespace, tokenizer) -> list:
+    """The run's requests from --dataset-name; random prompts set a.ignore_eos, as in vLLM."""
+    if a.dataset_name == "sharegpt":
+        return sample_sharegpt_requests(tokenizer, a.num_prompts, seed=a.seed, shuffle=not a.disable_shuffle,
+                                        output_len=a.sharegpt_output_len, path=a.dataset_path)
+    a.ignore_eos = True  # random prompts run to their length, as in vLLM
+    return sample_random_requests(tokenizer, a.num_prompts, a.random_input_len, a.random_output_len,
+                                  range_ratio=a.random_range_ratio, prefix_len=a.random_prefix_len, seed=a.seed)
+
+
+def _save_result(a: argparse.Namespace, run: dict, model: str, tokenizer_id: str) -> None:
+    """Writes the run (result_dict) as vLLM's --save-result JSON under --result-dir."""
+    backend = "openai-chat" if a.chat else a.backend
+    date = datetime.now().strftime("%Y%m%d-%H%M%S")
+    data = report.result_file_json(
+        run, backend=backend, label=a.label, model_id=model, tokenizer_id=tokenizer_id,
+        num_prompts=a.num_prompts, request_rate=a.request_rate, burstiness=a.burstiness,
+        max_concurrency=a.max_concurrency, metadata=a.metadata_dict, detailed=a.save_detailed, date=date)
+    path = report.result_path(label=a.label or backend, request_rate=a.request_rate,
+                              max_concurrency=a.max_concurrency, model_id=model, date=date,
+                              result_dir=a.result_dir, result_filename=a.result_filename)
+    report.write_json(path, data)
+    print(f"results saved to {path}")

@@ -126,6 +126,68 @@ def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[
     return rows
 
 
+def _time_ours(llm, requests: list, max_num_seqs: int) -> tuple[float, float, list[tuple[str, float]]]:
+    """Our engine after a warm-up: (seconds for all requests, single-request decode tokens/s
+    over 128 tokens, profile_engine's shares for a batch of up to max_num_seqs)."""
+    from kvpilot.engine import SamplingParams
+
+    llm.generate(requests[0].prompt, SamplingParams(max_tokens=8))  # warm-up
+    ours_s = run_ours(llm, requests)
+    single_ours = single_request_tok_s(
+        lambda: llm.generate(requests[0].prompt, SamplingParams(max_tokens=128, ignore_eos=True)), 128)
+    return ours_s, single_ours, profile_engine(llm, requests[: min(len(requests), max_num_seqs)])
+
+
+def _summary(elapsed: float, run: dict) -> dict:
+    """Rates of one engine over the run's requests (`run`: num_prompts, prompt_tokens,
+    output_tokens, num_params, matmul_peak_gflops) that took `elapsed` seconds."""
+    prompt_tokens, output_tokens, num_params = run["prompt_tokens"], run["output_tokens"], run["num_params"]
+    return {"elapsed_s": elapsed, "requests_per_s": run["num_prompts"] / elapsed,
+            "output_tokens_per_s": output_tokens / elapsed,
+            "total_tokens_per_s": (prompt_tokens + output_tokens) / elapsed,
+            "fraction_of_peak": 2 * num_params * (prompt_tokens + output_tokens) / elapsed
+            / (run["matmul_peak_gflops"] * 1e9)}
+
+
+def _time_hf(model_name: str, dtype: torch.dtype, tokenizer, requests: list, batch_size: int) -> tuple[float, float]:
+    """The baseline: HF transformers generate() on the same requests. Returns (seconds for all,
+    single-request decode tokens/s over 128 tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    from kvpilot.engine.model_loader import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(model_name)), dtype=dtype).eval()
+    hf_s = run_hf(model, tokenizer, requests, batch_size)
+    enc = tokenizer(requests[0].prompt, return_tensors="pt", add_special_tokens=False)
+    single_hf = single_request_tok_s(lambda: model.generate(
+        **enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id), 128)
+    return hf_s, single_hf
+
+
+def _print_tables(console, results: dict, profile: list[tuple[str, float]], num_requests: int, dtype: str) -> None:
+    """The throughput table (ours, and HF where measured), the ratio, and the profile's shares."""
+    from rich.table import Table
+
+    table = Table(title=f"Offline throughput: {num_requests} ShareGPT requests, {dtype}")
+    for col in ("engine", "req/s", "output tok/s", "total tok/s", f"% of {dtype} peak", "1-request decode tok/s"):
+        table.add_column(col, justify="right")
+    for name in ("kvpilot", "hf_generate"):
+        if name in results:
+            r = results[name]
+            table.add_row(name, f"{r['requests_per_s']:.2f}", f"{r['output_tokens_per_s']:.1f}",
+                          f"{r['total_tokens_per_s']:.1f}", f"{100 * r['fraction_of_peak']:.1f}%",
+                          f"{r['single_request_decode_tok_s']:.1f}")
+    console.print(table)
+    if "output_tokens_per_s_ratio" in results:
+        console.print(f"kvpilot / HF generate output tokens/s: {results['output_tokens_per_s_ratio']:.2f}x")
+    prof = Table(title="Where an engine step's time goes (decode-heavy steps, torch profiler)")
+    prof.add_column("operator group")
+    prof.add_column("share of wall time", justify="right")
+    for group, share in profile:
+        prof.add_row(group, f"{100 * share:.1f}%")
+    console.print(prof)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvpilot bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,9 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--num-prompts must be >= 1")
     logging.basicConfig(level=logging.WARNING)
     from rich.console import Console
-    from rich.table import Table
 
-    from kvpilot.engine import LLM, SamplingParams
+    from kvpilot.engine import LLM
 
     from kvpilot.engine.cpu_info import choose_auto_dtype, detect_cpu
 
@@ -167,55 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = sum(r.prompt_len for r in requests)
     output_tokens = sum(r.expected_output_len for r in requests)
     num_params = llm.engine.config.model.num_params()
-    llm.generate(requests[0].prompt, SamplingParams(max_tokens=8))  # warm-up
-    ours_s = run_ours(llm, requests)
-    single_ours = single_request_tok_s(
-        lambda: llm.generate(requests[0].prompt, SamplingParams(max_tokens=128, ignore_eos=True)), 128)
-    profile = profile_engine(llm, requests[: min(len(requests), args.max_num_seqs)])
+    ours_s, single_ours, profile = _time_ours(llm, requests, args.max_num_seqs)
     results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "cpu": cpu.as_dict(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
                "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params}
-
-    def summary(elapsed: float) -> dict:
-        return {"elapsed_s": elapsed, "requests_per_s": len(requests) / elapsed,
-                "output_tokens_per_s": output_tokens / elapsed,
-                "total_tokens_per_s": (prompt_tokens + output_tokens) / elapsed,
-                "fraction_of_peak": 2 * num_params * (prompt_tokens + output_tokens) / elapsed / (peak * 1e9)}
-
-    results["kvpilot"] = summary(ours_s) | {"single_request_decode_tok_s": single_ours}
+    results["kvpilot"] = _summary(ours_s, results) | {"single_request_decode_tok_s": single_ours}
     del llm
     if not args.skip_hf:
-        from transformers import AutoModelForCausalLM
-
-        from kvpilot.engine.model_loader import resolve_model_path
-
-        model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(args.model)), dtype=dtype).eval()
-        hf_s = run_hf(model, tokenizer, requests, args.hf_batch_size)
-        enc = tokenizer(requests[0].prompt, return_tensors="pt", add_special_tokens=False)
-        single_hf = single_request_tok_s(lambda: model.generate(
-            **enc, max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id), 128)
-        results["hf_generate"] = summary(hf_s) | {"single_request_decode_tok_s": single_hf,
-                                                  "batch_size": args.hf_batch_size}
+        hf_s, single_hf = _time_hf(args.model, dtype, tokenizer, requests, args.hf_batch_size)
+        results["hf_generate"] = _summary(hf_s, results) | {"single_request_decode_tok_s": single_hf,
+                                                            "batch_size": args.hf_batch_size}
         results["output_tokens_per_s_ratio"] = hf_s / ours_s
-
-    table = Table(title=f"Offline throughput: {len(requests)} ShareGPT requests, {args.dtype}")
-    for col in ("engine", "req/s", "output tok/s", "total tok/s", f"% of {args.dtype} peak", "1-request decode tok/s"):
-        table.add_column(col, justify="right")
-    for name in ("kvpilot", "hf_generate"):
-        if name in results:
-            r = results[name]
-            table.add_row(name, f"{r['requests_per_s']:.2f}", f"{r['output_tokens_per_s']:.1f}",
-                          f"{r['total_tokens_per_s']:.1f}", f"{100 * r['fraction_of_peak']:.1f}%",
-                          f"{r['single_request_decode_tok_s']:.1f}")
-    console.print(table)
-    if "output_tokens_per_s_ratio" in results:
-        console.print(f"kvpilot / HF generate output tokens/s: {results['output_tokens_per_s_ratio']:.2f}x")
-    prof = Table(title="Where an engine step's time goes (decode-heavy steps, torch profiler)")
-    prof.add_column("operator group")
-    prof.add_column("share of wall time", justify="right")
-    for group, share in profile:
-        prof.add_row(group, f"{100 * share:.1f}%")
-    console.print(prof)
+    _print_tables(console, results, profile, len(requests), args.dtype)
     results["profile_share"] = dict(profile)
     results["loadavg_before"], results["loadavg_after"] = load_before, os.getloadavg()
     out = Path(args.output_json)

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 
 from .engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_command, render_engine_args
 
@@ -78,16 +78,21 @@ def admin_secret_name(name: str) -> str:
     return f"{name}-admin-token"
 
 
+def child_object(api_version: str, kind: str, name: str, namespace: str, isvc: InferenceServiceSpec,
+                 *, object_name: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A manifest for a child of InferenceService `name` (spec `isvc`): apiVersion, kind, metadata
+    (object_name, default `name`; the child labels) and the given top-level fields (spec, data, ...)."""
+    metadata = {"name": object_name or name, "namespace": namespace, "labels": child_labels(name, isvc)}
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
+
+
 def build_admin_secret(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """The Secret holding a fresh random token for the engine's control routes (/admin/*,
     profiling). The operator creates it once and never rewrites it; the engine reads it from
     its environment and the tuner from the API. Never logged, never in status."""
     token = secrets.token_urlsafe(32)
-    return {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": admin_secret_name(name), "namespace": namespace, "labels": child_labels(name, spec)},
-        "data": {ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
-    }
+    return child_object("v1", "Secret", name, namespace, spec, object_name=admin_secret_name(name),
+                        type="Opaque", data={ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()})
 
 
 def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
@@ -97,26 +102,16 @@ def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
 def build_configmap(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """The rendered engine configuration, for people and the tuner to read."""
     command = engine_command(spec)
-    return {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": configmap_name(name), "namespace": namespace,
-                     "labels": child_labels(name, spec)},
-        "data": {
-            "model": spec.model.source,
-            "runtime": spec.engine.runtime,
-            "engine-args.json": json.dumps(render_engine_args(spec.engine)),
-            "command": shlex.join(command),
-        },
-    }
+    return child_object("v1", "ConfigMap", name, namespace, spec, object_name=configmap_name(name), data={
+        "model": spec.model.source,
+        "runtime": spec.engine.runtime,
+        "engine-args.json": json.dumps(render_engine_args(spec.engine)),
+        "command": shlex.join(command),
+    })
 
 
-def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) -> dict[str, Any]:
-    """The engine pod template, without the config-hash annotation."""
-    engine, res = spec.engine, spec.resources
-    command = engine_command(spec)
-    limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
-    if res.gpu:
-        limits[res.gpuResourceName] = engine.world_size
+def _engine_env(name: str, engine: EngineSpec) -> list[dict[str, Any]]:
+    """The engine container's environment: the user's, then the operator's own values."""
     # spec.engine.env first: validation refuses the names the operator sets, and where a
     # name repeats the kubelet keeps the last, so the operator's values would win anyway.
     env = [{"name": k, "value": v} for k, v in engine.env]
@@ -129,6 +124,12 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
             "name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}})
     if engine.profiling:
         env.append({"name": PROFILER_DIR_ENV, "value": PROFILES_DIR})
+    return env
+
+
+def _mounts_and_volumes(name: str, spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
+    """The engine container's volume mounts and the pod's volumes, in matching order."""
+    engine = spec.engine
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
@@ -146,6 +147,18 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
         volumes.append({"name": "models", "persistentVolumeClaim": {
             "claimName": spec.model.volumeClaim, "readOnly": True}})
+    return mounts, volumes
+
+
+def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) -> dict[str, Any]:
+    """The engine pod template, without the config-hash annotation."""
+    engine, res = spec.engine, spec.resources
+    command = engine_command(spec)
+    limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
+    if res.gpu:
+        limits[res.gpuResourceName] = engine.world_size
+    env = _engine_env(name, engine)
+    mounts, volumes = _mounts_and_volumes(name, spec)
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {
         "name": "engine",
@@ -201,45 +214,33 @@ def build_deployment(name: str, namespace: str, spec: InferenceServiceSpec,
     strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
                 if spec.resources.gpu else
                 {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec),
-                     "annotations": {HASH_ANNOTATION: digest}},
-        "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": selector_labels(name)},
-            "strategy": strategy,
-            "progressDeadlineSeconds": 900,
-            "template": template,
-        },
-    }
+    deployment = child_object("apps/v1", "Deployment", name, namespace, spec, spec={
+        "replicas": spec.replicas,
+        "selector": {"matchLabels": selector_labels(name)},
+        "strategy": strategy,
+        "progressDeadlineSeconds": 900,
+        "template": template,
+    })
+    deployment["metadata"]["annotations"] = {HASH_ANNOTATION: digest}
+    return deployment
 
 
 def build_service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(name),
-            "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http",
-                       "protocol": "TCP"}],
-        },
-    }
+    return child_object("v1", "Service", name, namespace, spec, spec={
+        "type": "ClusterIP",
+        "selector": selector_labels(name),
+        "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http", "protocol": "TCP"}],
+    })
 
 
 def build_podmonitor(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor; only created when its CRD exists in the cluster."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
-        "spec": {
-            "selector": {"matchLabels": selector_labels(name)},
-            # The dashboard selects engines by this label (app_kubernetes_io_instance).
-            "podTargetLabels": ["app.kubernetes.io/instance"],
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
-        },
-    }
+    return child_object("monitoring.coreos.com/v1", "PodMonitor", name, namespace, spec, spec={
+        "selector": {"matchLabels": selector_labels(name)},
+        # The dashboard selects engines by this label (app_kubernetes_io_instance).
+        "podTargetLabels": ["app.kubernetes.io/instance"],
+        "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+    })
 
 
 def _label_value(text: str) -> str:

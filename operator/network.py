@@ -17,7 +17,7 @@ from typing import Any
 
 from kvpilot.api.spec import InferenceServiceSpec
 
-from .builders import child_labels, selector_labels
+from .builders import child_object, selector_labels
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
@@ -58,12 +58,8 @@ def build_networkpolicy(name: str, namespace: str, spec: InferenceServiceSpec,
     if config.operator_namespace and config.operator_namespace != namespace:
         operator["namespaceSelector"] = {"matchLabels": {NAMESPACE_NAME_LABEL: config.operator_namespace}}
     peers = [{"podSelector": {}}, dict(config.prometheus), operator]
-    return {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": namespace, "labels": child_labels(name, spec)},
-        "spec": {
-            "podSelector": {"matchLabels": selector_labels(name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.engine.port}]}],
-        },
-    }
+    return child_object("networking.k8s.io/v1", "NetworkPolicy", name, namespace, spec, spec={
+        "podSelector": {"matchLabels": selector_labels(name)},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.engine.port}]}],
+    })

@@ -53,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--target-url", default=None, help="cluster mode: engine URL to load and scrape "
                       "(default: status.url's host)")
     mode.add_argument("--rollout-timeout", type=float, default=600.0, help="seconds to wait for a rollout")
+    _add_engine_flags(p)
+    _add_slo_flags(p)
+    _add_search_flags(p)
+    _add_workload_flags(p)
+    _add_output_flags(p)
+    return p
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The model and the engine flags every trial shares."""
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", default="smollm2-135m-instruct", help="builtin alias or HF directory")
     g.add_argument(BY_NAME["max_model_len"].flag, type=int, default=1024)
@@ -64,11 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device-memory-gib", type=float, default=None, help="device memory for the KV-cache "
                    "prediction (default: this machine's)")
     g.add_argument("--num-devices", type=int, default=1)
+
+
+def _add_slo_flags(p: argparse.ArgumentParser) -> None:
+    """The SLOs a trial must meet."""
     s = p.add_argument_group("SLOs (milliseconds; 0 disables)")
     s.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     s.add_argument("--slo-itl-ms", type=float, default=200.0)
     s.add_argument("--slo-e2e-ms", type=float, default=0.0)
     s.add_argument("--max-preemptions-per-min", type=float, default=0.0)
+
+
+def _add_search_flags(p: argparse.ArgumentParser) -> None:
+    """The objective, sampler, budget and search ranges."""
     o = p.add_argument_group("search")
     o.add_argument("--objective", choices=OBJECTIVES, default=None,
                    help="default: goodput locally, spec.tuning.objective in a cluster")
@@ -94,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--storage", default=None, help="Optuna storage, e.g. sqlite:///tune.db (resumes); in a cluster "
                    "the default is 'configmap' (ConfigMap <name>-tuning, owned by the resource)")
     o.add_argument("--study-name", default=None)
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """The load each trial is measured under."""
     w = p.add_argument_group("workload")
     w.add_argument("--num-requests", type=int, default=32)
     w.add_argument("--request-rate", type=float, default=math.inf, help="Poisson requests/s (default: all at once)")
@@ -102,13 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-prompt-len", type=int, default=None)
     w.add_argument("--trace", default=None, help="JSONL trace (timestamp, prompt_len, output_len) to replay")
     w.add_argument("--warmup-requests", type=int, default=2)
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where measurements come from and reports go."""
     m = p.add_argument_group("measurement and output")
     m.add_argument("--prometheus-url", default=None, help="measure through this Prometheus (default: scrape /metrics)")
     m.add_argument("--prometheus-selector", default="", help='extra PromQL matchers, e.g. job="engine"')
     m.add_argument("--metrics-port", type=int, default=None, help="export the tuner's own metrics on this port")
     m.add_argument("--report-dir", default=None, help="where report.json/report.txt go (default: a temp dir)")
     m.add_argument("-v", "--verbose", action="store_true")
-    return p
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -76,26 +76,14 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     if not spec.tuning.enabled:
         raise SystemExit(f"{a.namespace}/{a.name}: spec.tuning.enabled is false; set it to let the tuner patch "
                          f"spec.engine")
-    slo, model_name = slo_of(spec), spec.model.display_name
+    slo = slo_of(spec)
     original = EngineSettings.from_engine_spec(obj["spec"].get("engine") or {})
     objective = a.objective or spec.tuning.objective
     target = (a.target_url or (obj.get("status") or {}).get("url", "").removesuffix("/v1")).rstrip("/")
     if not target:
         raise SystemExit("no engine URL: pass --target-url (the resource has no status.url yet)")
-    source_for = None
-    if a.prometheus_url:
-        selector = ",".join(s for s in (f'namespace="{a.namespace}"', f'app_kubernetes_io_instance="{a.name}"',
-                                        a.prometheus_selector) if s)
-        source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
-    load = None
-    if spec.tuning.workload == "synthetic":
-        from kvpilot.bench.tokenizers import load_tokenizer
-
-        load = load_requests(load_tokenizer(spec.model.source.removeprefix("builtin://")), a.workload,
-                             original.max_model_len)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
-    measurer = WindowMeasurer(a.workload, load, slo, model_name, source_for, confirm_timeout_s=a.rollout_timeout,
-                              live_seconds=float(spec.tuning.trialSeconds))
+    measurer = _window_measurer(a, spec, slo, original)
     runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),
                               rollout_timeout_s=a.rollout_timeout)
     storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
@@ -130,6 +118,33 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
         raise
     rep = reports.build(study, slo, objective, {"mode": "cluster", "namespace": a.namespace, "name": a.name,
                                                 "target": target})
+    return _apply_best(a, rep, study, runner, obj, spec, slo, original, event)
+
+
+def _window_measurer(a: argparse.Namespace, spec: InferenceServiceSpec, slo: SLO,
+                     original: EngineSettings) -> WindowMeasurer:
+    """The trial measurer: Prometheus metrics of this resource's pods when a.prometheus_url is
+    set, and a synthetic load (the model's own tokenizer) when spec.tuning.workload asks for one."""
+    source_for = None
+    if a.prometheus_url:
+        selector = ",".join(s for s in (f'namespace="{a.namespace}"', f'app_kubernetes_io_instance="{a.name}"',
+                                        a.prometheus_selector) if s)
+        source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
+    load = None
+    if spec.tuning.workload == "synthetic":
+        from kvpilot.bench.tokenizers import load_tokenizer
+
+        load = load_requests(load_tokenizer(spec.model.source.removeprefix("builtin://")), a.workload,
+                             original.max_model_len)
+    return WindowMeasurer(a.workload, load, slo, spec.model.display_name, source_for,
+                          confirm_timeout_s=a.rollout_timeout, live_seconds=float(spec.tuning.trialSeconds))
+
+
+def _apply_best(a: argparse.Namespace, rep: dict[str, Any], study: optuna.Study, runner: KubernetesRunner,
+                obj: dict[str, Any], spec: InferenceServiceSpec, slo: SLO, original: EngineSettings,
+                event: Callable[[str, str], None]) -> dict[str, Any]:
+    """Patches spec.engine with the best trial when it beats the original beyond the noise (else
+    keeps the original), then writes the report, the tuned manifest and the plots; returns rep."""
     best = rep.get("best") if (rep.get("decision") or {}).get("replace", True) else None  # beyond the noise only
     final = runner.finish(EngineSettings(**best["settings"]) if best else None, original,
                           best["number"] if best else None, best["median"] if best else None)

@@ -28,16 +28,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
+    def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """AttentionBackend.forward (shapes and dtypes there)."""
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decodes

@@ -1,0 +1,69 @@
+"""Code shape limits of issue 13: no product module over 300 lines, no function over 60.
+
+A function may pass 60 lines only where a comment on the line(s) right above its `def`
+(or its first decorator) starts with ``# long:`` and says why splitting would hurt.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT_PACKAGES = ("api", "bench", "cli", "engine", "kernels", "operator", "tuner")
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 60
+JUSTIFICATION = "# long:"
+
+
+def _product_files() -> list[Path]:
+    return sorted(p for pkg in PRODUCT_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def _justified(lines: list[str], first_line: int) -> bool:
+    """True when the comment block right above line ``first_line`` (1-based) holds ``# long:``."""
+    index = first_line - 2
+    while index >= 0 and lines[index].strip().startswith("#"):
+        if lines[index].strip().startswith(JUSTIFICATION):
+            return True
+        index -= 1
+    return False
+
+
+def long_functions(path: Path, root: Path = ROOT) -> list[str]:
+    """``path:line name (N lines)`` for each unjustified function over the limit."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        length = node.end_lineno - node.lineno + 1
+        if length > MAX_FUNCTION_LINES and not _justified(lines, first):
+            found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_product_module_over_300_lines():
+    too_long = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in _product_files()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not too_long, "modules over 300 lines: " + ", ".join(too_long)
+
+
+def test_no_product_function_over_60_lines_without_a_reason():
+    too_long = [entry for p in _product_files() for entry in long_functions(p)]
+    assert not too_long, "functions over 60 lines without '# long:': " + ", ".join(too_long)
+
+
+def test_checker_sees_a_long_function_and_its_reason(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    bare = tmp_path / "bare.py"
+    bare.write_text("def f():\n" + body)
+    reasoned = tmp_path / "reasoned.py"
+    reasoned.write_text("# long: a flat table reads best in one piece\n@staticmethod\ndef f():\n" + body)
+    assert long_functions(bare, tmp_path) == ["bare.py:1 f (61 lines)"]
+    assert long_functions(reasoned, tmp_path) == []
