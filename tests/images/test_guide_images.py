@@ -58,6 +58,8 @@ def test_every_image_command_of_the_user_guide_works(images, registry, capsys):
         if argv[:2] == ["images/podman.sh", "push"]:
             argv.insert(2, "--tls-verify=false")  # the local registry speaks plain HTTP
             pushed.append((argv[-2], argv[-1]))
+        if argv == ["make", "images"]:
+            continue  # the `images` fixture ran this exact command in this session (conftest.py)
         result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200)
         assert result.returncode == 0, f"{line}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         if argv[:2] == ["images/podman.sh", "images"]:
