@@ -3,6 +3,7 @@
 The resource says what to tune against: the model (`spec.model.source`), the SLOs
 (`spec.slo`), the trial budget and workload (`spec.tuning.maxTrials`, `trialSeconds`,
 `workload`: synthetic load driven by the tuner, or live traffic observed for trialSeconds),
+with prompts cut by the engine's own tokenizer (its /tokenize, `kvpilot.tuner.remote_tokenizer`),
 and the starting engine settings (`spec.engine`), which are trial 0, so the report says
 how much better the best is than what ran before. Flags override the budget (--trials)
 and give what the resource cannot: where to reach the engine from the tuner
@@ -14,6 +15,7 @@ is kept in the cluster (ConfigMap `<name>-tuning`, see `kvpilot.tuner.journal`) 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +35,7 @@ from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.remote_tokenizer import RemoteTokenizer
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.study import open_study
 from kvpilot.tuner.workload import load_requests
@@ -88,11 +91,9 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
                                         a.prometheus_selector) if s)
         source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
     load = None
-    if spec.tuning.workload == "synthetic":
-        from kvpilot.bench.tokenizers import load_tokenizer
-
-        load = load_requests(load_tokenizer(spec.model.source.removeprefix("builtin://")), a.workload,
-                             original.max_model_len)
+    if spec.tuning.workload == "synthetic":  # built by the first trial, once its engine answers
+        load = functools.cache(lambda: load_requests(RemoteTokenizer(target, model_name, a.api_key), a.workload,
+                                                     original.max_model_len))
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     measurer = WindowMeasurer(a.workload, load, slo, model_name, source_for, confirm_timeout_s=a.rollout_timeout,
                               live_seconds=float(spec.tuning.trialSeconds))
