@@ -3,6 +3,7 @@
 The resource says what to tune against: the model (`spec.model.source`), the SLOs
 (`spec.slo`), the trial budget and workload (`spec.tuning.maxTrials`, `trialSeconds`,
 `workload`: synthetic load driven by the tuner, or live traffic observed for trialSeconds),
+with prompts cut by the engine's own tokenizer (its /tokenize, `kvpilot.tuner.remote_tokenizer`),
 and the starting engine settings (`spec.engine`), which are trial 0, so the report says
 how much better the best is than what ran before. Flags override the budget (--trials)
 and give what the resource cannot: where to reach the engine from the tuner
@@ -14,6 +15,7 @@ is kept in the cluster (ConfigMap `<name>-tuning`, see `kvpilot.tuner.journal`) 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +35,7 @@ from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.remote_tokenizer import RemoteTokenizer
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.study import open_study
 from kvpilot.tuner.workload import load_requests
@@ -83,7 +86,7 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     if not target:
         raise SystemExit("no engine URL: pass --target-url (the resource has no status.url yet)")
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
-    measurer = _window_measurer(a, spec, slo, original)
+    measurer = _window_measurer(a, spec, slo, original, target)
     runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),
                               rollout_timeout_s=a.rollout_timeout)
     storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
@@ -122,9 +125,11 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
 
 
 def _window_measurer(a: argparse.Namespace, spec: InferenceServiceSpec, slo: SLO,
-                     original: EngineSettings) -> WindowMeasurer:
+                     original: EngineSettings, target: str) -> WindowMeasurer:
     """The trial measurer: Prometheus metrics of this resource's pods when a.prometheus_url is
-    set, and a synthetic load (the model's own tokenizer) when spec.tuning.workload asks for one."""
+    set, and a synthetic load when spec.tuning.workload asks for one, tokenized by the engine at
+    `target` through vLLM's /tokenize (the operator image has no tokenizer of its own), built by
+    the first trial once its engine answers."""
     source_for = None
     if a.prometheus_url:
         selector = ",".join(s for s in (f'namespace="{a.namespace}"', f'app_kubernetes_io_instance="{a.name}"',
@@ -132,10 +137,8 @@ def _window_measurer(a: argparse.Namespace, spec: InferenceServiceSpec, slo: SLO
         source_for = lambda _url: PrometheusSource(a.prometheus_url, selector)  # noqa: E731
     load = None
     if spec.tuning.workload == "synthetic":
-        from kvpilot.bench.tokenizers import load_tokenizer
-
-        load = load_requests(load_tokenizer(spec.model.source.removeprefix("builtin://")), a.workload,
-                             original.max_model_len)
+        tokenizer = RemoteTokenizer(target, spec.model.display_name, a.api_key)
+        load = functools.cache(lambda: load_requests(tokenizer, a.workload, original.max_model_len))
     return WindowMeasurer(a.workload, load, slo, spec.model.display_name, source_for,
                           confirm_timeout_s=a.rollout_timeout, live_seconds=float(spec.tuning.trialSeconds))
 

@@ -85,10 +85,12 @@ def clearly_violates(m: Measurement, slo: SLO, min_requests: int = 10, margin: f
 class WindowMeasurer:
     """Measures one trial's window on an engine at base_url: confirm the config it reports,
     warm up, wait for idle, open the window, drive the load (or, for live traffic, just
-    wait `live_seconds`), wait for idle, close the window. source_for builds the
-    measurement source for an engine URL (default: ScrapeSource of its /metrics)."""
+    wait `live_seconds`), wait for idle, close the window. load: the requests, or a function
+    called after the engine has answered that builds them (e.g. with the engine's /tokenize;
+    cache it). source_for builds the measurement source for an engine URL (default:
+    ScrapeSource of its /metrics)."""
 
-    def __init__(self, workload: Workload, load: Load | None, slo: SLO, model_name: str,
+    def __init__(self, workload: Workload, load: Load | Callable[[], Load] | None, slo: SLO, model_name: str,
                  source_for: Callable[[str], Source] | None = None, idle_timeout_s: float = 120.0,
                  confirm_timeout_s: float = 0.0, live_seconds: float = 0.0):
         self.workload, self.load, self.slo, self.model_name = workload, load, slo, model_name
@@ -152,8 +154,9 @@ class WindowMeasurer:
                 m = self.observe(self.source_for(base_url))
                 m.extra.update(reported_config=info)
                 return m
+            load = self.load() if callable(self.load) else self.load  # a builder: once the engine answers
             warm = self.workload.warmup_requests
-            requests, offsets = self.load.requests, self.load.offsets
+            requests, offsets = load.requests, load.offsets
             if warm:
                 results, _ = drive(requests[:warm], self.workload, base_url, self.model_name, headers,
                                    offsets=[0.0] * warm if offsets else None)

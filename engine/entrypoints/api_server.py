@@ -2,8 +2,8 @@
 --enable-admin-routes, the scheduler admin route the tuner uses and (when
 VLLM_TORCH_PROFILER_DIR is set) the profiler routes.
 
-/v1/* needs `Authorization: Bearer <API key>` when a key is set. The control routes
-(/admin/*, /start_profile, /stop_profile) always need `Bearer <$KVPILOT_ADMIN_TOKEN>`, a token
+/v1/*, /tokenize and /detokenize need `Authorization: Bearer <API key>` when a key is set. The
+control routes (/admin/*, /start_profile, /stop_profile) always need `Bearer <$KVPILOT_ADMIN_TOKEN>`, a token
 of their own (the public API key does not open them); without --enable-admin-routes they do
 not exist (404). /health, /version and /metrics never need a token (probes and Prometheus)."""
 
@@ -25,15 +25,19 @@ from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE
 from kvpilot.engine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ModelCard,
     ModelList,
     SchedulerConfigUpdate,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
 )
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.entrypoints.serving_chat import OpenAIServingChat
 from kvpilot.engine.entrypoints.serving_completion import OpenAIServingCompletion
+from kvpilot.engine.entrypoints.serving_tokenization import TOKENIZE_PATHS, OpenAIServingTokenization
 
-API_PREFIXES = ("/v1/",)
+API_PREFIXES = ("/v1/", *TOKENIZE_PATHS)
 CONTROL_PREFIXES = ("/admin/", "/start_profile", "/stop_profile")
 
 
@@ -123,6 +127,16 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
         return await serving_chat.create_chat_completion(req, raw)
+
+    serving_tokenization = OpenAIServingTokenization(state)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
+        return serving_tokenization.tokenize(req).model_dump(exclude_none=True)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict:
+        return serving_tokenization.detokenize(req).model_dump()
 
     if state.admin_token:
         add_control_routes(app, state)

