@@ -111,6 +111,16 @@ def build_app(state: ServerState) -> FastAPI:
         body = prometheus_client.generate_latest(state.metrics_registry)
         return Response(body, media_type=None, headers={"Content-Type": CONTENT_TYPE})
 
+    add_openai_routes(app, state)
+    if state.admin_token:
+        add_control_routes(app, state)
+    return app
+
+
+def add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's OpenAI-compatible routes (/v1/models, /v1/completions, /v1/chat/completions) and its
+    /tokenize, /detokenize, behind the API key when one is set."""
+
     @app.get("/v1/models")
     async def models() -> dict:
         cards = [ModelCard(id=name, root=state.model_path, max_model_len=state.max_model_len)
@@ -137,10 +147,6 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict:
         return serving_tokenization.detokenize(req).model_dump()
-
-    if state.admin_token:
-        add_control_routes(app, state)
-    return app
 
 
 def add_control_routes(app: FastAPI, state: ServerState) -> None:
