@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -45,7 +46,7 @@ class ServeContext:
     text_offsets: dict[int, int] = field(default_factory=dict)  # completions: characters sent per choice
 
 
-class OpenAIServing:
+class OpenAIServing(ABC):
     """The pipeline; subclasses set `request_id_prefix`, the response classes and the hooks
     `_prepare_sub_requests`, `_stream_choice` and `_final_choice` (and may extend
     `_validate_request` and `_stream_preamble`)."""
@@ -95,21 +96,21 @@ class OpenAIServing:
             raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
         check_request_limits(req)
 
+    @abstractmethod
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
         """Tokenizes the prompts and returns the engine requests (see `_sub_requests`)."""
-        raise NotImplementedError
 
     def _stream_preamble(self, ctx: ServeContext) -> Iterator[BaseModel]:
         """Chunks sent before any output."""
         return iter(())
 
+    @abstractmethod
     def _stream_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> BaseModel | None:
         """The choice to send for one step's output of choice `index`; None: nothing yet."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _final_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> BaseModel:
         """The choice `index` (its engine request's final output) of the non-streaming answer."""
-        raise NotImplementedError
 
     # --------------------------------------------------------------- helpers
     def _check_model(self, model: str | None) -> None:
