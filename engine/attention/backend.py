@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvpilot.engine.layers.rotary_embedding import Rope, apply_rotary
+
 
 @dataclass
 class AttentionMetadata:
@@ -101,3 +103,16 @@ class AttentionBackend(ABC):
         returns  [num_tokens, num_heads, head_dim], query's dtype.
         num_heads must be a multiple of num_kv_heads (GQA groups query heads over KV heads).
         """
+
+    def forward_qkv(self, qkv: torch.Tensor, rope: Rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float, num_heads: int) -> torch.Tensor:
+        """The attention of a layer from its fused projection: rotates q and k (rotate-half
+        RoPE), then `forward`. A backend may fuse these (the torch backend's C decode kernel).
+
+        qkv:  [num_tokens, num_heads + 2 num_kv_heads, head_dim]: q heads, k heads, v heads
+        rope: (cos, sin), each [num_tokens, 1, head_dim / 2], qkv's dtype
+        returns [num_tokens, num_heads, head_dim], as `forward`."""
+        num_kv_heads = (qkv.shape[1] - num_heads) // 2
+        qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], rope)
+        q, k = qk.split([num_heads, num_kv_heads], dim=1)
+        return self.forward(q, k, qkv[:, num_heads + num_kv_heads :], k_cache, v_cache, meta, scale)

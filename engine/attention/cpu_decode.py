@@ -33,81 +33,15 @@ from pathlib import Path
 
 import torch
 
+from kvpilot.engine.attention import cpu_kernels_source
+
 logger = logging.getLogger("kvpilot.engine.attention.cpu_decode")
 
 # Below this many (sequence x cached token) pairs a layer's attention costs less than
 # handing half of it to a second thread.
 PARALLEL_MIN_WORK = 8192
 
-_SOURCE = r"""
-#include <float.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-/* One new query token per sequence over its paged K/V.
-   q: rows [s] at q + s*q_stride_seq, heads at + h*q_stride_head, head_dim contiguous.
-   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
-   tables: [num_seqs, max_blocks] int32; lens: [num_seqs] int32 (>= 1, tokens in cache).
-   out: [num_seqs, num_heads, head_dim] contiguous. Returns 0, or -1 if out of memory. */
-int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_head,
-                         const float *k_cache, const float *v_cache,
-                         const int32_t *tables, int64_t max_blocks, const int32_t *lens,
-                         float *out, int64_t seq_begin, int64_t seq_end,
-                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t block_size, float scale) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim;
-    int64_t max_len = 1;
-    for (int64_t s = seq_begin; s < seq_end; ++s) if (lens[s] > max_len) max_len = lens[s];
-    float *scores = malloc(sizeof(float) * group * max_len);
-    float *acc = malloc(sizeof(float) * group * head_dim);
-    if (!scores || !acc) { free(scores); free(acc); return -1; }
-    for (int64_t s = seq_begin; s < seq_end; ++s) {
-        const int64_t len = lens[s];
-        const int32_t *table = tables + s * max_blocks;
-        for (int64_t g = 0; g < num_kv_heads; ++g) {
-            const float *qg = q + s * q_stride_seq + g * group * q_stride_head;
-            for (int64_t t = 0; t < len; ++t) {
-                const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-                const float *k = k_cache + slot * row + g * head_dim;
-                for (int64_t j = 0; j < group; ++j) {
-                    const float *qh = qg + j * q_stride_head;
-                    float dot = 0.f;
-                    #pragma omp simd reduction(+:dot)
-                    for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * k[d];
-                    scores[j * len + t] = dot * scale;
-                }
-            }
-            for (int64_t j = 0; j < group; ++j) {
-                float *sc = scores + j * len;
-                float m = -FLT_MAX, sum = 0.f;
-                for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-                #pragma omp simd reduction(+:sum)
-                for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
-                const float inv = 1.f / sum;
-                for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
-            }
-            for (int64_t i = 0; i < group * head_dim; ++i) acc[i] = 0.f;
-            for (int64_t t = 0; t < len; ++t) {
-                const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-                const float *v = v_cache + slot * row + g * head_dim;
-                for (int64_t j = 0; j < group; ++j) {
-                    const float p = scores[j * len + t];
-                    float *a = acc + j * head_dim;
-                    #pragma omp simd
-                    for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
-                }
-            }
-            float *o = out + (s * num_heads + g * group) * head_dim;
-            for (int64_t i = 0; i < group * head_dim; ++i) o[i] = acc[i];
-        }
-    }
-    free(scores);
-    free(acc);
-    return 0;
-}
-"""
+_SOURCE = cpu_kernels_source.SOURCE
 
 # Tried in order; the first that builds wins: (compile flags, link flags). -ffast-math lets
 # gcc vectorize expf through glibc's libmvec and reassociate the dot products (finite inputs
@@ -241,16 +175,90 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
               block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), out.data_ptr())
     tail = (num_heads, num_kv_heads, head_dim, block_size, scale)
     lens = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.tolist()
+    _run_rows(fn, common, tail, lens, num_kv_heads)
+    return out
+
+
+def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) -> None:
+    """Calls fn(*head, seq_begin, seq_end, *tail) over all rows: in one call, or cut into
+    runs of rows of equal work on the thread pool when a layer's attention is large."""
+    num_seqs = len(lens)
     threads = min(torch.get_num_threads(), num_seqs)
     if threads > 1 and sum(lens) * num_kv_heads >= PARALLEL_MIN_WORK:
         cuts = _balanced_cuts(lens, threads)
-        jobs = [_pool(threads).submit(fn, *common, a, b, *tail) for a, b in zip(cuts, cuts[1:])]
+        jobs = [_pool(threads).submit(fn, *head, a, b, *tail) for a, b in zip(cuts, cuts[1:])]
         codes = [j.result() for j in jobs]
     else:
-        codes = [fn(*common, 0, num_seqs, *tail)]
+        codes = [fn(*head, 0, num_seqs, *tail)]
     if any(codes):
-        raise RuntimeError("paged_decode_attention: out of memory for the score buffer")
-    return out
+        raise RuntimeError("CPU decode kernel: out of memory for the score buffer")
+
+
+class FusedDecode:
+    """The decode side of every attention layer of one step, one C call per layer
+    (`kvp_rope_cache_decode_f32`): per decode row, RoPE (rotate-half) of q and k with the
+    row's cos/sin, the rotated k and the v stored at the row's cache slot, then attention
+    over the sequence's paged K/V. Built once per step from its metadata (validated here);
+    each layer then passes its qkv, caches and output.
+
+    cos, sin:     [num_seqs, 1 or nothing, head_dim / 2] float32, head_dim / 2 contiguous
+    slots:        [num_seqs] int64, contiguous: flat cache slot of each row's new token
+    block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
+    seq_lens:     [num_seqs] int32 (>= 1, the new token included), contiguous
+    Raises ValueError on mismatched shapes/dtypes, RuntimeError when the library is not
+    built (check `supports` first). Source: vLLM PagedAttention; HF Llama rotate_half."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, seq_lens_cpu: list[int], num_heads: int, scale: float) -> None:
+        lib = load()
+        if lib is None:
+            raise RuntimeError("the CPU decode kernel is not available")
+        self.fn = _bind_fused(lib)
+        n = len(seq_lens_cpu)
+        cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
+        if (cos.shape != sin.shape or cos.shape[0] != n or cos.stride() != sin.stride() or cos.stride(-1) != 1
+                or cos.dtype != torch.float32 or sin.dtype != torch.float32
+                or slots.dtype != torch.int64 or slots.shape != (n,) or not slots.is_contiguous()
+                or block_tables.dtype != torch.int32 or block_tables.shape[0] != n
+                or not block_tables.is_contiguous() or seq_lens.dtype != torch.int32
+                or seq_lens.shape != (n,) or not seq_lens.is_contiguous()):
+            raise ValueError(f"FusedDecode: bad metadata cos {tuple(cos.shape)} {cos.dtype}, slots "
+                             f"{tuple(slots.shape)} {slots.dtype}, tables {tuple(block_tables.shape)} "
+                             f"{block_tables.dtype}, seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}")
+        self.keep = (cos, sin, slots, block_tables, seq_lens)  # alive while the pointers are used
+        self.meta_ptrs = (cos.data_ptr(), sin.data_ptr(), cos.stride(0), slots.data_ptr())
+        self.table_ptrs = (block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr())
+        self.lens, self.num_heads, self.half, self.scale = seq_lens_cpu, num_heads, cos.shape[1], scale
+
+    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """qkv [num_seqs, num_heads + 2 num_kv_heads, head_dim] float32 (the fused projection;
+        head_dim contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] float32
+        contiguous (written at the slots) -> attention output [num_seqs, num_heads, head_dim]."""
+        n, heads, head_dim = qkv.shape
+        _, block_size, num_kv_heads, kd = k_cache.shape
+        if (n != len(self.lens) or kd != head_dim or head_dim != 2 * self.half or v_cache.shape != k_cache.shape
+                or heads != self.num_heads + 2 * num_kv_heads or self.num_heads % num_kv_heads
+                or qkv.stride(1) != head_dim or qkv.stride(2) != 1 or qkv.dtype != torch.float32
+                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+                or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32):
+            raise ValueError(f"FusedDecode: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
+                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
+        out = torch.empty(n, self.num_heads, head_dim)
+        if n:
+            head = (qkv.data_ptr(), qkv.stride(0), *self.meta_ptrs, k_cache.data_ptr(), v_cache.data_ptr(),
+                    *self.table_ptrs, out.data_ptr())
+            _run_rows(self.fn, head, (self.num_heads, num_kv_heads, head_dim, block_size, self.scale),
+                      self.lens, num_kv_heads)
+        return out
+
+
+def _bind_fused(lib: ctypes.CDLL):
+    fn = lib.kvp_rope_cache_decode_f32
+    if fn.argtypes is None:
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        fn.restype = ctypes.c_int
+        fn.argtypes = [p, i, p, p, i, p, p, p, p, i, p, p, i, i, i, i, i, i, ctypes.c_float]
+    return fn
 
 
 def _balanced_cuts(lens: list[int], parts: int) -> list[int]:

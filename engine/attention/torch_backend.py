@@ -29,10 +29,12 @@ import torch.nn.functional as F
 
 from kvpilot.engine.attention import cpu_decode
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
+from kvpilot.engine.layers.rotary_embedding import apply_rotary
 
 MAX_PADDING = 0.25
 WORKSPACE_BYTES = 8 << 20
 _PLAN_KEY = "torch_paged_plan"
+_FUSED_KEY = "cpu_fused_decode"
 
 
 def write_kv_cache(
@@ -91,11 +93,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale):
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-        plan = meta.backend_state.get(_PLAN_KEY)
-        if plan is None:
-            fused = self.use_cpu_kernel and meta.num_decodes > 0 and cpu_decode.supports(query, k_cache)
-            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused)
-        decodes, extends = plan
+        decodes, extends = self._get_plan(meta, query, k_cache)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if decodes and decodes[0].block_ids is None:  # fused: one kernel call for every decode
             nd = meta.num_decodes
@@ -111,17 +109,64 @@ class TorchAttentionBackend(AttentionBackend):
                 attn_mask=g.mask, scale=scale, enable_gqa=True,
             )
             out[g.start:g.end] = o.squeeze(2)
+        self._extends(query, key, value, k_cache, v_cache, extends, scale, out, 0)
+        return out
+
+    def forward_qkv(self, qkv, rope, k_cache, v_cache, meta: AttentionMetadata, scale, num_heads):
+        """As the base class; where the C kernel serves the decodes (float32 CPU), one call
+        per layer rotates, stores and attends every decode row (cpu_decode.FusedDecode), and
+        only the prefill/extend rows take the torch path."""
+        fused = self._fused_decode(meta, qkv, k_cache, rope, num_heads, scale)
+        if fused is None:
+            return super().forward_qkv(qkv, rope, k_cache, v_cache, meta, scale, num_heads)
+        nd = meta.num_decodes
+        out = fused(qkv[:nd], k_cache, v_cache)
+        if nd == qkv.shape[0]:
+            return out
+        num_kv_heads = (qkv.shape[1] - num_heads) // 2
+        rest = qkv[nd:]
+        qk = apply_rotary(rest[:, : num_heads + num_kv_heads], (rope[0][nd:], rope[1][nd:]))
+        q, k = qk.split([num_heads, num_kv_heads], dim=1)
+        v = rest[:, num_heads + num_kv_heads :]
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping[nd:])
+        out_rest = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self._extends(q, k, v, k_cache, v_cache, self._get_plan(meta, qkv, k_cache)[1], scale, out_rest, nd)
+        return torch.cat((out, out_rest))
+
+    def _fused_decode(self, meta: AttentionMetadata, qkv, k_cache, rope, num_heads, scale):
+        """The step's cpu_decode.FusedDecode (built in the first layer), or None where the
+        decodes take the torch path (no decodes, other dtype or device, kernel off/unbuilt)."""
+        state = meta.backend_state
+        if _FUSED_KEY not in state:
+            nd = meta.num_decodes
+            ok = (self.use_cpu_kernel and nd > 0 and qkv.stride(-1) == 1
+                  and cpu_decode.supports(qkv[:, 0], k_cache) and rope[0].dtype == torch.float32)
+            state[_FUSED_KEY] = cpu_decode.FusedDecode(
+                rope[0][:nd], rope[1][:nd], meta.slot_mapping[:nd], meta.block_tables[:nd],
+                meta.seq_lens[:nd], meta.seq_lens_cpu[:nd], num_heads, scale) if ok else None
+        return state[_FUSED_KEY]
+
+    def _get_plan(self, meta: AttentionMetadata, query, k_cache) -> tuple[list[_Gather], list[_Gather]]:
+        plan = meta.backend_state.get(_PLAN_KEY)
+        if plan is None:
+            fused = self.use_cpu_kernel and meta.num_decodes > 0 and cpu_decode.supports(query, k_cache)
+            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused)
+        return plan
+
+    def _extends(self, query, key, value, k_cache, v_cache, extends: list[_Gather], scale, out, offset: int):
+        """Prefill/extend chunks one sequence at a time; query/key/value/out hold the batch's
+        rows from `offset` on (g.start, g.end are rows of the whole batch)."""
         for g in extends:
+            s, e = g.start - offset, g.end - offset
             if g.num_blocks == 0:  # fresh prefill: its own K/V are all there is
-                k, v = key[g.start:g.end], value[g.start:g.end]
+                k, v = key[s:e], value[s:e]
             else:
                 k, v = (t[0] for t in self._gather(k_cache, v_cache, g, query.dtype))
             o = F.scaled_dot_product_attention(
-                query[g.start:g.end].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                query[s:e].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                 attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=True,
             )
-            out[g.start:g.end] = o.transpose(0, 1)
-        return out
+            out[s:e] = o.transpose(0, 1)
 
     @staticmethod
     def _plan(meta: AttentionMetadata, k_cache: torch.Tensor,

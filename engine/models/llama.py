@@ -17,57 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.layers.activation import SiluAndMul
+from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from kvpilot.engine.layers.rotary_embedding import Rope, RotaryEmbedding
 from kvpilot.engine.parallel_layout import get_pp_indices
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [num_tokens, 1, head_dim / 2]
 IntermediateTensors = dict[str, torch.Tensor]
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed cos/sin table [max_positions, head_dim / 2]
-    (float32). The model looks up a step's positions once (`cos_sin`) and every layer
-    rotates its q and k heads with them (`rotate`)."""
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """positions [num_tokens] int64 -> (cos, sin), each [num_tokens, 1, head_dim / 2]."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-    @staticmethod
-    def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim] -> a new tensor of the same shape and dtype."""
-        cos, sin = rope
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics, as HF's LlamaRMSNorm, so bf16 runs stay close to it. One fused
-        # F.rms_norm instead of six elementwise ops: bit-identical in float32 and about
-        # 10-18 us less CPU per call at decode sizes on the AVX2 EPYC (61 calls a step).
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -86,10 +48,7 @@ class LlamaAttention(nn.Module):
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x).view(n, -1, self.head_dim)  # [n, heads + 2 kv_heads, head_dim]
-        qk = RotaryEmbedding.rotate(qkv[:, : self.num_heads + self.num_kv_heads], rope)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.num_heads + self.num_kv_heads :]
-        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = self.backend.forward_qkv(qkv, rope, kv_cache[0], kv_cache[1], meta, self.scale, self.num_heads)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -99,10 +58,10 @@ class LlamaMLP(nn.Module):
         i = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [i, i], cfg.dtype)
         self.down_proj = RowParallelLinear(i, cfg.hidden_size, cfg.dtype)
+        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -113,9 +72,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, kv_cache: KVCache,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (x, residual), vLLM's residual stream: the layer's input is
+        x + residual (residual None: x alone, the first layer); the fused add+RMSNorm
+        updates residual in place and the next layer adds the returned x."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(rope, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class PPMissingLayer(nn.Module):
@@ -167,13 +135,17 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        x = self.embed_tokens(input_ids) if self.is_first_stage else intermediate["hidden_states"]
+        # The residual stream is updated in place: a received tensor is copied first.
+        x = self.embed_tokens(input_ids) if self.is_first_stage else intermediate["hidden_states"].clone()
         rope = self.rotary_emb.cos_sin(positions, x.dtype)
+        residual = None
         for i, kv_cache in zip(range(self.start_layer, self.end_layer), kv_caches):
-            x = self.layers[i](rope, x, kv_cache, meta)
+            x, residual = self.layers[i](rope, x, residual, kv_cache, meta)
+        if residual is None:  # a stage without layers
+            return {"hidden_states": x} if not self.is_last_stage else self.norm(x)
         if not self.is_last_stage:
-            return {"hidden_states": x}
-        return self.norm(x)
+            return {"hidden_states": x + residual}
+        return self.norm(x, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

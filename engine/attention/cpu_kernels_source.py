@@ -1,0 +1,185 @@
+"""The C source of the CPU kernel library (float32, plain C, no torch headers), built by
+attention/cpu_decode.py with the system's C compiler and called through ctypes:
+
+- `kvp_paged_decode_f32`: decode attention over the paged KV cache (vLLM PagedAttention).
+- `kvp_rope_cache_decode_f32`: the whole decode side of an attention layer in one call:
+  RoPE of q and k, the K/V write at the new token's cache slot, then the attention.
+- `kvp_rms_norm_f32`: RMSNorm, with vLLM's fused_add_rms_norm (residual += x first).
+- `kvp_silu_mul_f32`: vLLM's silu_and_mul over the fused gate/up projection.
+
+One library so the engine builds one shared object; each function is called once per
+layer (or per norm) for a whole batch, which replaces 5-15 small torch ops each.
+Sources: vLLM PagedAttention (SOSP'23), vLLM csrc/layernorm_kernels.cu and
+csrc/activation_kernels.cu for the semantics, HF Llama's rotate_half RoPE.
+"""
+
+SOURCE = r"""
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous)
+   over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
+   scores: group*len floats, acc: group*head_dim floats (scratch). */
+static void attend_one(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
+                       const int32_t *table, int64_t len, float *out, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                       float *scores, float *acc) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim;
+    for (int64_t g = 0; g < num_kv_heads; ++g) {
+        const float *qg = q + g * group * q_stride_head;
+        for (int64_t t = 0; t < len; ++t) {
+            const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+            const float *k = k_cache + slot * row + g * head_dim;
+            for (int64_t j = 0; j < group; ++j) {
+                const float *qh = qg + j * q_stride_head;
+                float dot = 0.f;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * k[d];
+                scores[j * len + t] = dot * scale;
+            }
+        }
+        for (int64_t j = 0; j < group; ++j) {
+            float *sc = scores + j * len;
+            float m = -FLT_MAX, sum = 0.f;
+            for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+            #pragma omp simd reduction(+:sum)
+            for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
+            const float inv = 1.f / sum;
+            for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
+        }
+        for (int64_t i = 0; i < group * head_dim; ++i) acc[i] = 0.f;
+        for (int64_t t = 0; t < len; ++t) {
+            const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+            const float *v = v_cache + slot * row + g * head_dim;
+            for (int64_t j = 0; j < group; ++j) {
+                const float p = scores[j * len + t];
+                float *a = acc + j * head_dim;
+                #pragma omp simd
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
+            }
+        }
+        memcpy(out + g * group * head_dim, acc, sizeof(float) * group * head_dim);
+    }
+}
+
+static int64_t max_len_of(const int32_t *lens, int64_t begin, int64_t end) {
+    int64_t m = 1;
+    for (int64_t s = begin; s < end; ++s) if (lens[s] > m) m = lens[s];
+    return m;
+}
+
+/* One new query token per sequence over its paged K/V.
+   q: rows [s] at q + s*q_stride_seq, heads at + h*q_stride_head, head_dim contiguous.
+   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
+   tables: [num_seqs, max_blocks] int32; lens: [num_seqs] int32 (>= 1, tokens in cache).
+   out: [num_seqs, num_heads, head_dim] contiguous. Returns 0, or -1 if out of memory. */
+int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_head,
+                         const float *k_cache, const float *v_cache,
+                         const int32_t *tables, int64_t max_blocks, const int32_t *lens,
+                         float *out, int64_t seq_begin, int64_t seq_end,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    float *scores = malloc(sizeof(float) * group * max_len_of(lens, seq_begin, seq_end));
+    float *acc = malloc(sizeof(float) * group * head_dim);
+    if (!scores || !acc) { free(scores); free(acc); return -1; }
+    for (int64_t s = seq_begin; s < seq_end; ++s)
+        attend_one(q + s * q_stride_seq, q_stride_head, k_cache, v_cache, tables + s * max_blocks, lens[s],
+                   out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
+                   scores, acc);
+    free(scores);
+    free(acc);
+    return 0;
+}
+
+/* Rotate-half RoPE of n_heads heads (x1 = x[:half], x2 = x[half:]):
+   dst = (x1 cos - x2 sin, x2 cos + x1 sin), as HF Llama's rotate_half. dst may be src. */
+static void rope_heads(const float *src, float *dst, int64_t n_heads, int64_t head_dim,
+                       const float *cos, const float *sin) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n_heads; ++h) {
+        const float *x = src + h * head_dim;
+        float *y = dst + h * head_dim;
+        #pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+            const float x1 = x[i], x2 = x[i + half];
+            y[i] = x1 * cos[i] - x2 * sin[i];
+            y[i + half] = x2 * cos[i] + x1 * sin[i];
+        }
+    }
+}
+
+/* The whole decode side of an attention layer in one call, per decode row s:
+   rotates q and k of row s (RoPE with the row's cos/sin), stores the rotated k and the v
+   at flat cache slot slots[s], then attends over the lens[s] tokens of its sequence (the
+   new one included).
+   qkv: row s at qkv + s*qkv_stride: num_heads q heads, then num_kv_heads k heads, then
+        num_kv_heads v heads, each head_dim contiguous floats (the fused qkv projection).
+   cos, sin: row s at + s*rope_stride, head_dim/2 floats (the row's position).
+   slots: [num_seqs] int64. Other arguments as kvp_paged_decode_f32. Returns 0 or -1. */
+int kvp_rope_cache_decode_f32(const float *qkv, int64_t qkv_stride, const float *cos, const float *sin,
+                              int64_t rope_stride, const int64_t *slots, float *k_cache, float *v_cache,
+                              const int32_t *tables, int64_t max_blocks, const int32_t *lens,
+                              float *out, int64_t seq_begin, int64_t seq_end,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                              int64_t block_size, float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim;
+    float *scores = malloc(sizeof(float) * group * max_len_of(lens, seq_begin, seq_end));
+    float *acc = malloc(sizeof(float) * group * head_dim);
+    float *qrot = malloc(sizeof(float) * num_heads * head_dim);
+    if (!scores || !acc || !qrot) { free(scores); free(acc); free(qrot); return -1; }
+    for (int64_t s = seq_begin; s < seq_end; ++s) {
+        const float *src = qkv + s * qkv_stride;
+        const float *c = cos + s * rope_stride, *sn = sin + s * rope_stride;
+        rope_heads(src, qrot, num_heads, head_dim, c, sn);
+        rope_heads(src + num_heads * head_dim, k_cache + slots[s] * row, num_kv_heads, head_dim, c, sn);
+        memcpy(v_cache + slots[s] * row, src + (num_heads + num_kv_heads) * head_dim, sizeof(float) * row);
+        attend_one(qrot, head_dim, k_cache, v_cache, tables + s * max_blocks, lens[s],
+                   out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
+                   scores, acc);
+    }
+    free(scores);
+    free(acc);
+    free(qrot);
+    return 0;
+}
+
+/* RMSNorm over rows of `hidden` floats, vLLM's fused_add_rms_norm when residual != NULL:
+   residual += x, then out = residual / sqrt(mean(residual^2) + eps) * w; else
+   out = x / sqrt(mean(x^2) + eps) * w. Rows are contiguous; out may be x. */
+void kvp_rms_norm_f32(float *x, float *residual, const float *w, float *out,
+                      int64_t rows, int64_t hidden, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *xr = x + r * hidden, *o = out + r * hidden;
+        const float *src = xr;
+        if (residual) {
+            float *res = residual + r * hidden;
+            #pragma omp simd
+            for (int64_t i = 0; i < hidden; ++i) res[i] += xr[i];
+            src = res;
+        }
+        float ss = 0.f;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t i = 0; i < hidden; ++i) ss += src[i] * src[i];
+        const float inv = 1.f / sqrtf(ss / (float)hidden + eps);
+        #pragma omp simd
+        for (int64_t i = 0; i < hidden; ++i) o[i] = (src[i] * inv) * w[i];
+    }
+}
+
+/* vLLM's silu_and_mul: gate_up rows [gate (inter) | up (inter)] contiguous ->
+   out[r][i] = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
+void kvp_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gate_up + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        #pragma omp simd
+        for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+"""

@@ -1,0 +1,20 @@
+"""SiLU-and-mul over the fused gate/up projection (vLLM's SiluAndMul): x [rows, 2 d] ->
+silu(x[:, :d]) * x[:, d:]; one C call on float32 CPU (layers/cpu_ops.py), torch elsewhere.
+Source: vLLM `vllm/model_executor/layers/activation.py`; Shazeer, GLU variants (2020).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine.layers import cpu_ops
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_ops.usable(x):
+            return cpu_ops.silu_and_mul(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

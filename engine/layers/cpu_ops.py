@@ -1,0 +1,62 @@
+"""RMSNorm (with vLLM's fused residual add) and SiLU-and-mul for float32 CPU rows, each one
+call of the C library built by attention/cpu_decode.py instead of 3-10 small torch ops.
+
+`lib()` is None where the library is not built (no compiler, KVPILOT_CPU_KERNELS=0); the
+callers (layers/layernorm.py, layers/activation.py) then use their torch path.
+Source: vLLM csrc/layernorm_kernels.cu (fused_add_rms_norm) and
+csrc/activation_kernels.cu (silu_and_mul), for the semantics.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvpilot.engine.attention import cpu_decode
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def lib() -> ctypes.CDLL | None:
+    """The CPU kernel library with the argument types of its layer functions set, or None."""
+    lib = cpu_decode.load()
+    if lib is not None and not getattr(lib, "_kvp_layer_ops", False):
+        lib.kvp_rms_norm_f32.restype = None
+        lib.kvp_rms_norm_f32.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float]
+        lib.kvp_silu_mul_f32.restype = None
+        lib.kvp_silu_mul_f32.argtypes = [_P, _P, _I, _I]
+        lib._kvp_layer_ops = True
+    return lib
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether x [rows, features] can go to the C ops: float32, CPU, contiguous, library built."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() and lib() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 CPU rows x [rows, hidden], contiguous (check `usable`), weight [hidden].
+    Without residual: returns rms_norm(x) * weight, a new tensor. With residual [rows,
+    hidden] (vLLM's fused_add_rms_norm, in place): residual += x, then x = rms_norm(residual)
+    * weight; returns x. Raises ValueError on mismatched shapes or dtypes."""
+    rows, hidden = x.shape
+    if (weight.shape != (hidden,) or weight.dtype != torch.float32 or not weight.is_contiguous()
+            or (residual is not None and (residual.shape != x.shape or residual.dtype != torch.float32
+                                          or not residual.is_contiguous()))):
+        raise ValueError(f"rms_norm: bad shapes/dtypes x {tuple(x.shape)}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype}, residual {None if residual is None else tuple(residual.shape)}")
+    out = x if residual is not None else torch.empty_like(x)
+    lib().kvp_rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                           out.data_ptr(), rows, hidden, eps)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, 2 * d] float32 CPU contiguous (gate | up; check `usable`) ->
+    silu(gate) * up [rows, d], a new tensor."""
+    rows, two_d = x.shape
+    out = torch.empty(rows, two_d // 2, dtype=x.dtype)
+    lib().kvp_silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, two_d // 2)
+    return out
