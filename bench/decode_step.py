@@ -30,13 +30,20 @@ def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int)
                num_gpu_blocks_override=max(max_batch * blocks_per_seq, 2048 // 16) + 8, swap_space=0)
 
 
-def _set_cpu_kernel(llm, enabled: bool) -> None:
-    """Turns the torch attention backend's C decode kernel on or off (one backend instance
-    serves every layer of the model)."""
+def _set_cpu_kernel(llm, mode: str) -> None:
+    """The CPU C kernels of an engine: 'on' (all: fused RoPE + K/V write + decode
+    attention, RMSNorm with the residual add, SiLU-and-mul), 'unfused' (only the decode
+    attention in C; RoPE, the cache write, norms and SiLU in torch) or 'off' (torch only)."""
     for module in llm.engine.runner.model.modules():
         backend = getattr(module, "backend", None)
         if hasattr(backend, "use_cpu_kernel"):
-            backend.use_cpu_kernel = enabled
+            backend.use_cpu_kernel = mode != "off"
+            backend.fuse_rope_cache = mode == "on"
+        if hasattr(module, "use_c_kernel"):
+            module.use_c_kernel = mode == "on"
+
+
+_MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn"}
 
 
 def _fill(llm, prompts: list[list[int]], tag: str) -> None:
@@ -113,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per batch size")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--cpu-kernel", choices=("on", "off", "both"), default="on",
-                   help="the C decode-attention kernel (float32 CPU); 'both' runs each dtype with and "
-                        "without it, side by side (the second labelled '<dtype>/torch-attn')")
+    p.add_argument("--cpu-kernel", default="on",
+                   help="the C kernels (float32 CPU), comma-separated modes run side by side: 'on' (all), "
+                        "'unfused' (C decode attention only, labelled '<dtype>/unfused'), 'off' (torch only, "
+                        "'<dtype>/torch-attn'); 'both' = on,off")
     p.add_argument("--output-json", default="bench-results/decode_step.json")
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -130,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
 
     load_before = os.getloadavg()
-    variants = {"on": [(d, True) for d in dtypes], "off": [(d, False) for d in dtypes],
-                "both": [(d, k) for d in dtypes for k in (True, False)]}[args.cpu_kernel]
+    modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]
+    if not modes or any(m not in _MODE_LABEL for m in modes):
+        p.error("--cpu-kernel takes comma-separated modes among on, unfused, off (or 'both')")
     engines = {}
-    for d, kernel in variants:
-        llm = _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds)
-        _set_cpu_kernel(llm, kernel)
-        engines[d if kernel else f"{d}/torch-attn"] = llm
+    for d in dtypes:
+        for mode in modes:
+            llm = _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds)
+            _set_cpu_kernel(llm, mode)
+            engines[d + _MODE_LABEL[mode]] = llm
     dtypes = list(engines)
     prompts = _sharegpt_prompts(next(iter(engines.values())).get_tokenizer(), max(batches), args.prompt_len)
     results: dict[str, dict[str, dict]] = {d: {} for d in dtypes}

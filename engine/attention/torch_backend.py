@@ -85,11 +85,13 @@ def plan_decode_buckets(seq_lens: list[int], block_size: int, max_rows_blocks: i
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, use_cpu_kernel: bool = True) -> None:
+    def __init__(self, use_cpu_kernel: bool = True, fuse_rope_cache: bool = True) -> None:
         """use_cpu_kernel=False keeps the decodes on the torch buckets even where the C
-        kernel would serve them (tests of the buckets, comparisons)."""
+        kernel would serve them; fuse_rope_cache=False keeps RoPE and the K/V write in torch
+        before the C attention (tests, comparisons)."""
         self._workspace: torch.Tensor | None = None
         self.use_cpu_kernel = use_cpu_kernel
+        self.fuse_rope_cache = fuse_rope_cache
 
     def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale):
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
@@ -139,7 +141,7 @@ class TorchAttentionBackend(AttentionBackend):
         state = meta.backend_state
         if _FUSED_KEY not in state:
             nd = meta.num_decodes
-            ok = (self.use_cpu_kernel and nd > 0 and qkv.stride(-1) == 1
+            ok = (self.use_cpu_kernel and self.fuse_rope_cache and nd > 0 and qkv.stride(-1) == 1
                   and cpu_decode.supports(qkv[:, 0], k_cache) and rope[0].dtype == torch.float32)
             state[_FUSED_KEY] = cpu_decode.FusedDecode(
                 rope[0][:nd], rope[1][:nd], meta.slot_mapping[:nd], meta.block_tables[:nd],

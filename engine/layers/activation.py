@@ -13,8 +13,10 @@ from kvpilot.engine.layers import cpu_ops
 
 
 class SiluAndMul(nn.Module):
+    use_c_kernel = True  # False: the torch path even where the C op serves (comparisons)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_ops.usable(x):
+        if self.use_c_kernel and cpu_ops.usable(x):
             return cpu_ops.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

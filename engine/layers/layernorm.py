@@ -15,6 +15,8 @@ from kvpilot.engine.layers import cpu_ops
 
 
 class RMSNorm(nn.Module):
+    use_c_kernel = True  # False: the torch path even where the C op serves (comparisons)
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
@@ -24,7 +26,7 @@ class RMSNorm(nn.Module):
         """x [rows, hidden] -> normed [rows, hidden]; with residual [rows, hidden] ->
         (normed, residual + x). The C path writes the sum into `residual` and the normed
         rows into `x` (both owned by the caller, as in vLLM's fused_add_rms_norm)."""
-        if cpu_ops.usable(x):
+        if self.use_c_kernel and cpu_ops.usable(x):
             out = cpu_ops.rms_norm(x, self.weight, self.eps, residual)
             return out if residual is None else (out, residual)
         if residual is not None:
