@@ -22,48 +22,49 @@ SOURCE = r"""
 
 /* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous)
    over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
-   scores: group*len floats, acc: group*head_dim floats (scratch). */
+   Walks the cache block by block and each token's whole K (then V) row once for every
+   head, so the reads are sequential within a block (no division per token).
+   scores: num_heads*len floats, acc: num_heads*head_dim floats (scratch). */
 static void attend_one(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t len, float *out, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                        float *scores, float *acc) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim;
-    for (int64_t g = 0; g < num_kv_heads; ++g) {
-        const float *qg = q + g * group * q_stride_head;
-        for (int64_t t = 0; t < len; ++t) {
-            const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-            const float *k = k_cache + slot * row + g * head_dim;
-            for (int64_t j = 0; j < group; ++j) {
-                const float *qh = qg + j * q_stride_head;
+    for (int64_t b = 0, t = 0; t < len; ++b) {
+        const float *k = k_cache + (int64_t)table[b] * block_size * row;
+        for (const int64_t end = t + block_size < len ? t + block_size : len; t < end; ++t, k += row) {
+            for (int64_t h = 0; h < num_heads; ++h) {
+                const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
                 #pragma omp simd reduction(+:dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * k[d];
-                scores[j * len + t] = dot * scale;
+                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
+                scores[h * len + t] = dot * scale;
             }
         }
-        for (int64_t j = 0; j < group; ++j) {
-            float *sc = scores + j * len;
-            float m = -FLT_MAX, sum = 0.f;
-            for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-            #pragma omp simd reduction(+:sum)
-            for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
-            const float inv = 1.f / sum;
-            for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
-        }
-        for (int64_t i = 0; i < group * head_dim; ++i) acc[i] = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-            const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-            const float *v = v_cache + slot * row + g * head_dim;
-            for (int64_t j = 0; j < group; ++j) {
-                const float p = scores[j * len + t];
-                float *a = acc + j * head_dim;
-                #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
-            }
-        }
-        memcpy(out + g * group * head_dim, acc, sizeof(float) * group * head_dim);
     }
+    for (int64_t h = 0; h < num_heads; ++h) {
+        float *sc = scores + h * len;
+        float m = -FLT_MAX, sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
+        const float inv = 1.f / sum;
+        for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
+    }
+    for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
+    for (int64_t b = 0, t = 0; t < len; ++b) {
+        const float *v = v_cache + (int64_t)table[b] * block_size * row;
+        for (const int64_t end = t + block_size < len ? t + block_size : len; t < end; ++t, v += row) {
+            for (int64_t h = 0; h < num_heads; ++h) {
+                const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
+                float *a = acc + h * head_dim;
+                #pragma omp simd
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+            }
+        }
+    }
+    memcpy(out, acc, sizeof(float) * num_heads * head_dim);
 }
 
 static int64_t max_len_of(const int32_t *lens, int64_t begin, int64_t end) {
@@ -83,9 +84,8 @@ int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_
                          float *out, int64_t seq_begin, int64_t seq_end,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t block_size, float scale) {
-    const int64_t group = num_heads / num_kv_heads;
-    float *scores = malloc(sizeof(float) * group * max_len_of(lens, seq_begin, seq_end));
-    float *acc = malloc(sizeof(float) * group * head_dim);
+    float *scores = malloc(sizeof(float) * num_heads * max_len_of(lens, seq_begin, seq_end));
+    float *acc = malloc(sizeof(float) * num_heads * head_dim);
     if (!scores || !acc) { free(scores); free(acc); return -1; }
     for (int64_t s = seq_begin; s < seq_end; ++s)
         attend_one(q + s * q_stride_seq, q_stride_head, k_cache, v_cache, tables + s * max_blocks, lens[s],
@@ -127,10 +127,9 @@ int kvp_rope_cache_decode_f32(const float *qkv, int64_t qkv_stride, const float 
                               float *out, int64_t seq_begin, int64_t seq_end,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                               int64_t block_size, float scale) {
-    const int64_t group = num_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim;
-    float *scores = malloc(sizeof(float) * group * max_len_of(lens, seq_begin, seq_end));
-    float *acc = malloc(sizeof(float) * group * head_dim);
+    float *scores = malloc(sizeof(float) * num_heads * max_len_of(lens, seq_begin, seq_end));
+    float *acc = malloc(sizeof(float) * num_heads * head_dim);
     float *qrot = malloc(sizeof(float) * num_heads * head_dim);
     if (!scores || !acc || !qrot) { free(scores); free(acc); free(qrot); return -1; }
     for (int64_t s = seq_begin; s < seq_end; ++s) {
