@@ -8,7 +8,9 @@ the 30-layer SmolLM2, whatever the batch. This kernel reads each sequence's K/V 
 place through its block table (`slot = block_table[t // block_size] * block_size +
 t % block_size`, as vLLM's PagedAttention) in one call per layer, reading each K/V row
 once for all query heads of its GQA group. ctypes releases the GIL during the call, so
-large batches are split over `torch.get_num_threads()` Python threads.
+large batches are split over `torch.get_num_threads()` Python threads. `FusedDecode` does
+the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
+new token's slot, then the attention (the C source: attention/cpu_kernels_source.py).
 
 Needs only a C compiler (`$CC`, else `cc`); no torch headers, so it builds in about a
 second. The shared object is cached under `<cache_dir>/kernels/` keyed by the source, the

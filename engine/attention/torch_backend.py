@@ -11,7 +11,9 @@ to its own new K/V without a gather.
 
 In float32 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
 layer run in one call of that kernel instead (no gather, no mask, K/V read in place);
-the buckets are the fallback and the path for other dtypes and devices.
+through `forward_qkv` the same call also applies RoPE and writes the new K/V
+(cpu_decode.FusedDecode), so a decode-only layer's attention is one C call. The buckets
+are the fallback and the path for other dtypes and devices.
 
 The plan (buckets, block ids, masks) depends only on the step's metadata, so it is built
 once per step, in the first layer, and kept in `meta.backend_state`. Gathers write into a
