@@ -139,7 +139,7 @@ static void run_chunk(const job_t *j, int64_t c) {
    not scheduled (a busy machine) never stalls a call. Workers spin (pause, then
    sched_yield) for SPIN_NS after a job, then sleep on a condition variable. */
 #define MAXT 64
-#define SPIN_NS 2000000L
+#define SPIN_NS 300000L
 static pthread_mutex_t g_call = PTHREAD_MUTEX_INITIALIZER, g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static job_t g_job;
