@@ -9,7 +9,6 @@ import pytest
 import torch
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
-from kvpilot.engine import cpu_build
 from kvpilot.engine.attention import cpu_decode, torch_backend
 from kvpilot.engine.attention.backend import AttentionMetadata
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
@@ -112,11 +111,8 @@ def test_without_a_compiler_the_backend_falls_back_to_torch_buckets(seed, monkey
     assert_close_to_ref(out, ref, torch.float32, seed)
 
 
-def test_a_failing_build_falls_back_to_torch_buckets(seed, monkeypatch, tmp_path):
+def test_a_failing_build_falls_back_to_torch_buckets(seed, failing_cc):
     """A compiler that exists but fails (here: `false`) for every flag set."""
-    monkeypatch.setenv("CC", "false")
-    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_build.tempfile, "gettempdir", lambda: str(tmp_path))
     cpu_decode.load.cache_clear()
     try:
         out, ref, decodes = _mixed_step(seed)

@@ -82,10 +82,7 @@ def test_disabled_kernels_fall_back_with_a_log_line(monkeypatch, caplog):
         gguf_kernel.load.cache_clear()
 
 
-def test_a_failing_build_falls_back(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("CC", "false")
-    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_build.tempfile, "gettempdir", lambda: str(tmp_path))
+def test_a_failing_build_falls_back(failing_cc, caplog):
     gguf_kernel.load.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="kvpilot.engine.layers.gguf_kernel"):
