@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 from test_hf_parity import check_logprobs_close, generate, hf_outputs  # noqa: F401 (a fixture)
 
 from kvpilot.engine import LLM, EngineArgs, cpu_build
+from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention import get_attn_backend
 from kvpilot.engine.layers import gguf_kernel, gguf_quant
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
@@ -23,14 +24,28 @@ from kvpilot.engine.models.llama import LlamaForCausalLM
 MODEL = "smollm2-135m-instruct"
 
 
-@pytest.fixture(scope="module")
-def quantized_model(model_path):
-    """The real SmolLM2 with its dense weights loaded and the GGUF blocks attached."""
+def load_quantized(model_path):
+    """The real SmolLM2 (this rank's shard) with its dense weights loaded and the GGUF blocks attached."""
     cfg = load_model_config(Path(model_path), 1024, torch.float32)
     model = LlamaForCausalLM(cfg, get_attn_backend("torch"))
     model.load_weights(iter_weights(Path(model_path)))
     extra = gguf_quant.attach_gguf_blocks(model, builtin_gguf_path(MODEL))
     return model, extra
+
+
+@pytest.fixture(scope="module")
+def quantized_model(model_path):
+    return load_quantized(model_path)
+
+
+def assert_blocks_equal_dense_rows(model) -> dict[str, torch.nn.Module]:
+    layers = quantized_layers(model)
+    for name, module in layers.items():
+        dense = dequantize(module.qweight.numpy(), module.qtype)  # gguf-py: d * q + m (Q4_1), d * q (Q8_0) in float32
+        assert dense.shape == tuple(module.weight.shape), name
+        unequal = (torch.from_numpy(dense) != module.weight).any(dim=1).nonzero().flatten().tolist()
+        assert not unequal, f"{name}: rows {unequal[:8]} differ from the dense weight (Q/K row order?)"
+    return layers
 
 
 def quantized_layers(model) -> dict[str, torch.nn.Module]:
@@ -50,6 +65,19 @@ def test_every_linear_layer_and_the_lm_head_keep_blocks_equal_to_the_dense_rows(
         unequal = (torch.from_numpy(dense) != module.weight).any(dim=1).nonzero().flatten().tolist()
         assert not unequal, f"{name}: rows {unequal[:8]} differ from the dense weight (Q/K row order?)"
     assert model.lm_head.qweight is not None and model.lm_head.qtype == gguf_kernel.Q8_0 and layers["layers.0.mlp.down_proj"].qtype == gguf_kernel.Q4_1
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_rank_keeps_the_blocks_of_its_own_shard(model_path):
+    # tp=3 (SmolLM2's 3 KV heads), the middle rank: fused parts, input columns and the vocabulary all offset
+    ps.set_tensor_parallel_group(None, 3, 1)
+    try:
+        model, _ = load_quantized(model_path)
+    finally:
+        ps.reset_model_parallel()
+    layers = assert_blocks_equal_dense_rows(model)
+    assert len(layers) == 4 * model.config.num_layers + 1
+    assert layers["layers.0.self_attn.o_proj"].qweight.shape == (576, 576 // 3 // 32 * 20)
 
 
 @pytest.mark.slow
