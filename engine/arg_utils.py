@@ -55,6 +55,7 @@ class EngineArgs:
     seed: int = _default("seed")
     attention_backend: str | None = _default("attention_backend")
     device: str | None = _default("device")
+    quantization: str | None = _default("quantization")
 
     def resolved_device(self) -> str:
         if self.device:
@@ -67,7 +68,7 @@ class EngineArgs:
         """Raises ValueError for invalid values or an unknown model."""
         settings.check({f.name: getattr(self, f.name) for f in fields(self) if f.name in settings.BY_NAME})
         from kvpilot.engine.attention import default_backend
-        from kvpilot.engine.model_loader import load_model_config, resolve_model_path
+        from kvpilot.engine.model_loader import gguf_file, load_model_config, resolve_model_path
 
         device = self.resolved_device()
         backend = self.attention_backend or default_backend(device)
@@ -106,6 +107,8 @@ class EngineArgs:
             seed=self.seed,
             attention_backend=backend,
             device=device,
+            quantization=self.quantization,
+            quantized_weights_path=str(gguf_file(self.model)) if self.quantization == "gguf" else None,
         )
 
     @staticmethod

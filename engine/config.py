@@ -225,3 +225,5 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "torch"
     device: str = "cpu"
+    quantization: str | None = None  # 'gguf': quantized_weights_path is the GGUF file
+    quantized_weights_path: str | None = None

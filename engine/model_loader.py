@@ -86,6 +86,19 @@ def resolve_model_path(model: str) -> Path:
     )
 
 
+def gguf_file(model: str) -> Path:
+    """The GGUF file behind `model` (a builtin alias or a .gguf path), for
+    `--quantization gguf`. Raises ValueError for a Hugging Face directory or anything else."""
+    alias = model.removeprefix("builtin://")
+    if alias in BUILTIN_MODELS:
+        return builtin_gguf_path(alias)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise ValueError(f"--quantization gguf needs a GGUF model (a builtin alias {sorted(BUILTIN_MODELS)} or a "
+                     f".gguf file), not {model!r}; drop --quantization to serve {model!r} unquantized")
+
+
 def _is_converted(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 

@@ -115,3 +115,22 @@ def rank_num_params(model: ModelConfig, parallel: ParallelConfig, rank: int) -> 
         if not (model.tie_word_embeddings and pos.is_first_stage):
             params += vocab_shard
     return params
+
+
+# Bytes per weight of the GGUF blocks `--quantization gguf` keeps (engine/layers/gguf_quant.py):
+# the builtin SmolLM2 file has its linear layers in Q4_1 (20 bytes / 32) and its LM head in Q8_0 (34 / 32).
+GGUF_LINEAR_BYTES_PER_WEIGHT = 20 / 32
+GGUF_HEAD_BYTES_PER_WEIGHT = 34 / 32
+
+
+def rank_gguf_block_bytes(model: ModelConfig, parallel: ParallelConfig, rank: int) -> int:
+    """Bytes of GGUF blocks `rank` holds beside its dense weights with `--quantization gguf`
+    (CPU, float32): its stage's linear layers / tp in Q4_1 and, on the last stage, its LM
+    head shard in Q8_0. The embedding lookup and the norms keep only the dense weight."""
+    pos = RankPosition.of(rank, parallel)
+    h, i = model.hidden_size, model.intermediate_size
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    start, end = get_pp_indices(model.num_layers, pos.pp_rank, pos.pp_size)
+    linear = (end - start) * (h * (q + 2 * kv) + q * h + 3 * h * i) // pos.tp_size
+    head = -(-model.vocab_size // pos.tp_size) * h if pos.is_last_stage else 0
+    return int(linear * GGUF_LINEAR_BYTES_PER_WEIGHT + head * GGUF_HEAD_BYTES_PER_WEIGHT)

@@ -154,6 +154,10 @@ SETTINGS: tuple[Setting, ...] = (
       "written for it keep working while they migrate. 0.11 brings back vllm:time_per_output_token_seconds, 0.10 "
       "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits, 0.8 vllm:num_requests_swapped; other "
       "versions add nothing. An empty string renders no flag"),
+    # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py)
+    S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
+      "blocks for matmuls of up to 8 tokens on CPU in float32 (elsewhere the dense weights serve)",
+      choices=("gguf",), short="-q"),
 )
 del S
 

@@ -15,6 +15,8 @@ is kept in the cluster (ConfigMap `<name>-tuning`, see `kvpilot.tuner.journal`) 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import functools
 import sys
 from collections.abc import Callable
@@ -56,6 +58,28 @@ def slo_of(spec: InferenceServiceSpec) -> SLO:
                max_preemptions_per_min=spec.slo.maxPreemptionsPerMin)
 
 
+def engine_api_key(kube: KubeClient, namespace: str, spec: InferenceServiceSpec, given: str | None) -> str | None:
+    """The key the tuner sends to the engine: --api-key when given, else the one the pods
+    get, read from the Secret `spec.engine.apiKeySecret` names (the operator's service account
+    may `get` Secrets in the watched namespaces, the chart's RBAC); None when the engine has no
+    key. The value is never logged. Raises SystemExit (with the Secret's name, not its data)
+    when the Secret or its key is missing or not base64, since every request would get 401."""
+    ref = spec.engine.apiKeySecret
+    if given or ref is None:
+        return given
+    secret = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}")
+    encoded = ((secret or {}).get("data") or {}).get(ref.key)
+    if encoded is None:
+        raise SystemExit(f"spec.engine.apiKeySecret: Secret {namespace}/{ref.name} "
+                         f"{'has no key ' + repr(ref.key) if secret else 'does not exist'}; the tuner cannot "
+                         f"reach the engine without its API key")
+    try:
+        return base64.b64decode(encoded, validate=True).decode()  # as the engine gets it from $VLLM_API_KEY
+    except (binascii.Error, UnicodeDecodeError):
+        raise SystemExit(f"spec.engine.apiKeySecret: key {ref.key!r} of Secret {namespace}/{ref.name} is not "
+                         f"base64-encoded UTF-8") from None
+
+
 def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
     """Device memory from --device-memory-gib (one GPU per rank), else the pod's memory
     limit (CPU engines: every rank shares it); --num-gpu-blocks-override in extraArgs
@@ -85,6 +109,7 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     target = (a.target_url or (obj.get("status") or {}).get("url", "").removesuffix("/v1")).rstrip("/")
     if not target:
         raise SystemExit("no engine URL: pass --target-url (the resource has no status.url yet)")
+    a.api_key = engine_api_key(kube, a.namespace, spec, a.api_key)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     measurer = _window_measurer(a, spec, slo, original, target)
     runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),

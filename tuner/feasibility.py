@@ -43,7 +43,7 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     cpu_kvcache_space_bytes,
     estimate_activation_bytes,
 )
-from kvpilot.engine.parallel_layout import RankPosition, rank_kv_bytes_per_token, rank_num_params
+from kvpilot.engine.parallel_layout import RankPosition, rank_gguf_block_bytes, rank_kv_bytes_per_token, rank_num_params
 from kvpilot.api.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
 
@@ -111,6 +111,7 @@ class Hardware:
     shared_memory: bool = False
     dtype: str | torch.dtype | None = None
     cpu_kvcache_space_bytes: int | None = None
+    quantization: str | None = None  # the engine's --quantization; gguf on CPU in float32 adds the blocks
 
     def engine_dtype(self, model: ModelConfig) -> str:
         """The name of the dtype the engine runs in ('bfloat16', 'float32', 'float16')."""
@@ -128,17 +129,21 @@ class Hardware:
 
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
-                         activation_scale: float = 1.0, packed_weights: bool = False) -> list[RankMemory]:
+                         activation_scale: float = 1.0, packed_weights: bool = False,
+                         gguf_blocks: bool = False) -> list[RankMemory]:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
     from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
-    second, oneDNN-packed copy of its weights (CPU, bfloat16)."""
+    second, oneDNN-packed copy of its weights (CPU, bfloat16). gguf_blocks: it also holds
+    the GGUF's blocks (`--quantization gguf`, CPU, float32)."""
     weight_elem = element_bytes(model.dtype) * (2 if packed_weights else 1)
     ranks = []
     for rank in range(parallel.world_size):
         pos = RankPosition.of(rank, parallel)
         activation = estimate_activation_bytes(model, settings.max_num_batched_tokens, settings.max_num_seqs,
                                                pos.tp_size, with_logits=pos.is_last_stage or rank == 0)
-        ranks.append(RankMemory(rank, rank_num_params(model, parallel, rank) * weight_elem,
+        weights = rank_num_params(model, parallel, rank) * weight_elem
+        weights += rank_gguf_block_bytes(model, parallel, rank) if gguf_blocks else 0
+        ranks.append(RankMemory(rank, weights,
                                 int(activation * activation_scale),
                                 settings.block_size * rank_kv_bytes_per_token(model, parallel, rank)))
     return ranks
@@ -177,7 +182,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
         return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
                                   f"exceeds the {hardware.num_devices} available device(s)")
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
-    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed)
+    gguf = hardware.quantization == "gguf" and hardware.shared_memory and dtype_name(model.dtype) == "float32"
+    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
         block_bytes = sum(r.block_bytes for r in ranks)

@@ -12,9 +12,8 @@ large batches are split over `torch.get_num_threads()` Python threads. `FusedDec
 the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
 new token's slot, then the attention (the C source: attention/cpu_kernels_source.py).
 
-Needs only a C compiler (`$CC`, else `cc`); no torch headers, so it builds in about a
-second. The shared object is cached under `<cache_dir>/kernels/` keyed by the source, the
-flags and the CPU's ISA flags (`-march=native`). Where it cannot build (no compiler, a
+Needs only a C compiler (`$CC`, else `cc`); built and cached by engine/cpu_build.py, keyed
+by the source, the flags and the CPU's ISA flags (`-march=native`). Where it cannot build (no compiler, a
 build error, a read-only cache with no writable temp dir) or `KVPILOT_CPU_KERNELS=0`,
 `load()` returns None once with a warning and the torch path is used.
 Source: vLLM PagedAttention (SOSP'23); two-pass softmax as in the math of SDPA.
@@ -23,19 +22,15 @@ Source: vLLM PagedAttention (SOSP'23); two-pass softmax as in the math of SDPA.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
 from kvpilot.engine.attention import cpu_kernels_source
+from kvpilot.engine.cpu_build import build_library
 
 logger = logging.getLogger("kvpilot.engine.attention.cpu_decode")
 
@@ -58,70 +53,20 @@ _FLAG_SETS = (
 )
 
 
-def _kernel_dirs() -> list[Path]:
-    from kvpilot.engine.model_loader import cache_dir
-
-    return [cache_dir() / "kernels", Path(tempfile.gettempdir()) / f"kvpilot-kernels-{os.getuid()}"]
-
-
-def _build(compiler: str, compile_flags: list[str], link_flags: list[str]) -> Path | None:
-    from kvpilot.engine.cpu_info import detect_cpu
-
-    flags = [*compile_flags, "|", *link_flags]
-    key = hashlib.sha256("\n".join([_SOURCE, compiler, *flags, *sorted(detect_cpu().flags)]).encode()).hexdigest()[:16]
-    for root in _kernel_dirs():
-        so = root / f"paged_decode_{key}.so"
-        if so.exists():
-            return so
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=root) as tmp:
-                src = Path(tmp) / "paged_decode.c"
-                src.write_text(_SOURCE)
-                obj, built = Path(tmp) / "paged_decode.o", Path(tmp) / "paged_decode.so"
-                for cmd in ([compiler, "-c", "-fPIC", *compile_flags, str(src), "-o", str(obj)],
-                            [compiler, "-shared", str(obj), "-o", str(built), *link_flags]):
-                    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-                os.replace(built, so)  # atomic: concurrent builders never load a half-written file
-            return so
-        except subprocess.CalledProcessError as e:
-            logger.debug("CPU decode kernel: %s %s failed: %s", compiler, " ".join(flags), e.stderr.decode()[-500:])
-            return None
-        except (OSError, subprocess.TimeoutExpired) as e:
-            logger.debug("CPU decode kernel: cannot build in %s: %s", root, e)
-    return None
-
-
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None (logged once) where it cannot be built or
-    KVPILOT_CPU_KERNELS=0 disables it."""
-    if os.environ.get("KVPILOT_CPU_KERNELS", "1") == "0":
-        logger.info("CPU decode kernel disabled by KVPILOT_CPU_KERNELS=0: using the torch path")
+    KVPILOT_CPU_KERNELS=0 disables it (engine/cpu_build.py)."""
+    lib = build_library("paged_decode", _SOURCE, _FLAG_SETS, logger, "the torch path")
+    if lib is None:
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        logger.warning("CPU decode kernel: no C compiler (%s); using the torch path", os.environ.get("CC", "cc"))
-        return None
-    for compile_flags, link_flags in _FLAG_SETS:
-        so = _build(compiler, compile_flags, link_flags)
-        if so is None:
-            continue
-        try:
-            lib = ctypes.CDLL(str(so))
-        except OSError as e:
-            logger.debug("CPU decode kernel: cannot load %s: %s", so, e)
-            continue
-        fn = lib.kvp_paged_decode_f32
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_float]
-        logger.info("CPU decode kernel built with %s %s", compiler, " ".join(compile_flags))
-        return lib
-    logger.warning("CPU decode kernel: the build failed with every flag set; using the torch path")
-    return None
+    fn = lib.kvp_paged_decode_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_float]
+    return lib
 
 
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}

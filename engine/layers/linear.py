@@ -12,22 +12,39 @@ Source: Shoeybi et al., Megatron-LM (2019); vLLM `vllm/model_executor/layers/lin
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.layers.gguf_kernel import gguf_matmul
 
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
 
 
+GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
+
+
 class _Linear(nn.Module):
-    """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed`."""
+    """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed`; with
+    `--quantization gguf`, also the GGUF blocks `qweight` [out, in / 32 * block bytes]
+    uint8 of type `qtype` (layers/gguf_quant.py)."""
 
     packed: torch.Tensor | None = None
+    qweight: torch.Tensor | None = None
+    qtype: int = 0
+
+    def set_qweight(self, qtype: int, blocks) -> None:
+        """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s)."""
+        self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
+        self.qtype = qtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x weight^T [..., out], same dtype."""
+        if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= GGUF_MAX_TOKENS
+                and x.dtype == torch.float32 and x.stride(1) == 1):
+            return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0])
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.weight)

@@ -111,11 +111,8 @@ def test_without_a_compiler_the_backend_falls_back_to_torch_buckets(seed, monkey
     assert_close_to_ref(out, ref, torch.float32, seed)
 
 
-def test_a_failing_build_falls_back_to_torch_buckets(seed, monkeypatch, tmp_path):
+def test_a_failing_build_falls_back_to_torch_buckets(seed, failing_cc):
     """A compiler that exists but fails (here: `false`) for every flag set."""
-    monkeypatch.setenv("CC", "false")
-    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_decode.tempfile, "gettempdir", lambda: str(tmp_path))
     cpu_decode.load.cache_clear()
     try:
         out, ref, decodes = _mixed_step(seed)

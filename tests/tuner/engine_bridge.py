@@ -7,6 +7,7 @@ of this stand-in that keeps the test short; a real rollout starts new pods)."""
 from __future__ import annotations
 
 import argparse
+import base64
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,21 @@ def pod_engine(args: list[str]) -> tuple[str, EngineSettings, list[str]]:
     if ns.num_gpu_blocks_override:
         other += ["--num-gpu-blocks-override", str(ns.num_gpu_blocks_override)]
     return ns.model, settings, other
+
+
+def pod_api_key(cluster, namespace: str, pod: dict) -> str | None:
+    """$VLLM_API_KEY as the kubelet would give the engine container: a plain `value`, or the
+    Secret key a `valueFrom.secretKeyRef` names (base64-decoded `data`, Kubernetes API:
+    "Using Secrets as environment variables")."""
+    for var in pod["spec"]["containers"][0].get("env") or ():
+        if var["name"] != "VLLM_API_KEY":
+            continue
+        if "value" in var:
+            return var["value"]
+        ref = var["valueFrom"]["secretKeyRef"]
+        secrets = [o for o in cluster.objects("", "v1", "secrets", namespace) if o["metadata"]["name"] == ref["name"]]
+        return base64.b64decode(secrets[0]["data"][ref["key"]]).decode() if secrets else None
+    return None
 
 
 class EngineBridge:
@@ -78,13 +94,15 @@ class EngineBridge:
                 seen = digest
                 model, settings, other = pod_engine(pod["spec"]["containers"][0]["args"])
                 try:
-                    self.rollouts.append((digest, self._apply(model, settings, other)))
+                    self.rollouts.append((digest, self._apply(model, settings, other,
+                                                              pod_api_key(self.cluster, self.namespace, pod))))
                 except TrialFailed as e:
                     self.errors.append(str(e))
             time.sleep(0.2)
 
-    def _apply(self, model: str, settings: EngineSettings, other: list[str]) -> str:
-        if self.engine is not None and self.engine.running and self.engine.extra_args == other:
+    def _apply(self, model: str, settings: EngineSettings, other: list[str], api_key: str | None) -> str:
+        if self.engine is not None and self.engine.running and self.engine.extra_args == other \
+                and self.engine.api_key == api_key:
             changes = self.engine.settings.live_changes(settings)
             if changes == {}:
                 return "unchanged"
@@ -92,6 +110,6 @@ class EngineBridge:
                 return "live"
         if self.engine is not None:
             self.engine.stop()
-        self.engine = EngineProcess(model, self.workdir / "engine.log", other, port=self.port)
+        self.engine = EngineProcess(model, self.workdir / "engine.log", other, api_key=api_key, port=self.port)
         self.engine.start(settings)
         return "start"

@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 
 from kvpilot.cli.main import main as kvpilot_main
 from kvpilot.tuner import cli
-from kvpilot.tuner.demo import DEMO_ARGS
+from kvpilot.tuner.demo import DEMO_ARGS, Calibration
 from kvpilot.tuner.exporter import TunerMetrics
 
 
@@ -47,6 +47,16 @@ def test_flags_build_the_space_slos_and_workload(tmp_path):
 def test_demo_flags_parse():
     a = cli.parse(DEMO_ARGS)
     assert a.local and a.trials >= 3 and a.engine_args[0] == "--num-gpu-blocks-override"
+
+
+def test_demo_slos_come_from_the_calibration_and_allow_one_prefill_stall():
+    # unloaded TTFT 0.4 s, TPOT 0.07 s, latency 3.5 s on some machine
+    a = cli.parse(DEMO_ARGS + Calibration(ttft_s=0.4, tpot_s=0.07, latency_s=3.5).args())
+    assert a.slo.ttft_p95_ms == pytest.approx(400 + 1.5 * 3500, abs=1)
+    # an inter-token gap may hold one other request's prefill step (~ the unloaded TTFT)
+    assert a.slo.itl_p95_ms == pytest.approx(400 + 2 * 70, abs=1) and a.slo.itl_p95_ms > 400
+    assert a.workload.request_rate == pytest.approx(1.5 / 3.5, abs=1e-3)
+    assert a.slo.max_preemptions_per_min == 0
 
 
 def test_top_level_cli_routes_tune_and_bad_flags_exit_2(capsys):

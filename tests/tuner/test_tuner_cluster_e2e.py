@@ -4,7 +4,9 @@ the operator's Kopf process), which patches each trial into spec.engine; the ope
 it out; the engine that the pods stand for (a real `kvpilot serve`, see engine_bridge.py)
 serves the tuner's ShareGPT load; a real Prometheus scrapes it with the labels a PodMonitor
 adds; the tuner measures through PromQL, keeps the study in a ConfigMap, writes
-status.tuning and events, and leaves the best settings in spec.engine."""
+status.tuning and events, and leaves the best settings in spec.engine. The engine has an
+API key (spec.engine.apiKeySecret): the pods get it from the Secret, and so does the tuner,
+through the Kubernetes API with the chart's RBAC (it is never a flag)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,7 @@ import shlex
 import subprocess
 import sys
 
+import httpx
 import pytest
 import yaml
 from cluster.harness import TestCluster
@@ -25,13 +28,15 @@ from kvpilot.tuner.cluster import flag_values
 
 pytestmark = pytest.mark.slow
 NAME = "tuned"
+API_KEY = "tuner-e2e-key-0123456789"
 
 
 def manifest() -> str:
     doc = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
     doc["metadata"]["name"] = NAME
     doc["spec"]["engine"].update(maxModelLen=512, maxNumSeqs=8, maxNumBatchedTokens=512,
-                                 extraArgs=["--num-gpu-blocks-override", "48"])
+                                 extraArgs=["--num-gpu-blocks-override", "48"],
+                                 apiKeySecret={"name": f"{NAME}-api-key", "key": "api-key"})
     doc["spec"]["slo"] = {"ttftP95Ms": 60000, "itlP95Ms": 5000, "maxPreemptionsPerMin": 1000}
     doc["spec"]["tuning"] = {"enabled": True, "maxTrials": 3, "trialSeconds": 10, "workload": "synthetic",
                              "objective": "goodput"}
@@ -72,8 +77,11 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             "--report-dir", str(tmp_path / "report")], prometheus.url)
         try:
             bridge.start()
+            kubectl("create", "secret", "generic", f"{NAME}-api-key", f"--from-literal=api-key={API_KEY}")
             kubectl.apply(manifest())
             first = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
+            wait_for(lambda: bridge.engine is not None and bridge.engine.running, 120, what="the engine")
+            anonymous = httpx.get(f"{bridge.url}/v1/models", timeout=10).status_code
             done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
                             == "Done", 300, what="status.tuning.phase Done")
             assert done, log.read_text()[-3000:]
@@ -90,6 +98,10 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             bridge.stop()
 
     assert bridge.errors == []
+    # the engine refused requests without the key; the tuner, which was given none, read it
+    # from the Secret and measured every trial through the authenticated API
+    assert anonymous == 401 and bridge.engine.api_key == API_KEY
+    assert API_KEY not in log.read_text()  # never logged
     # every request the operator and the tuner sent is granted by the chart's RBAC
     assert {"configmaps", "inferenceservices/status"} <= {a.resource for a in sent}
     assert [str(a) for a in missing(sent, helm_template("--set=watch.namespaces={default}"))] == []

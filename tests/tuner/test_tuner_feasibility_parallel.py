@@ -107,3 +107,17 @@ def test_cpu_hardware_without_a_dtype_follows_the_engine_auto_rule():
     want = choose_cpu_dtype(detect_cpu()).name  # dtypes travel as names in the tuner
     assert Hardware(GiB, shared_memory=True).engine_dtype(SMOL) == want
     assert Hardware(GiB).engine_dtype(SMOL) == SMOL.dtype  # GPUs: the model's dtype
+
+
+def test_gguf_quantization_adds_its_blocks_to_the_cpu_weights():
+    fp32 = dataclasses.replace(SMOL, dtype="float32")
+    (dense,) = estimate_rank_memory(BASE, fp32, ParallelConfig(1, 1))
+    (quant,) = estimate_rank_memory(BASE, fp32, ParallelConfig(1, 1), gguf_blocks=True)
+    # the builtin GGUF: 30 layers of Q4_1 linears (20 bytes / 32 weights) and the Q8_0 LM head (34 / 32)
+    linear = 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536)
+    assert quant.weights_bytes - dense.weights_bytes == int(linear * 20 / 32 + 49152 * 576 * 34 / 32)
+    plain = check(BASE, fp32, Hardware(2 * GiB, shared_memory=True, dtype="float32"))
+    quantized = check(BASE, fp32, Hardware(2 * GiB, shared_memory=True, dtype="float32", quantization="gguf"))
+    assert quantized.num_blocks < plain.num_blocks
+    # on a GPU the engine keeps no blocks (the kernel is CPU-only), so nothing changes
+    assert check(BASE, fp32, Hardware(2 * GiB, quantization="gguf")).num_blocks == check(BASE, fp32, Hardware(2 * GiB)).num_blocks

@@ -1,0 +1,272 @@
+"""The C source of the GGUF block matmul (engine/layers/gguf_kernel.py builds and calls it).
+
+`kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
+layouts), dequantizing each block in AVX2 registers (a scalar loop where the compiler
+does not target AVX2 and FMA) with float32 accumulation, and splits the rows over a small
+persistent pthread pool. Kept in its own module so the wrapper stays short.
+"""
+
+SOURCE = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVP_AVX2 1
+#endif
+
+static float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else {  /* subnormal half: normalize */
+        exp = 113;
+        while (!(man & 0x400)) { man <<= 1; --exp; }
+        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+#define MAXM 8  /* activation rows per pass: their accumulators stay in registers */
+
+typedef struct {
+    int qtype;
+    const uint8_t *w;
+    int64_t n, k, m, x_stride, y_stride, parts;  /* parts: chunks of CHUNK rows */
+    const float *x, *xsum;
+    float *y;
+} job_t;
+
+/* rows [n0, n1) of y for activation rows [m0, m0 + mm) */
+static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm) {
+    const int64_t nb = j->k / 32, bs = j->qtype == 3 ? 20 : 34;
+    for (int64_t r = n0; r < n1; ++r) {
+        const uint8_t *row = j->w + r * nb * bs;
+        float tail[MAXM] = {0};
+#ifdef KVP_AVX2
+        __m256 acc[MAXM];
+        for (int64_t i = 0; i < mm; ++i) acc[i] = _mm256_setzero_ps();
+        const __m128i low4 = _mm_set1_epi8(0x0f);
+#else
+        float acc[MAXM] = {0};
+#endif
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *blk = row + b * bs;
+            uint16_t dh, mh;
+            memcpy(&dh, blk, 2);
+            const float d = f16_to_f32(dh);
+#ifdef KVP_AVX2
+            __m256 q0, q1, q2, q3;
+            if (j->qtype == 3) {
+                memcpy(&mh, blk + 2, 2);
+                const float mn = f16_to_f32(mh);
+                for (int64_t i = 0; i < mm; ++i) tail[i] += mn * j->xsum[(m0 + i) * nb + b];
+                const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
+                const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+                q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+            } else {
+                const uint8_t *qs = blk + 2;
+                q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs)));
+                q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8))));
+                q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16))));
+                q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 24))));
+            }
+            const __m256 dv = _mm256_set1_ps(d);
+            for (int64_t i = 0; i < mm; ++i) {
+                const float *x = j->x + (m0 + i) * j->x_stride + b * 32;
+                __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), q0);
+                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), q1, t);
+                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q2, t);
+                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q3, t);
+                acc[i] = _mm256_fmadd_ps(dv, t, acc[i]);
+            }
+#else
+            float q[32];
+            if (j->qtype == 3) {
+                memcpy(&mh, blk + 2, 2);
+                const float mn = f16_to_f32(mh);
+                for (int64_t i = 0; i < mm; ++i) tail[i] += mn * j->xsum[(m0 + i) * nb + b];
+                for (int t = 0; t < 16; ++t) { q[t] = (float)(blk[4 + t] & 15); q[t + 16] = (float)(blk[4 + t] >> 4); }
+            } else {
+                for (int t = 0; t < 32; ++t) q[t] = (float)(int8_t)blk[2 + t];
+            }
+            for (int64_t i = 0; i < mm; ++i) {
+                const float *x = j->x + (m0 + i) * j->x_stride + b * 32;
+                float s = 0.f;
+                for (int t = 0; t < 32; ++t) s += x[t] * q[t];
+                acc[i] += d * s;
+            }
+#endif
+        }
+        for (int64_t i = 0; i < mm; ++i) {
+#ifdef KVP_AVX2
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            j->y[(m0 + i) * j->y_stride + r] = _mm_cvtss_f32(h) + tail[i];
+#else
+            j->y[(m0 + i) * j->y_stride + r] = acc[i] + tail[i];
+#endif
+        }
+    }
+}
+
+#define CHUNK 32  /* rows per claim: small enough to balance, large enough to amortize the claim */
+
+static void run_chunk(const job_t *j, int64_t c) {
+    const int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < j->n ? n0 + CHUNK : j->n;
+    for (int64_t m0 = 0; m0 < j->m; m0 += MAXM) rows(j, n0, n1, m0, j->m - m0 < MAXM ? j->m - m0 : MAXM);
+}
+
+/* A persistent pool. The caller and the workers claim chunks of rows from g_next until none
+   is left; the caller then waits only for chunks a worker has claimed, so a worker that is
+   not scheduled (a busy machine) never stalls a call. Workers spin (pause, then
+   sched_yield) for SPIN_NS after a job, then sleep on a condition variable. */
+#define MAXT 64
+#define SPIN_NS 300000L
+static pthread_mutex_t g_call = PTHREAD_MUTEX_INITIALIZER, g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static job_t g_job;
+static atomic_long g_gen;
+static long g_base;  /* g_gen when the workers started: they run every job published after it */
+/* g_next = chunks << 32 | next chunk: one atomic, so a claim always reads the chunk count
+   of the job it claims from; g_done = chunks finished */
+static atomic_long g_next, g_done;
+static int g_workers, g_sleepers, g_stop;
+static pid_t g_pid;
+static pthread_t g_threads[MAXT];
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#ifdef KVP_AVX2
+    _mm_pause();
+#endif
+}
+
+/* Runs chunks of the current job until none is left. A successful claim is of the job in
+   g_job: the caller writes g_job before it stores g_next, and does not return (or publish
+   another job) before every claimed chunk is finished. */
+static void claim_chunks(void) {
+    for (;;) {
+        const long v = atomic_fetch_add_explicit(&g_next, 1, memory_order_acq_rel);
+        const long c = v & 0xffffffffL;
+        if (c >= (v >> 32)) return;
+        run_chunk(&g_job, c);
+        atomic_fetch_add_explicit(&g_done, 1, memory_order_release);
+    }
+}
+
+static void *worker(void *arg) {
+    const int64_t id = (int64_t)(intptr_t)arg;
+    long seen = g_base;
+    for (;;) {
+        long g, start = now_ns();
+        for (int spins = 0; (g = atomic_load_explicit(&g_gen, memory_order_acquire)) == seen; ++spins) {
+            if (spins < 4096) { relax(); continue; }
+            if ((spins & 63) == 0 && now_ns() - start > SPIN_NS) {
+                pthread_mutex_lock(&g_mu);
+                ++g_sleepers;
+                while ((g = atomic_load(&g_gen)) == seen) pthread_cond_wait(&g_cv, &g_mu);
+                --g_sleepers;
+                pthread_mutex_unlock(&g_mu);
+                break;
+            }
+            sched_yield();
+        }
+        seen = g;
+        if (g_stop) return NULL;
+        (void)id;
+        claim_chunks();
+    }
+}
+
+static void publish(void) {
+    pthread_mutex_lock(&g_mu);
+    atomic_fetch_add_explicit(&g_gen, 1, memory_order_release);
+    if (g_sleepers) pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Makes the pool hold `want` workers; returns how many it holds (fewer if creation fails). */
+static int resize(int want) {
+    if (getpid() != g_pid) {  /* a forked child inherits no threads: start afresh */
+        pthread_mutex_init(&g_mu, NULL);
+        pthread_cond_init(&g_cv, NULL);
+        g_workers = g_sleepers = 0;
+        g_pid = getpid();
+    }
+    if (want == g_workers) return g_workers;
+    if (g_workers) {
+        g_stop = 1;
+        publish();
+        for (int i = 0; i < g_workers; ++i) pthread_join(g_threads[i], NULL);
+        g_stop = 0;
+        g_workers = 0;
+    }
+    g_base = atomic_load(&g_gen);
+    for (; g_workers < want; ++g_workers)
+        if (pthread_create(&g_threads[g_workers], NULL, worker, (void *)(intptr_t)g_workers)) break;
+    return g_workers;
+}
+
+/* y[m, y_stride] (first n columns) = x[m, x_stride] (first k columns) @ W^T, W [n, k] in
+   blocks of qtype 3 (Q4_1) or 8 (Q8_0), rows contiguous; k a multiple of 32. Uses up to
+   `threads` threads. Returns 0, -1 for a bad qtype or k, -2 out of memory. */
+int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
+                    int64_t m, float *y, int64_t y_stride, int threads) {
+    if ((qtype != 3 && qtype != 8) || k % 32) return -1;
+    if (m <= 0 || n <= 0) return 0;
+    float *xsum = NULL;
+    if (qtype == 3) {
+        const int64_t nb = k / 32;
+        xsum = malloc(sizeof(float) * m * nb);
+        if (!xsum) return -2;
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t b = 0; b < nb; ++b) {
+                float s = 0.f;
+                for (int t = 0; t < 32; ++t) s += x[i * x_stride + b * 32 + t];
+                xsum[i * nb + b] = s;
+            }
+    }
+    if (threads > MAXT) threads = MAXT;
+    if (threads > n) threads = (int)n;
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+    job_t job = {qtype, w, n, k, m, x_stride, y_stride, chunks, x, xsum, y};
+    if (threads <= 1 || chunks == 1) {
+        for (int64_t c = 0; c < chunks; ++c) run_chunk(&job, c);
+    } else {
+        pthread_mutex_lock(&g_call);
+        resize(threads - 1);
+        g_job = job;
+        atomic_store_explicit(&g_done, 0, memory_order_relaxed);
+        atomic_store_explicit(&g_next, chunks << 32, memory_order_release);
+        if (g_workers) publish();
+        claim_chunks();
+        while (atomic_load_explicit(&g_done, memory_order_acquire) < chunks) relax();
+        pthread_mutex_unlock(&g_call);
+    }
+    free(xsum);
+    return 0;
+}
+"""

@@ -1,0 +1,92 @@
+"""The GGUF block matmul for CPU (engine/layers/gguf_kernel.py) against a float64
+dequantize-then-matmul reference (gguf-py's block layouts), at decode-sized M."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from kvpilot.engine import cpu_build
+from kvpilot.engine.layers import gguf_kernel
+from kvpilot.engine.layers.gguf_kernel import Q4_1, Q8_0, gguf_matmul
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if gguf_kernel.load() is None:
+        pytest.fail("the GGUF matmul kernel did not build; `make test` installs a C compiler")
+    return gguf_kernel
+
+
+def random_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray]:
+    """Random GGUF blocks [n, k/32 * bytes] and their float64 dequantized weight [n, k]."""
+    nb = k // 32
+    d = (rng.random((n, nb, 1)) * 0.02 + 1e-3).astype(np.float16)
+    if qtype == Q4_1:
+        m = (-rng.random((n, nb, 1)) * 0.1).astype(np.float16)
+        qs = rng.integers(0, 256, (n, nb, 16), dtype=np.uint8)
+        raw = np.concatenate([d.view(np.uint8), m.view(np.uint8), qs], -1)
+        q = np.concatenate([qs & 15, qs >> 4], -1)  # element j: low nibble of byte j, j+16: its high nibble
+        weight = d.astype(np.float64) * q + m.astype(np.float64)
+    else:
+        qs = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8)
+        raw = np.concatenate([d.view(np.uint8), qs.view(np.uint8)], -1)
+        weight = d.astype(np.float64) * qs
+    return torch.from_numpy(raw.reshape(n, -1).copy()), weight.reshape(n, k)
+
+
+@pytest.mark.parametrize("qtype", [Q4_1, Q8_0])
+@pytest.mark.parametrize("m", [1, 3, 8, 11])
+@pytest.mark.parametrize("n,k", [(37, 96), (577, 64), (64, 32)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_kernel_matches_float64_dequant_matmul(kernel, qtype, m, n, k, threads, seed, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    raw, weight = random_blocks(qtype, n, k, np.random.default_rng(seed))
+    x = torch.randn(m, k + 5)[:, :k]  # strided rows, as a slice of a fused activation
+    got = gguf_matmul(x, raw, qtype, n)
+    want = x.double().numpy() @ weight.T
+    # float32 accumulation over k terms: error grows with sqrt(k) times the magnitude of the terms
+    tol = 1e-6 * np.sqrt(k) * (np.abs(x.double().numpy()) @ np.abs(weight).T).max()
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=tol)
+
+
+def test_out_buffer_and_shape_checks(kernel, seed):
+    raw, weight = random_blocks(Q8_0, 40, 64, np.random.default_rng(seed))
+    x = torch.randn(2, 64)
+    out = torch.full((2, 40), float("nan"))
+    assert gguf_matmul(x, raw, Q8_0, 40, out=out) is out
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="bad shapes"):
+        gguf_matmul(torch.randn(2, 48), raw, Q8_0, 40)  # k not a multiple of 32
+    with pytest.raises(ValueError, match="bad shapes"):
+        gguf_matmul(x, raw, Q4_1, 40)  # Q8_0 rows read as Q4_1
+    with pytest.raises(ValueError, match="not supported"):
+        gguf_matmul(x, raw, 2, 40)  # Q4_0
+    with pytest.raises(ValueError, match="bad shapes"):
+        gguf_matmul(x.double(), raw, Q8_0, 40)
+
+
+def test_disabled_kernels_fall_back_with_a_log_line(monkeypatch, caplog):
+    monkeypatch.setenv(cpu_build.DISABLE_ENV, "0")
+    gguf_kernel.load.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="kvpilot.engine.layers.gguf_kernel"):
+            assert gguf_kernel.load() is None
+        assert "KVPILOT_CPU_KERNELS=0" in caplog.text and "dense float32" in caplog.text
+        with pytest.raises(RuntimeError, match="not available"):
+            gguf_matmul(torch.randn(1, 32), torch.zeros(1, 34, dtype=torch.uint8), Q8_0, 1)
+    finally:
+        gguf_kernel.load.cache_clear()
+
+
+def test_a_failing_build_falls_back(failing_cc, caplog):
+    gguf_kernel.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvpilot.engine.layers.gguf_kernel"):
+            assert gguf_kernel.load() is None
+        assert "build failed with every flag set" in caplog.text
+    finally:
+        gguf_kernel.load.cache_clear()
