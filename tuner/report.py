@@ -45,8 +45,20 @@ def _ranked(study: optuna.Study) -> list[dict[str, Any]]:
         measurements = 1 + len(again.get(t.number, []))
         ranked.append({"number": t.number, "settings": t.user_attrs["settings"], "runs": runs,
                        "median": statistics.median(runs), "spread": max(runs) - min(runs),
-                       "feasible_runs": f"{met}/{measurements}", "feasible": met * 2 > measurements})
+                       "feasible_runs": f"{met}/{measurements}", "feasible": met * 2 > measurements,
+                       "measurements": measurements})
     return sorted(ranked, key=lambda r: (r["feasible"], r["median"] if maximize else -r["median"]), reverse=True)
+
+
+def winner(ranked: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best feasible trial that was measured again, when any was: a trial seen in one
+    measurement whose median beats a re-measured one's is more likely a lucky window than a
+    better setting (the winner's curse; re-measuring the top is what exposed it), so it does
+    not win on that window. Without re-measurements (--remeasure-top 0) the top of the
+    ranking wins. None when no trial is feasible."""
+    feasible = [r for r in ranked if r["feasible"]]
+    again = [r for r in feasible if r["measurements"] > 1]
+    return (again or feasible or [None])[0]
 
 
 def pareto_front(study: optuna.Study) -> list[dict[str, Any]]:
@@ -86,7 +98,7 @@ def build(study: optuna.Study, slo: SLO, objective: str, meta: dict[str, Any] | 
         return report
     ranked = _ranked(study)
     report["ranking"] = ranked
-    best = ranked[0] if ranked and ranked[0]["feasible"] else None
+    best = winner(ranked)
     report["best"] = best
     incumbent = defaults and (next((r for r in ranked if r["number"] == defaults["number"]), None)
                               or {"number": defaults["number"], "runs": [defaults["values"][0]], "feasible": False})

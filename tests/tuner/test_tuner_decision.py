@@ -87,3 +87,15 @@ def test_a_clearly_better_setting_replaces_the_running_settings():
     d = rep["decision"]
     assert d["replace"] and d["winner"] != 0 and d["margin"] > d["noise"] > 0, d
     assert rep["best"]["spread"] > 0 and "deploy trial #" in report.table(rep)
+
+
+def test_a_single_lucky_window_does_not_beat_a_re_measured_trial():
+    # trial 1 looked best in its first window and regressed when measured again (winner's
+    # curse); trial 2, measured once after it, sits just above the re-measured median
+    ranked = [{"number": 2, "median": 1.05, "feasible": True, "measurements": 1},
+              {"number": 1, "median": 1.02, "feasible": True, "measurements": 2},
+              {"number": 0, "median": 0.90, "feasible": False, "measurements": 2}]
+    assert report.winner(ranked)["number"] == 1
+    # without any re-measurement the ranking's top wins; nothing feasible: no winner
+    assert report.winner([dict(r, measurements=1) for r in ranked])["number"] == 2
+    assert report.winner([dict(r, feasible=False) for r in ranked]) is None
