@@ -9,6 +9,7 @@ API key (spec.engine.apiKeySecret): the pods get it from the Secret, and so does
 through the Kubernetes API with the chart's RBAC (it is never a flag)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -41,6 +42,13 @@ def manifest() -> str:
     doc["spec"]["tuning"] = {"enabled": True, "maxTrials": 3, "trialSeconds": 10, "workload": "synthetic",
                              "objective": "goodput"}
     return yaml.safe_dump(doc)
+
+
+def status_without_key(url: str) -> int | None:
+    try:
+        return httpx.get(f"{url}/v1/models", timeout=10).status_code
+    except httpx.TransportError:
+        return None
 
 
 def ready(kubectl) -> dict | None:
@@ -77,11 +85,11 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             "--report-dir", str(tmp_path / "report")], prometheus.url)
         try:
             bridge.start()
-            kubectl("create", "secret", "generic", f"{NAME}-api-key", f"--from-literal=api-key={API_KEY}")
+            kubectl.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-api-key"},
+                                          "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()}}))
             kubectl.apply(manifest())
             first = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
-            wait_for(lambda: bridge.engine is not None and bridge.engine.running, 120, what="the engine")
-            anonymous = httpx.get(f"{bridge.url}/v1/models", timeout=10).status_code
+            anonymous = wait_for(lambda: status_without_key(bridge.url), 180, what="the engine answering")
             done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
                             == "Done", 300, what="status.tuning.phase Done")
             assert done, log.read_text()[-3000:]
