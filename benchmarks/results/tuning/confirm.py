@@ -50,6 +50,12 @@ def main() -> int:
         defaults = EngineSettings(max_model_len=spec["max_model_len"])
         choices = collections.Counter(json.dumps(c, sort_keys=True) for c in r["strategies"]["tuner"]["choices"]
                                       if c != defaults.as_dict())
+        if not choices:  # the tuner kept the defaults in every seed: nothing to confirm
+            out[name] = {"slo": r["slo"], "defaults": defaults.as_dict(), "chosen": None,
+                         "note": "the tuner kept the defaults in every seed"}
+            out_path.write_text(json.dumps(out, indent=1) + "\n")
+            print(f"{name}: the tuner kept the defaults in every seed", file=sys.stderr, flush=True)
+            continue
         chosen = EngineSettings(**json.loads(choices.most_common(1)[0][0]))
         requests, offs = requests_for(name, tokenizer), offsets(name)
         workload = Workload(num_requests=spec["requests"], warmup_requests=1, ignore_eos=True)
