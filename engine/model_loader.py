@@ -61,23 +61,31 @@ def builtin_gguf_path(alias: str) -> Path:
     return path
 
 
+def gguf_source(model: str) -> Path | None:
+    """The GGUF file behind `model` (a builtin alias, `builtin://alias`, or a .gguf path), or
+    None for anything else. Raises ValueError for an unknown `builtin://` alias."""
+    alias = model.removeprefix("builtin://")
+    if alias in BUILTIN_MODELS or model.startswith("builtin://"):
+        return builtin_gguf_path(alias)  # raises with the list of aliases
+    path = Path(model).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def resolve_model_path(model: str) -> Path:
     """Returns a Hugging Face-format directory for `model`, converting a GGUF on first
     use. Raises ValueError when `model` is none of the accepted forms."""
     alias = model.removeprefix("builtin://")
+    gguf = gguf_source(model)
     if alias in BUILTIN_MODELS:
-        gguf = builtin_gguf_path(alias)
         baked = Path(os.environ.get(BUILTIN_MODELS_DIR_ENV) or "/nonexistent") / alias
         if _is_converted(baked):
             return baked
         return _converted(gguf, cache_dir() / "models" / alias)
-    if model.startswith("builtin://"):
-        builtin_gguf_path(alias)  # raises with the list of aliases
+    if gguf is not None:
+        stat = gguf.stat()
+        key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        return _converted(gguf, cache_dir() / "models" / f"{gguf.stem}-{key}")
     path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        stat = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-        return _converted(path, cache_dir() / "models" / f"{path.stem}-{key}")
     if path.is_dir() and (path / "config.json").is_file():
         return path
     raise ValueError(
@@ -89,14 +97,11 @@ def resolve_model_path(model: str) -> Path:
 def gguf_file(model: str) -> Path:
     """The GGUF file behind `model` (a builtin alias or a .gguf path), for
     `--quantization gguf`. Raises ValueError for a Hugging Face directory or anything else."""
-    alias = model.removeprefix("builtin://")
-    if alias in BUILTIN_MODELS:
-        return builtin_gguf_path(alias)
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    raise ValueError(f"--quantization gguf needs a GGUF model (a builtin alias {sorted(BUILTIN_MODELS)} or a "
-                     f".gguf file), not {model!r}; drop --quantization to serve {model!r} unquantized")
+    gguf = gguf_source(model)
+    if gguf is None:
+        raise ValueError(f"--quantization gguf needs a GGUF model (a builtin alias {sorted(BUILTIN_MODELS)} or a "
+                         f".gguf file), not {model!r}; drop --quantization to serve {model!r} unquantized")
+    return gguf
 
 
 def _is_converted(path: Path) -> bool:
