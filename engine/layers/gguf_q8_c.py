@@ -45,7 +45,8 @@ void kvp_quantize_q8_1(const float *x, int64_t x_stride, int64_t m, int64_t k, i
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
             /* the packs interleave 128-bit lanes: groups of 4 come out as 0,2,4,6,1,3,5,7 */
             const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-            _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, order));
             o[0] = d;
             o[1] = d * (float)_mm_cvtsi128_si32(s4);
 #else
@@ -92,7 +93,8 @@ static inline __attribute__((always_inline)) void tile_q8(const job_t *j, int64_
                 memcpy(&dm, blk, 4);
                 sc[r] = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
                 const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));  /* j: low nibble, j+16: high */
-                wq[r] = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low4);
+                const __m256i lo_hi = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+                wq[r] = _mm256_and_si256(lo_hi, low4);
             } else {
                 uint16_t dh;
                 memcpy(&dh, blk, 2);

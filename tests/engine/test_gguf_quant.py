@@ -102,8 +102,8 @@ def test_decode_sized_matmuls_read_the_blocks_and_agree_with_the_dense_weight(qu
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activations", ["float32", "q8_1"])
-def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs, activations, monkeypatch,  # noqa: F811
-                                                        caplog):
+def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs,  # noqa: F811
+                                                        activations, monkeypatch, caplog):
     # vLLM's rule (tests/models/utils.py check_logprobs_close, as test_hf_parity.py applies it): per
     # prompt, tokens equal up to the first difference, where each run's token is in the other's top-5
     # logprobs; the comparison stops there. float32 activations must also keep the dense path's bar
