@@ -49,7 +49,7 @@ static float f16_to_f32(uint16_t h) {
 typedef struct {
     int qtype;
     const uint8_t *w;
-    int64_t n, k, m, x_stride, y_stride, parts;  /* parts: chunks of CHUNK rows */
+    int64_t n, k, m, x_stride, y_stride, rows_per_chunk;
     const float *x, *xsum;
     float *y;
     int act8;            /* 1: 8-bit activations xq [m, k] and (d, s) pairs xds [m, k / 32, 2] */
@@ -161,10 +161,14 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
 """
 
 _POOL = r"""
-#define CHUNK 32  /* rows per claim: small enough to balance, large enough to amortize the claim */
+/* Rows per claim: about CHUNKS_PER_THREAD claims per thread (at least MIN_CHUNK rows, a multiple
+   of 4 for the q8 tiles). Each claim and each finished chunk is an atomic on a line the cores
+   share: with claims of 32 rows, 2 threads ran a 576-row decode matmul no faster than 1. */
+#define MIN_CHUNK 32
+#define CHUNKS_PER_THREAD 4
 
 static void run_chunk(const job_t *j, int64_t c) {
-    const int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < j->n ? n0 + CHUNK : j->n;
+    const int64_t n0 = c * j->rows_per_chunk, n1 = n0 + j->rows_per_chunk < j->n ? n0 + j->rows_per_chunk : j->n;
     if (j->act8) { rows_q8(j, n0, n1); return; }
     for (int64_t m0 = 0; m0 < j->m; m0 += MAXM) rows(j, n0, n1, m0, j->m - m0 < MAXM ? j->m - m0 : MAXM);
 }
@@ -273,8 +277,12 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
                     int64_t m, float *y, int64_t y_stride, int threads, int act8) {
     if ((qtype != 3 && qtype != 8) || k % 32) return -1;
     if (m <= 0 || n <= 0) return 0;
-    const int64_t nb = k / 32, chunks = (n + CHUNK - 1) / CHUNK;
-    job_t job = {qtype, w, n, k, m, x_stride, y_stride, chunks, x, NULL, y, act8, NULL, NULL};
+    if (threads > MAXT) threads = MAXT;
+    if (threads < 1) threads = 1;
+    int64_t per = (n + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
+    per = per < MIN_CHUNK ? MIN_CHUNK : (per + 3) / 4 * 4;
+    const int64_t nb = k / 32, chunks = (n + per - 1) / per;
+    job_t job = {qtype, w, n, k, m, x_stride, y_stride, per, x, NULL, y, act8, NULL, NULL};
     if (act8) {
         const size_t qbytes = ((size_t)(m * k) + 63) & ~(size_t)63;
         char *buf = scratch(qbytes + sizeof(float) * 2 * m * nb);
@@ -293,8 +301,6 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
             }
         job.xsum = xsum;
     }
-    if (threads > MAXT) threads = MAXT;
-    if (threads > n) threads = (int)n;
     if (threads <= 1 || chunks == 1) {
         for (int64_t c = 0; c < chunks; ++c) run_chunk(&job, c);
     } else {
