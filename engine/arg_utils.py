@@ -78,6 +78,10 @@ class EngineArgs:
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), choice.reason)
         else:
             dtype = resolve_dtype(self.dtype)
+        if self.quantization == "gguf":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
+            from kvpilot.engine.layers.gguf_kernel import activations_from_env
+
+            activations_from_env()
         path = resolve_model_path(self.model)
         model = load_model_config(path, self.max_model_len, dtype)
         parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)

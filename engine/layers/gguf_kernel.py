@@ -1,13 +1,17 @@
 """y = x W^T for W kept in GGUF's Q4_1 or Q8_0 blocks, in plain C (AVX2 where the CPU
 has it, a scalar loop elsewhere), built with the system's C compiler at first use
-(engine/cpu_build.py) and called through ctypes; float32 activations and accumulation.
+(engine/cpu_build.py) and called through ctypes; float32 activations, or (the default of
+`--quantization gguf`, as vLLM's GGUF path) activations quantized to 8-bit blocks.
 
 Why: one decode step at batch 1 reads every weight once, so its time is the weight bytes
 over the memory bandwidth. Q4_1 takes 20 bytes per 32 weights (6.4x fewer than float32)
 and Q8_0 34 bytes. The blocks are dequantized in registers, never in memory, as llama.cpp's
-CPU `ggml_vec_dot_*` and vLLM's `ggml_mul_mat_vec_a8` (GGUF, batch <= 8) do; unlike them the
-activations stay float32 (no 8-bit quantization of x), so results differ from the dense
-float32 matmul only by rounding order. Per block of 32 with scale d and minimum m:
+CPU `ggml_vec_dot_*` and vLLM's `ggml_mul_mat_vec_a8` (GGUF, batch <= 8) do.
+activations="q8_1" (their way; gguf_q8_c.py) quantizes each activation row to blocks of 32
+int8 with a float scale and runs integer dot products: 3-4x fewer instructions per block,
+results within the activations' 8-bit rounding. activations="float32" keeps x in float32,
+so results differ from the dense float32 matmul only by rounding order; per block of 32
+with scale d and minimum m:
   Q4_1: w_j = d * q_j + m, q_j in 0..15, q_j = qs[j] & 15, q_{j+16} = qs[j] >> 4;
         sum_j x_j w_j = d * sum_j x_j q_j + m * sum_j x_j
   Q8_0: w_j = d * q_j, q_j int8;  sum_j x_j w_j = d * sum_j x_j q_j
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from functools import lru_cache
 
 import torch
@@ -36,42 +41,82 @@ BLOCK_WEIGHTS = 32
 BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 
 
-# -ffp-contract=off keeps d * q + m and the sums as written; AVX2 needs FMA (every AVX2 x86
-# CPU has it) and the scalar path builds anywhere.
-_FLAG_SETS = (
-    (["-O3", "-march=native", "-ffp-contract=off", "-pthread"], ["-pthread"]),
-    (["-O2", "-pthread"], ["-pthread"]),
-)
+# Activation formats: "q8_1" (8-bit blocks, integer dot products) or "float32" (exact x).
+ACTIVATIONS = ("q8_1", "float32")
+ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
+
+# -ffp-contract=off keeps d * q + m and the sums as written; AVX2 needs FMA and F16C (every
+# AVX2 x86 CPU has them). The portable set builds the scalar loops anywhere.
+NATIVE_FLAGS = (["-O3", "-march=native", "-ffp-contract=off", "-pthread"], ["-pthread"])
+PORTABLE_FLAGS = (["-O2", "-pthread"], ["-pthread"])
+
+
+def activations_from_env() -> str:
+    """KVPILOT_GGUF_ACTIVATIONS, "q8_1" when unset. Raises ValueError on another value."""
+    value = os.environ.get(ACTIVATIONS_ENV, "").strip() or ACTIVATIONS[0]
+    if value not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: use one of {', '.join(ACTIVATIONS)} "
+                         "(q8_1: 8-bit activations, the default; float32: exact activations)")
+    return value
+
+
+def build(flag_sets=(NATIVE_FLAGS, PORTABLE_FLAGS)) -> ctypes.CDLL | None:
+    """Builds (or finds in the cache) the library with the first flag set that works and
+    declares its functions; None (logged) where it cannot be built or is disabled."""
+    lib = build_library("gguf_matmul", SOURCE, flag_sets, logger, "the dense float32 weights")
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.kvp_gguf_matmul.restype = ctypes.c_int
+    lib.kvp_gguf_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int, ctypes.c_int]
+    lib.kvp_quantize_q8_1.restype = None
+    lib.kvp_quantize_q8_1.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.kvp_gguf_simd.restype = ctypes.c_int
+    return lib
 
 
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled library, or None (logged once) where it cannot be built or
     KVPILOT_CPU_KERNELS=0 disables it."""
-    lib = build_library("gguf_matmul", SOURCE, _FLAG_SETS, logger, "the dense float32 weights")
+    return build()
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load()
     if lib is None:
-        return None
-    fn = lib.kvp_gguf_matmul
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        raise RuntimeError("the GGUF matmul kernel is not available")
     return lib
 
 
+def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's activation quantizer, exposed for tests: x [M, K] float32 (K a multiple
+    of 32, last dim contiguous) -> (q [M, K] int8, d [M, K/32] float32, s [M, K/32] float32)
+    with d = max|x| / 127 per block of 32, q = x * (1/d) rounded to nearest (ties to even),
+    s = d * sum(q) (ggml's quantize_row_q8_1). Raises ValueError on bad shapes."""
+    m, k = x.shape
+    if x.dtype != torch.float32 or x.stride(1) != 1 or k % BLOCK_WEIGHTS:
+        raise ValueError(f"quantize_q8_1: x must be [M, K] float32, K a multiple of 32, got {tuple(x.shape)} {x.dtype}")
+    q, ds = torch.empty(m, k, dtype=torch.int8), torch.empty(m, k // BLOCK_WEIGHTS, 2)
+    _lib().kvp_quantize_q8_1(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), ds.data_ptr())
+    return q, ds[..., 0], ds[..., 1]
+
+
 def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, activations: str = "q8_1") -> torch.Tensor:
     """x @ W^T with W given as GGUF blocks.
 
     x:       [M, K] float32 on CPU, K a multiple of 32, last dim contiguous (rows may be strided)
     blocks:  [N, K / 32 * BLOCK_BYTES[qtype]] uint8, contiguous: row n holds W[n]'s blocks
     qtype:   Q4_1 (3) or Q8_0 (8), gguf.GGMLQuantizationType's numbers
     out:     optional [M, N] float32 contiguous, written and returned
+    activations: "q8_1" (x quantized to 8-bit blocks, integer dot products) or "float32"
     returns  [M, N] float32. Uses torch.get_num_threads() threads.
-    Raises ValueError on mismatched shapes, dtypes or an unsupported qtype, RuntimeError when
-    the library is not built (check `load()` first) or runs out of memory."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the GGUF matmul kernel is not available")
+    Raises ValueError on mismatched shapes, dtypes, an unsupported qtype or activations,
+    RuntimeError when the library is not built (check `load()` first) or runs out of memory."""
+    lib = _lib()
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"gguf_matmul: activations must be one of {ACTIVATIONS}, not {activations!r}")
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"gguf_matmul: quantization type {qtype} is not supported (Q4_1=3, Q8_0=8)")
     m, k = x.shape
@@ -85,7 +130,7 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features:
     elif out.shape != (m, out_features) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"gguf_matmul: out must be [{m}, {out_features}] float32 contiguous")
     code = lib.kvp_gguf_matmul(qtype, blocks.data_ptr(), out_features, k, x.data_ptr(), x.stride(0), m,
-                               out.data_ptr(), out_features, torch.get_num_threads())
+                               out.data_ptr(), out_features, torch.get_num_threads(), activations == "q8_1")
     if code:
         raise RuntimeError(f"gguf_matmul: the kernel failed ({'out of memory' if code == -2 else code})")
     return out

@@ -1,22 +1,26 @@
 """The C source of the GGUF block matmul (engine/layers/gguf_kernel.py builds and calls it).
 
 `kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
-layouts), dequantizing each block in AVX2 registers (a scalar loop where the compiler
-does not target AVX2 and FMA) with float32 accumulation, and splits the rows over a small
-persistent pthread pool. Kept in its own module so the wrapper stays short.
+layouts) and splits the rows over a small persistent pthread pool. With float32
+activations it dequantizes each block in AVX2 registers (a scalar loop where the compiler
+does not target AVX2 and FMA) with float32 accumulation; with 8-bit activations it runs
+the integer dot products of gguf_q8_c.py. Kept in its own module so the wrapper stays short.
 """
 
-SOURCE = r"""
+from kvpilot.engine.layers.gguf_q8_c import Q8_SOURCE
+
+_HEAD = r"""
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KVP_AVX2 1
 #endif
@@ -45,12 +49,39 @@ static float f16_to_f32(uint16_t h) {
 typedef struct {
     int qtype;
     const uint8_t *w;
-    int64_t n, k, m, x_stride, y_stride, parts;  /* parts: chunks of CHUNK rows */
+    int64_t n, k, m, x_stride, y_stride, rows_per_chunk;
     const float *x, *xsum;
     float *y;
+    int act8;            /* 1: 8-bit activations xq [m, k] and (d, s) pairs xds [m, k / 32, 2] */
+    const int8_t *xq;
+    const float *xds;
 } job_t;
 
-/* rows [n0, n1) of y for activation rows [m0, m0 + mm) */
+/* A grow-only scratch buffer per calling thread (64-byte aligned), freed when the thread
+   exits: no malloc per call, and two Python threads calling at once never share one. */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static __thread void *t_scratch;
+static __thread size_t t_scratch_bytes;
+
+static void scratch_key_init(void) { pthread_key_create(&g_scratch_key, free); }
+
+static void *scratch(size_t bytes) {
+    if (bytes <= t_scratch_bytes) return t_scratch;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) return NULL;
+    free(t_scratch);
+    t_scratch = p;
+    t_scratch_bytes = bytes;
+    pthread_once(&g_scratch_once, scratch_key_init);
+    pthread_setspecific(g_scratch_key, p);
+    return p;
+}
+
+"""
+
+_FLOAT_ROWS = r"""
+/* rows [n0, n1) of y for activation rows [m0, m0 + mm), float32 activations */
 static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm) {
     const int64_t nb = j->k / 32, bs = j->qtype == 3 ? 20 : 34;
     for (int64_t r = n0; r < n1; ++r) {
@@ -127,10 +158,18 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
     }
 }
 
-#define CHUNK 32  /* rows per claim: small enough to balance, large enough to amortize the claim */
+"""
+
+_POOL = r"""
+/* Rows per claim: about CHUNKS_PER_THREAD claims per thread (at least MIN_CHUNK rows, a multiple
+   of 4 for the q8 tiles). Each claim and each finished chunk is an atomic on a line the cores
+   share: with claims of 32 rows, 2 threads ran a 576-row decode matmul no faster than 1. */
+#define MIN_CHUNK 32
+#define CHUNKS_PER_THREAD 4
 
 static void run_chunk(const job_t *j, int64_t c) {
-    const int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < j->n ? n0 + CHUNK : j->n;
+    const int64_t n0 = c * j->rows_per_chunk, n1 = n0 + j->rows_per_chunk < j->n ? n0 + j->rows_per_chunk : j->n;
+    if (j->act8) { rows_q8(j, n0, n1); return; }
     for (int64_t m0 = 0; m0 < j->m; m0 += MAXM) rows(j, n0, n1, m0, j->m - m0 < MAXM ? j->m - m0 : MAXM);
 }
 
@@ -231,16 +270,28 @@ static int resize(int want) {
 }
 
 /* y[m, y_stride] (first n columns) = x[m, x_stride] (first k columns) @ W^T, W [n, k] in
-   blocks of qtype 3 (Q4_1) or 8 (Q8_0), rows contiguous; k a multiple of 32. Uses up to
+   blocks of qtype 3 (Q4_1) or 8 (Q8_0), rows contiguous; k a multiple of 32. act8: quantize
+   x to 8-bit blocks first (kvp_quantize_q8_1) and use integer dot products. Uses up to
    `threads` threads. Returns 0, -1 for a bad qtype or k, -2 out of memory. */
 int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
-                    int64_t m, float *y, int64_t y_stride, int threads) {
+                    int64_t m, float *y, int64_t y_stride, int threads, int act8) {
     if ((qtype != 3 && qtype != 8) || k % 32) return -1;
     if (m <= 0 || n <= 0) return 0;
-    float *xsum = NULL;
-    if (qtype == 3) {
-        const int64_t nb = k / 32;
-        xsum = malloc(sizeof(float) * m * nb);
+    if (threads > MAXT) threads = MAXT;
+    if (threads < 1) threads = 1;
+    int64_t per = (n + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
+    per = per < MIN_CHUNK ? MIN_CHUNK : (per + 3) / 4 * 4;
+    const int64_t nb = k / 32, chunks = (n + per - 1) / per;
+    job_t job = {qtype, w, n, k, m, x_stride, y_stride, per, x, NULL, y, act8, NULL, NULL};
+    if (act8) {
+        const size_t qbytes = ((size_t)(m * k) + 63) & ~(size_t)63;
+        char *buf = scratch(qbytes + sizeof(float) * 2 * m * nb);
+        if (!buf) return -2;
+        job.xq = (const int8_t *)buf;
+        job.xds = (const float *)(buf + qbytes);
+        kvp_quantize_q8_1(x, x_stride, m, k, (int8_t *)buf, (float *)(buf + qbytes));
+    } else if (qtype == 3) {
+        float *xsum = scratch(sizeof(float) * m * nb);
         if (!xsum) return -2;
         for (int64_t i = 0; i < m; ++i)
             for (int64_t b = 0; b < nb; ++b) {
@@ -248,11 +299,8 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
                 for (int t = 0; t < 32; ++t) s += x[i * x_stride + b * 32 + t];
                 xsum[i * nb + b] = s;
             }
+        job.xsum = xsum;
     }
-    if (threads > MAXT) threads = MAXT;
-    if (threads > n) threads = (int)n;
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-    job_t job = {qtype, w, n, k, m, x_stride, y_stride, chunks, x, xsum, y};
     if (threads <= 1 || chunks == 1) {
         for (int64_t c = 0; c < chunks; ++c) run_chunk(&job, c);
     } else {
@@ -266,7 +314,17 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
         while (atomic_load_explicit(&g_done, memory_order_acquire) < chunks) relax();
         pthread_mutex_unlock(&g_call);
     }
-    free(xsum);
     return 0;
 }
+
+/* 1 where this build runs the AVX2 paths, 0 for the scalar loops. */
+int kvp_gguf_simd(void) {
+#ifdef KVP_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
 """
+
+SOURCE = _HEAD + _FLOAT_ROWS + Q8_SOURCE + _POOL

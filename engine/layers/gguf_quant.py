@@ -1,7 +1,9 @@
 """`--quantization gguf` on CPU: every linear layer and the LM head keep the GGUF's raw
 Q4_1 / Q8_0 blocks beside their dense float32 weight; decode-sized matmuls (at most
 `linear.GGUF_MAX_TOKENS` rows) read the blocks through the C kernel (gguf_kernel.py), larger ones
-(prefill) the dense weight.
+(prefill) the dense weight. The kernel quantizes the activations to 8-bit blocks first
+(vLLM's GGUF path always does for small batches) unless KVPILOT_GGUF_ACTIVATIONS=float32
+keeps them exact; `maybe_quantize` logs which at start-up.
 
 The dense weights still come from the safetensors the loader converted from the same GGUF
 (dequantized by gguf-py: d * q + m for Q4_1, d * q for Q8_0, in float32), so the blocks
@@ -108,9 +110,10 @@ def _targets(model: nn.Module, name: str) -> list[tuple[nn.Module, int | None]]:
     return [(model.layers[layer].get_submodule(module), index)]
 
 
-def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> int:
+def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8_1") -> int:
     """Gives each linear layer of `model` (this stage, this rank's shard) and its LM head
-    the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`) and returns their bytes.
+    the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`), read with
+    `activations` ("q8_1" or "float32", gguf_kernel.ACTIVATIONS), and returns their bytes.
     A fused layer (qkv, gate_up) is quantized only when all its parts share one type; a
     layer whose input shard is not a whole number of blocks keeps the dense path."""
     from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -124,29 +127,34 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> int:
             elif isinstance(module, RowParallelLinear):
                 part = _shard_columns(blocks, qtype, module.in_shard, rank)
                 if part is not None:
-                    module.set_qweight(qtype, part)
+                    module.set_qweight(qtype, part, activations)
             else:  # the LM head (VocabParallelEmbedding)
-                module.set_qweight(qtype, _shard_rows(blocks, module.shard, rank) if tp > 1 else blocks)
+                module.set_qweight(qtype, _shard_rows(blocks, module.shard, rank) if tp > 1 else blocks, activations)
     for module, parts in fused.items():
         types = {qtype for qtype, _ in parts.values()}
         if len(parts) == len(module.output_sizes) and len(types) == 1:
-            module.set_qweight(types.pop(), np.concatenate([parts[i][1] for i in range(len(parts))]))
+            module.set_qweight(types.pop(), np.concatenate([parts[i][1] for i in range(len(parts))]), activations)
     return sum(m.qweight.numel() for m in model.modules() if getattr(m, "qweight", None) is not None)
 
 
 def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | None,
                    device: torch.device, dtype: torch.dtype) -> int:
     """Attaches the GGUF blocks when `quantization` is 'gguf' and the kernel can run here;
-    otherwise logs why the dense weights serve. Returns the bytes attached."""
+    otherwise logs why the dense weights serve. Returns the bytes attached. Raises
+    ValueError when KVPILOT_GGUF_ACTIVATIONS names no activation format."""
     if quantization != "gguf":
         return 0
+    activations = gguf_kernel.activations_from_env()
     reason = unavailable_reason(device, dtype)
     if reason is not None or gguf_path is None:
         logger.warning("--quantization gguf: %s; using the dense weights", reason or "no GGUF file")
         return 0
     from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
-    extra = attach_gguf_blocks(model, Path(gguf_path))
-    logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens",
-                extra / 2**20, GGUF_MAX_TOKENS)
+    extra = attach_gguf_blocks(model, Path(gguf_path), activations)
+    how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
+           f"{gguf_kernel.ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
+           else f"float32 activations ({gguf_kernel.ACTIVATIONS_ENV}=float32)")
+    logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens, %s",
+                extra / 2**20, GGUF_MAX_TOKENS, how)
     return extra

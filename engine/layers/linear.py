@@ -29,22 +29,26 @@ GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the 
 class _Linear(nn.Module):
     """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed`; with
     `--quantization gguf`, also the GGUF blocks `qweight` [out, in / 32 * block bytes]
-    uint8 of type `qtype` (layers/gguf_quant.py)."""
+    uint8 of type `qtype` and the kernel's activation format `qactivations`
+    (layers/gguf_quant.py)."""
 
     packed: torch.Tensor | None = None
     qweight: torch.Tensor | None = None
     qtype: int = 0
+    qactivations: str = "q8_1"
 
-    def set_qweight(self, qtype: int, blocks) -> None:
-        """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s)."""
+    def set_qweight(self, qtype: int, blocks, activations: str = "q8_1") -> None:
+        """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
+        read with `activations` "q8_1" (8-bit) or "float32" (gguf_kernel.ACTIVATIONS)."""
         self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
         self.qtype = qtype
+        self.qactivations = activations
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x weight^T [..., out], same dtype."""
         if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= GGUF_MAX_TOKENS
                 and x.dtype == torch.float32 and x.stride(1) == 1):
-            return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0])
+            return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.weight)

@@ -1,5 +1,6 @@
-"""The GGUF block matmul for CPU (engine/layers/gguf_kernel.py) against a float64
-dequantize-then-matmul reference (gguf-py's block layouts), at decode-sized M."""
+"""The GGUF block matmul for CPU (engine/layers/gguf_kernel.py) with float32 activations
+against a float64 dequantize-then-matmul reference (gguf-py's block layouts), at
+decode-sized M, in both builds: the native one (AVX2 here) and the portable scalar one."""
 
 from __future__ import annotations
 
@@ -19,6 +20,27 @@ def kernel():
     if gguf_kernel.load() is None:
         pytest.fail("the GGUF matmul kernel did not build; `make test` installs a C compiler")
     return gguf_kernel
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def build_lib(request, kernel):
+    """Each build of the library, as (name, lib): `-march=native` (AVX2 where the CPU has
+    it) and the portable flags (the scalar loops); tests route gguf_matmul to it."""
+    from kvpilot.engine.cpu_info import detect_cpu
+
+    if request.param == "native":
+        lib = kernel.load()
+        assert lib.kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+    else:
+        lib = kernel.build([kernel.PORTABLE_FLAGS])
+        assert lib is not None and lib.kvp_gguf_simd() == 0
+    return request.param, lib
+
+
+@pytest.fixture
+def lib(build_lib, monkeypatch):
+    monkeypatch.setattr(gguf_kernel, "load", lambda: build_lib[1])
+    return build_lib[1]
 
 
 def random_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray]:
@@ -42,11 +64,11 @@ def random_blocks(qtype: int, n: int, k: int, rng: np.random.Generator) -> tuple
 @pytest.mark.parametrize("m", [1, 3, 8, 11])
 @pytest.mark.parametrize("n,k", [(37, 96), (577, 64), (64, 32)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_kernel_matches_float64_dequant_matmul(kernel, qtype, m, n, k, threads, seed, monkeypatch):
+def test_kernel_matches_float64_dequant_matmul(lib, qtype, m, n, k, threads, seed, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     raw, weight = random_blocks(qtype, n, k, np.random.default_rng(seed))
     x = torch.randn(m, k + 5)[:, :k]  # strided rows, as a slice of a fused activation
-    got = gguf_matmul(x, raw, qtype, n)
+    got = gguf_matmul(x, raw, qtype, n, activations="float32")
     want = x.double().numpy() @ weight.T
     # float32 accumulation over k terms: error grows with sqrt(k) times the magnitude of the terms
     tol = 1e-6 * np.sqrt(k) * (np.abs(x.double().numpy()) @ np.abs(weight).T).max()
@@ -67,6 +89,8 @@ def test_out_buffer_and_shape_checks(kernel, seed):
         gguf_matmul(x, raw, 2, 40)  # Q4_0
     with pytest.raises(ValueError, match="bad shapes"):
         gguf_matmul(x.double(), raw, Q8_0, 40)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        gguf_matmul(x, raw, Q8_0, 40, activations="int4")
 
 
 def test_disabled_kernels_fall_back_with_a_log_line(monkeypatch, caplog):

@@ -3,6 +3,7 @@ fp32 with `--quantization gguf` (Q4_1/Q8_0 blocks for decode matmuls), at 1 and 
 Chat prompt from ShareGPT, 48 new tokens (greedy, ignore_eos); CPU and wall ms per token,
 decode only: (run(48) - run(1)) / 47 in each of 5 interleaved rounds, median (and min) over rounds. Usage: python gguf_single_stream.py OUT.json"""
 import json, os, sys, time, torch
+os.environ.setdefault("KVPILOT_GGUF_ACTIVATIONS", "float32")  # section 6's figures; 6b's script measures q8_1
 from kvpilot.engine import LLM, SamplingParams
 from kvpilot.bench.datasets import sharegpt_pairs
 from kvpilot.engine.cpu_info import detect_cpu
