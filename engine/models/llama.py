@@ -100,6 +100,9 @@ class LlamaForCausalLM(nn.Module):
     `intermediate` (the first stage embeds input_ids instead);
     compute_logits(hidden [n, H]) -> [n, vocab_size] float32 (last stage only)."""
 
+    # layers/cpu_decode_stack.DecodeStack: small decode steps in one C call (gguf_quant attaches it)
+    decode_stack = None
+
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = cfg
@@ -135,6 +138,10 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
     ) -> torch.Tensor | IntermediateTensors:
+        if self.decode_stack is not None and intermediate is None:
+            hidden = self.decode_stack.forward(input_ids, positions, kv_caches, meta)
+            if hidden is not None:
+                return hidden
         # The residual stream is updated in place: a received tensor is copied first.
         x = self.embed_tokens(input_ids) if self.is_first_stage else intermediate["hidden_states"].clone()
         rope = self.rotary_emb.cos_sin(positions, x.dtype)

@@ -1,0 +1,208 @@
+"""One C call for all decoder layers of a small decode-only step on the float32 CPU
+`--quantization gguf` path (the C glue: layers/cpu_decode_stack_c.py).
+
+Why: at batch 1 a SmolLM2 decode step is 121 GGUF matmuls of ~60 us each, and the Python
+around them (module calls, wrapper checks, tensor allocations, ctypes argument
+conversion: 8 kernel calls per layer) took about as long again; between two matmuls that
+stream weights through the caches the interpreter's own state is cold, so each Python
+operation costs more than it does in a micro-benchmark. `DecodeStack` validates every
+layer's weights and caches once, keeps their pointers in C structs, and runs a step's
+layers with one ctypes call that calls the same C functions the modules call (the GGUF
+matmul, the fused RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the
+same buffers' contents, so its outputs are bit-identical to the module path.
+
+It serves a step only where the module path would run those same kernels: tensor and
+pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
+torch attention backend with its fused C decode, the C norm and activation switched on,
+every row a decode, at most `linear.GGUF_MAX_TOKENS` rows, and attention small enough
+that the module path would not split it over threads (`cpu_decode.PARALLEL_MIN_WORK`).
+Any other step returns None and the modules run. Source: the per-layer order of
+models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
+whole decode step without returning to the host language.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from functools import lru_cache
+
+import torch
+
+from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
+from kvpilot.engine.cpu_build import build_library
+from kvpilot.engine.layers import cpu_ops, gguf_kernel
+from kvpilot.engine.layers.activation import SiluAndMul
+from kvpilot.engine.layers.cpu_decode_stack_c import SOURCE
+from kvpilot.engine.layers.layernorm import RMSNorm
+from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
+
+logger = logging.getLogger("kvpilot.engine.layers.cpu_decode_stack")
+
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+class _QLinear(ctypes.Structure):
+    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("qtype", _I), ("act8", _I)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("input_eps", _D), ("post_eps", _D),
+                ("qkv", _QLinear), ("o", _QLinear), ("gate_up", _QLinear), ("down", _QLinear),
+                ("k_cache", _P), ("v_cache", _P)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("matmul", _P), ("norm", _P), ("silu", _P), ("attn", _P),
+                ("hidden", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I),
+                ("intermediate", _I), ("scale", _D), ("final_norm", _P), ("final_eps", _D),
+                ("cos_table", _P), ("sin_table", _P)]
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The glue library, or None (logged once) where it or the kernels it calls cannot be
+    built, or KVPILOT_CPU_KERNELS=0."""
+    if gguf_kernel.load() is None or cpu_ops.lib() is None:
+        return None
+    lib = build_library("decode_stack", SOURCE, ((["-O2"], []),), logger, "the per-module decode path")
+    if lib is not None:
+        lib.kvp_decode_stack.restype = ctypes.c_int
+        lib.kvp_decode_stack.argtypes = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int]
+    return lib
+
+
+def _fn_ptr(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(lib[name], _P).value  # lib[name]: a fresh handle, whatever wraps lib.name
+
+
+def _qlinear(module, n: int, k: int) -> _QLinear | None:
+    w = getattr(module, "qweight", None)
+    if (w is None or module.qtype not in gguf_kernel.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
+            or tuple(w.shape) != (n, k // gguf_kernel.BLOCK_WEIGHTS * gguf_kernel.BLOCK_BYTES[module.qtype])
+            or k % gguf_kernel.BLOCK_WEIGHTS):
+        return None
+    return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
+
+
+def _norm_ok(norm, hidden: int) -> bool:
+    w = norm.weight
+    return w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() and tuple(w.shape) == (hidden,)
+
+
+class DecodeStack:
+    """The C decode stack of one model (`build` says whether it can serve it at all).
+    `enabled = False` keeps every step on the modules (comparisons, tests)."""
+
+    enabled = True
+
+    def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple[_Layer, tuple]]) -> None:
+        cfg = model.config
+        clib = cpu_ops.lib()
+        self.lib, self.fn = lib, lib.kvp_decode_stack
+        self.model = model
+        self.backend = model.layers[model.start_layer].self_attn.backend
+        attn = model.layers[model.start_layer].self_attn
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.qkv_n = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.hidden, self.intermediate = cfg.hidden_size, cfg.intermediate_size
+        rope = model.rotary_emb
+        self.max_positions = rope.cos.shape[0]
+        self.md = _Model(_fn_ptr(gguf_kernel.load(), "kvp_gguf_matmul"), _fn_ptr(clib, "kvp_rms_norm_f32"),
+                         _fn_ptr(clib, "kvp_silu_mul_f32"), _fn_ptr(clib, "kvp_rope_cache_decode_f32"),
+                         self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, 0, self.intermediate,
+                         attn.scale, model.norm.weight.data_ptr(), model.norm.eps,
+                         rope.cos.data_ptr(), rope.sin.data_ptr())
+        self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
+        self.keep = [rope.cos, rope.sin, model.norm.weight] + [t for _, ts in layers for t in ts]
+        self.caches_key: tuple | None = None
+        self.work = torch.empty(GGUF_MAX_TOKENS * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
+                                                   + 3 * self.intermediate))
+        self.args_tail = (ctypes.byref(self.md), ctypes.byref(self.layers), len(layers))
+
+    @classmethod
+    def build(cls, model) -> DecodeStack | None:
+        """A DecodeStack for `model` (a LlamaForCausalLM with the GGUF blocks attached), or
+        None where some layer would not run the C kernels (see the module docstring)."""
+        from kvpilot.engine import parallel_state as ps
+
+        if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
+                or model.start_layer >= model.end_layer or model.config.dtype != torch.float32):
+            return None
+        lib = load()
+        if lib is None:
+            return None
+        cfg = model.config
+        layers = []
+        for i in range(model.start_layer, model.end_layer):
+            layer = model.layers[i]
+            attn, mlp = layer.self_attn, layer.mlp
+            q_n = attn.num_heads * attn.head_dim
+            parts = (_qlinear(attn.qkv_proj, (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim, cfg.hidden_size),
+                     _qlinear(attn.o_proj, cfg.hidden_size, q_n),
+                     _qlinear(mlp.gate_up_proj, 2 * cfg.intermediate_size, cfg.hidden_size),
+                     _qlinear(mlp.down_proj, cfg.hidden_size, cfg.intermediate_size))
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size) for n in norms)
+                    or not isinstance(attn.backend, TorchAttentionBackend) or attn.head_dim % 2):
+                return None
+            tensors = (norms[0].weight, norms[1].weight, attn.qkv_proj.qweight, attn.o_proj.qweight,
+                       mlp.gate_up_proj.qweight, mlp.down_proj.qweight)
+            layers.append((_Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps, norms[1].eps,
+                                  *parts, None, None), tensors))
+        rope = model.rotary_emb
+        if (not _norm_ok(model.norm, cfg.hidden_size) or rope.cos.dtype != torch.float32
+                or not (rope.cos.is_contiguous() and rope.sin.is_contiguous())):
+            return None
+        return cls(model, lib, layers)
+
+    def _set_caches(self, kv_caches: list) -> bool:
+        """Points the layer structs at this step's caches (validated when they change)."""
+        key = tuple(t.data_ptr() for pair in kv_caches for t in pair)
+        if key == self.caches_key:
+            return True
+        if len(kv_caches) != len(self.layers):
+            return False
+        shape = None
+        for (k, v), layer in zip(kv_caches, self.layers):
+            if (k.dtype != torch.float32 or v.dtype != torch.float32 or k.device.type != "cpu" or k.dim() != 4
+                    or not (k.is_contiguous() and v.is_contiguous()) or v.shape != k.shape
+                    or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim) or shape not in (None, k.shape)):
+                self.caches_key = None
+                return False
+            shape = k.shape
+            layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
+        self.md.block_size = shape[1]
+        self.caches, self.caches_key = list(kv_caches), key
+        return True
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list, meta) -> torch.Tensor | None:
+        """Hidden states [num_tokens, hidden] float32 after the final norm (a new tensor), as
+        LlamaForCausalLM.forward returns them, or None where this step is not one the stack
+        serves (the caller then runs the modules). Raises RuntimeError when a kernel runs
+        out of memory."""
+        m = input_ids.shape[0]
+        if (not self.enabled or not 0 < m <= GGUF_MAX_TOKENS or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
+                or not (RMSNorm.use_c_kernel and SiluAndMul.use_c_kernel)
+                or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
+                or sum(meta.seq_lens_cpu) * self.num_kv_heads >= cpu_decode.PARALLEL_MIN_WORK
+                or max(meta.seq_lens_cpu) > self.max_positions):
+            return None
+        slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
+        if (positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != (m,)
+                or slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (m,)
+                or tables.dtype != torch.int32 or not tables.is_contiguous() or tables.shape[0] != m
+                or lens.dtype != torch.int32 or not lens.is_contiguous() or lens.shape != (m,)
+                or positions.device.type != "cpu" or not self._set_caches(kv_caches)):
+            return None
+        residual = self.model.embed_tokens(input_ids)
+        if residual.dtype != torch.float32 or not residual.is_contiguous():
+            return None
+        hidden = torch.empty(m, self.hidden)
+        code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
+                       slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
+                       torch.get_num_threads())
+        if code:
+            raise RuntimeError(f"decode stack: a kernel failed with code {code} (-1, -2: out of memory)")
+        return hidden

@@ -1,0 +1,98 @@
+"""The C source of the decode stack (layers/cpu_decode_stack.py builds and calls it).
+
+`kvp_decode_stack` runs every decoder layer of a decode-only step of up to 8 rows, then the
+final norm, in one call, by calling the engine's existing C functions through pointers it
+is given (so each does exactly what the per-module path does, bit for bit):
+  layer 0:  h = rms_norm(residual)                       (residual = the embeddings)
+  other:    residual += h; h = rms_norm(residual)        (vLLM's fused_add_rms_norm)
+  qkv = h W_qkv^T; attn = fused RoPE + K/V write + paged attention (qkv)
+  h = attn W_o^T; residual += h; h = rms_norm(residual)
+  h = (silu(gate) * up)(h W_gate_up^T) W_down^T
+  end:      residual += h; h = rms_norm(residual)        (the model's final norm)
+The glue itself is a loop over plain structs: no arithmetic of its own beyond gathering
+the step's RoPE cos/sin rows from the tables.
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
+                         int64_t m, float *y, int64_t y_stride, int threads, int act8);
+typedef void (*norm_fn)(float *x, float *residual, const float *w, float *out, int64_t rows, int64_t hidden,
+                        float eps);
+typedef void (*silu_fn)(const float *gate_up, float *out, int64_t rows, int64_t inter);
+typedef int (*attn_fn)(const float *qkv, int64_t qkv_stride, const float *cos, const float *sin,
+                       int64_t rope_stride, const int64_t *slots, float *k_cache, float *v_cache,
+                       const int32_t *tables, int64_t max_blocks, const int32_t *lens, float *out,
+                       int64_t seq_begin, int64_t seq_end, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_dim, int64_t block_size, float scale);
+
+typedef struct {  /* one GGUF linear layer: blocks [n, k / 32 * block bytes] */
+    const uint8_t *w;
+    int64_t n, k;
+    int64_t qtype, act8;
+} kvp_qlinear_t;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    double input_eps, post_eps;
+    kvp_qlinear_t qkv, o, gate_up, down;
+    float *k_cache, *v_cache;
+} kvp_layer_t;
+
+typedef struct {
+    matmul_fn matmul;
+    norm_fn norm;
+    silu_fn silu;
+    attn_fn attn;
+    int64_t hidden, num_heads, num_kv_heads, head_dim, block_size, intermediate;
+    double scale;
+    const float *final_norm;
+    double final_eps;
+    const float *cos_table, *sin_table;  /* [max_positions, head_dim / 2] */
+} kvp_model_t;
+
+/* residual [m, hidden]: the embeddings in, the residual stream out; h [m, hidden]: the
+   final-normed hidden states out. work: m * (head_dim + qkv_n + num_heads * head_dim
+   + 3 * intermediate) floats. Returns 0, or the first non-zero code of a kernel
+   (-1 attention scratch, -2 matmul scratch out of memory; any other: a bad argument). */
+int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n_layers, float *residual,
+                     float *h, int64_t m, const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                     int64_t max_blocks, const int32_t *lens, float *work, int threads) {
+    const int64_t hid = md->hidden, half = md->head_dim / 2, hd = md->head_dim;
+    const int64_t qkv_n = (md->num_heads + 2 * md->num_kv_heads) * hd, attn_n = md->num_heads * hd;
+    const int64_t inter = md->intermediate;
+    float *cos = work, *sin = cos + m * half, *qkv = sin + m * half, *attn = qkv + m * qkv_n;
+    float *gu = attn + m * attn_n, *act = gu + m * 2 * inter;
+    for (int64_t i = 0; i < m; ++i) {
+        memcpy(cos + i * half, md->cos_table + positions[i] * half, sizeof(float) * half);
+        memcpy(sin + i * half, md->sin_table + positions[i] * half, sizeof(float) * half);
+    }
+    int code;
+    for (int64_t l = 0; l < n_layers; ++l) {
+        const kvp_layer_t *L = layers + l;
+        if (l == 0) md->norm(residual, NULL, L->input_norm, h, m, hid, (float)L->input_eps);
+        else md->norm(h, residual, L->input_norm, h, m, hid, (float)L->input_eps);
+        if ((code = md->matmul((int)L->qkv.qtype, L->qkv.w, L->qkv.n, L->qkv.k, h, hid, m, qkv, qkv_n, threads,
+                               (int)L->qkv.act8)))
+            return code;
+        if ((code = md->attn(qkv, qkv_n, cos, sin, half, slots, L->k_cache, L->v_cache, tables, max_blocks, lens,
+                             attn, 0, m, md->num_heads, md->num_kv_heads, hd, md->block_size, (float)md->scale)))
+            return code;
+        if ((code = md->matmul((int)L->o.qtype, L->o.w, L->o.n, L->o.k, attn, attn_n, m, h, hid, threads,
+                               (int)L->o.act8)))
+            return code;
+        md->norm(h, residual, L->post_norm, h, m, hid, (float)L->post_eps);
+        if ((code = md->matmul((int)L->gate_up.qtype, L->gate_up.w, L->gate_up.n, L->gate_up.k, h, hid, m, gu,
+                               2 * inter, threads, (int)L->gate_up.act8)))
+            return code;
+        md->silu(gu, act, m, inter);
+        if ((code = md->matmul((int)L->down.qtype, L->down.w, L->down.n, L->down.k, act, inter, m, h, hid,
+                               threads, (int)L->down.act8)))
+            return code;
+    }
+    md->norm(h, residual, md->final_norm, h, m, hid, (float)md->final_eps);
+    return 0;
+}
+"""

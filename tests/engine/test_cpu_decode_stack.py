@@ -1,0 +1,119 @@
+"""The C decode stack (engine/layers/cpu_decode_stack.py) on the real SmolLM2 with
+`--quantization gguf`: it serves decode steps of up to 8 rows with tokens and logprobs
+bit-identical to the per-module path (batches that shrink as sequences finish, i.e. a
+different row count from one step to the next), leaves every other step to the modules,
+and follows the engine's KV caches when they move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpilot.engine import LLM, SamplingParams
+from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
+from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
+
+MODEL = "smollm2-135m-instruct"
+PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(10)]  # 9..54 tokens each
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=16,
+               num_gpu_blocks_override=128, swap_space=0)
+
+
+@pytest.fixture
+def served_rows(monkeypatch):
+    """Row counts of the steps the stack served (module steps are not listed)."""
+    rows: list[int] = []
+    forward = DecodeStack.forward
+
+    def spy(self, input_ids, *args):
+        out = forward(self, input_ids, *args)
+        if out is not None:
+            rows.append(input_ids.shape[0])
+        return out
+
+    monkeypatch.setattr(DecodeStack, "forward", spy)
+    return rows
+
+
+def generate(llm, prompts, stack: bool, max_tokens=(12, 7, 3)):
+    """Greedy tokens and top-3 logprobs per prompt, the stack on or off."""
+    DecodeStack.enabled = stack
+    try:
+        params = [SamplingParams(temperature=0, max_tokens=max_tokens[i % len(max_tokens)], ignore_eos=True,
+                                 logprobs=3) for i in range(len(prompts))]
+        outs = llm.generate(prompts, params)
+    finally:
+        DecodeStack.enabled = True
+    return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs]) for o in outs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_prompts", [1, 3])
+def test_small_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logprobs(llm, served_rows, num_prompts):
+    assert llm.engine.runner.model.decode_stack is not None, "gguf_quant did not attach the decode stack"
+    prompts = PROMPTS[:num_prompts]
+    want = generate(llm, prompts, stack=False)
+    assert served_rows == []
+    assert generate(llm, prompts, stack=True) == want
+    # 3 prompts finishing after 3, 7 and 12 tokens: steps of 3, then 2, then 1 rows
+    assert set(served_rows) == ({1} if num_prompts == 1 else {1, 2, 3})
+
+
+@pytest.mark.slow
+def test_more_rows_than_the_kernel_batch_take_the_modules_and_agree(llm, served_rows):
+    prompts = PROMPTS[: GGUF_MAX_TOKENS + 2]  # 10 decodes: the modules (dense matmuls) until 8 remain
+    want = generate(llm, prompts, stack=False, max_tokens=(3, 6))
+    assert generate(llm, prompts, stack=True, max_tokens=(3, 6)) == want
+    assert served_rows and max(served_rows) <= GGUF_MAX_TOKENS
+
+
+@pytest.mark.slow
+def test_attention_large_enough_for_threads_takes_the_modules(llm, served_rows, monkeypatch):
+    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 1)
+    generate(llm, PROMPTS[:2], stack=True)
+    assert served_rows == []
+
+
+@pytest.mark.slow
+def test_the_stack_follows_kv_caches_that_moved(llm, served_rows):
+    runner = llm.engine.runner
+    generate(llm, PROMPTS[:1], stack=True)
+    old = runner.kv_caches
+    runner.kv_caches = [(k.clone(), v.clone()) for k, v in old]  # new addresses, same contents
+    try:
+        want = generate(llm, PROMPTS[1:3], stack=False)
+        assert generate(llm, PROMPTS[1:3], stack=True) == want  # stale pointers would miss the prompts' K/V
+        assert served_rows
+    finally:
+        runner.kv_caches = old
+
+
+@pytest.mark.slow
+def test_a_layer_without_gguf_blocks_gets_no_stack(llm):
+    model = llm.engine.runner.model
+    layer = model.layers[3].mlp.down_proj
+    blocks = layer.qweight
+    layer.qweight = None
+    try:
+        assert DecodeStack.build(model) is None
+    finally:
+        layer.qweight = blocks
+    assert DecodeStack.build(model) is not None
+
+
+@pytest.mark.slow
+def test_a_prefill_step_is_left_to_the_modules(llm):
+    model = llm.engine.runner.model
+    with torch.inference_mode():
+        from kvpilot.engine.attention import AttentionMetadata
+
+        meta = AttentionMetadata(torch.arange(2), torch.tensor([0, 2], dtype=torch.int32),
+                                 torch.tensor([2], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                                 0, [0, 2], [2], [2])
+        assert model.decode_stack.forward(torch.tensor([5, 6]), torch.arange(2), llm.engine.runner.kv_caches,
+                                          meta) is None
