@@ -66,6 +66,17 @@ def test_small_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logpro
 
 @pytest.mark.slow
 def test_more_rows_than_the_kernel_batch_take_the_modules_and_agree(llm, served_rows):
+    # One thread: with two, the dense steps' OpenMP threads and the GGUF kernel's pool contend for the
+    # two cores, which took this test from 2 s to 20-40 s on a shared machine (the results are the same).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        check_more_rows_than_the_kernel_batch(llm, served_rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_more_rows_than_the_kernel_batch(llm, served_rows):
     prompts = PROMPTS[: GGUF_MAX_TOKENS + 2]  # 10 decodes: the modules (dense matmuls) until 8 remain
     want = generate(llm, prompts, stack=False, max_tokens=(3, 6))
     assert generate(llm, prompts, stack=True, max_tokens=(3, 6)) == want
