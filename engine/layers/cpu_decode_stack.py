@@ -93,7 +93,9 @@ def _norm_ok(norm, hidden: int) -> bool:
 
 class DecodeStack:
     """The C decode stack of one model (`build` says whether it can serve it at all).
-    `enabled = False` keeps every step on the modules (comparisons, tests)."""
+    `enabled = False` keeps every step on the modules (comparisons, tests). One step at a
+    time per model, as the model runner calls it: the intermediate rows live in one
+    workspace of the stack."""
 
     enabled = True
 
@@ -159,7 +161,7 @@ class DecodeStack:
 
     def _set_caches(self, kv_caches: list) -> bool:
         """Points the layer structs at this step's caches (validated when they change)."""
-        key = tuple(t.data_ptr() for pair in kv_caches for t in pair)
+        key = (*(t.data_ptr() for pair in kv_caches for t in pair), *(kv_caches[0][0].shape if kv_caches else ()))
         if key == self.caches_key:
             return True
         if len(kv_caches) != len(self.layers):
