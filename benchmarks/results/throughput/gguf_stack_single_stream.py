@@ -5,10 +5,12 @@ engine toggled by DecodeStack.enabled, and llama.cpp (llama-cpp-python, a persis
 LLAMA_PY, -I so the repo's folders do not shadow stdlib modules) on the same GGUF, at 1 and 2
 threads. Same prompt token ids everywhere (a ShareGPT chat prompt), greedy, 48 new tokens (EOS
 ignored by us, never reached by llama.cpp's loop which stops at 48); decode ms per token =
-(run(48) - run(1)) / 47 in each of 5 rounds, median (and min) over rounds. The batch of 4 (kvpilot
-only: 4 ShareGPT prompts decoding together) gives ms per decode step the same way.
+(run(48) - run(1)) / 47 in each of 5 rounds, median (and min) over rounds, and the median
+inter-token latency (ms between consecutive tokens of run(48), the engine stepped as LLM.generate
+steps it), median over rounds. The batch of 4 (kvpilot only: 4 ShareGPT prompts decoding
+together) gives ms per decode step the same way.
 Usage: LLAMA_PY=/path/to/python python gguf_stack_single_stream.py OUT.json"""
-import os, sys, time
+import itertools, os, sys, time
 import torch
 import single_stream_common as common_
 from kvpilot.bench.datasets import sharegpt_pairs
@@ -37,16 +39,27 @@ llama = common_.start(MODEL)
 
 
 def run(name, threads, n, batch=1):
-    """(wall s, cpu s, tokens of the first request) of `batch` requests of n new tokens."""
+    """(wall s, cpu s, tokens of the first request, ms of each decode step) of `batch`
+    requests of n new tokens, stepping the engine as LLM.generate does."""
     if name == "llama.cpp":
         return common_.run(llama, threads, n, ids)
     torch.set_num_threads(threads)
     DecodeStack.enabled = engines[name]
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     w, c = time.perf_counter(), time.process_time()
-    out = llm.generate(prompts[:batch], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    return time.perf_counter() - w, time.process_time() - c, list(out[0].outputs[0].token_ids)
+    rids = [f"r{next(counter)}" for _ in range(batch)]
+    for rid, p in zip(rids, prompts[:batch]):
+        engine.add_request(rid, p, params)
+    stamps, first = [], None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            first = out if out.request_id == rids[0] else first
+        stamps.append(time.perf_counter())
+    itl_ms = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+    return time.perf_counter() - w, time.process_time() - c, list(first.outputs[0].token_ids), itl_ms
 
 
+counter = itertools.count()
 names = [*engines, *(["llama.cpp"] if llama else [])]
 loadavg_before = os.getloadavg()
 

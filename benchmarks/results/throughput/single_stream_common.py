@@ -3,7 +3,8 @@ decode ms per token from two runs, the summary over rounds, and llama.cpp (llama
 as a persistent subprocess: the interpreter given as LLAMA_PY
 runs with -I so the repo's folders do not shadow stdlib modules, loads the GGUF once per
 thread count (1 and 2), and answers one JSON line per request: (wall s, cpu s, tokens) of a
-greedy generation of n tokens from the given token ids."""
+greedy generation of n tokens from the given token ids, plus the ms between consecutive
+tokens (inter-token latencies, the first token's prefill excluded)."""
 import json, os, statistics, subprocess
 
 from kvpilot.engine.cpu_info import detect_cpu
@@ -17,12 +18,14 @@ llms = {t: Llama(model_path=sys.argv[1], n_ctx=1024, n_threads=t, n_batch=512, v
 for line in sys.stdin:
     threads, n, ids = json.loads(line)
     w, c = time.perf_counter(), time.process_time()
-    out = []
+    out, stamps = [], []
     for t in llms[threads].generate(ids, top_k=1, temp=0.0, reset=True):
         out.append(t)
+        stamps.append(time.perf_counter())
         if len(out) == n:
             break
-    print(json.dumps([time.perf_counter() - w, time.process_time() - c, out]), flush=True)
+    itl_ms = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+    print(json.dumps([time.perf_counter() - w, time.process_time() - c, out, itl_ms]), flush=True)
 """
 
 
@@ -35,7 +38,7 @@ def start(model: str) -> subprocess.Popen | None:
 
 
 def run(llama: subprocess.Popen, threads: int, n: int, ids: list[int]) -> tuple:
-    """(wall s, cpu s, tokens) of one greedy request of n new tokens."""
+    """(wall s, cpu s, tokens, inter-token ms) of one greedy request of n new tokens."""
     llama.stdin.write(json.dumps([threads, n, ids]) + "\n")
     llama.stdin.flush()
     return tuple(json.loads(llama.stdout.readline()))
@@ -49,17 +52,27 @@ def stop(llama: subprocess.Popen | None) -> None:
 
 def decode_ms(run, n: int, *args) -> dict:
     """ms per decoded token (per step for a batch) from run(*args, 1) and run(*args, n), each
-    returning (wall s, cpu s, ...): (run(n) - run(1)) / (n - 1), with the load average."""
-    (w1, c1, *_), (w, c, *_) = run(*args, 1), run(*args, n)
-    return {"wall_ms_per_token": (w - w1) / (n - 1) * 1e3, "cpu_ms_per_token": (c - c1) / (n - 1) * 1e3,
-            "loadavg": os.getloadavg()[0]}
+    returning (wall s, cpu s, ...): (run(n) - run(1)) / (n - 1), with the load average; and
+    the median inter-token ms of run(n) where run returns them fourth (robust to a run(1)
+    slowed by another process, which can make the difference meaningless on a busy machine)."""
+    (w1, c1, *_), (w, c, *rest) = run(*args, 1), run(*args, n)
+    out = {"wall_ms_per_token": (w - w1) / (n - 1) * 1e3, "cpu_ms_per_token": (c - c1) / (n - 1) * 1e3,
+           "loadavg": os.getloadavg()[0]}
+    if len(rest) > 1:
+        out["median_itl_ms"] = statistics.median(rest[1])
+    return out
 
 
 def summarize(res: dict[str, list[dict]]) -> dict:
-    """Median (and min) wall and median cpu ms per token over the rounds of each entry."""
-    return {k: {"median_wall_ms_per_token": statistics.median(r["wall_ms_per_token"] for r in v),
-                "min_wall_ms_per_token": min(r["wall_ms_per_token"] for r in v),
-                "median_cpu_ms_per_token": statistics.median(r["cpu_ms_per_token"] for r in v)} for k, v in res.items()}
+    """Median (and min) wall and median cpu ms per token over the rounds of each entry, and the
+    median over rounds of the median inter-token ms where measured."""
+    out = {k: {"median_wall_ms_per_token": statistics.median(r["wall_ms_per_token"] for r in v),
+               "min_wall_ms_per_token": min(r["wall_ms_per_token"] for r in v),
+               "median_cpu_ms_per_token": statistics.median(r["cpu_ms_per_token"] for r in v)} for k, v in res.items()}
+    for k, v in res.items():
+        if all("median_itl_ms" in r for r in v):
+            out[k]["median_itl_ms"] = statistics.median(r["median_itl_ms"] for r in v)
+    return out
 
 
 def interleaved(run, names: list[str], n: int, rounds: int, extra=None) -> tuple[dict, dict]:
