@@ -74,6 +74,17 @@ def test_create_answers_201_with_server_set_metadata_and_409_on_a_second_create(
     assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
 
 
+def test_a_body_the_server_cannot_decode_is_415_not_a_json_error(api):
+    """API concepts, "Alternate representations of resources": a request body in a media type
+    the server has no codec for is refused with 415 Unsupported Media Type (a real server
+    does so for protobuf bodies of custom resources). The emulator has no protobuf codec at
+    all, so kubectl's protobuf creates of built-in types get the same clear refusal."""
+    refused = api.post(CM, content=b"k8s\x00\x0a\x0f", headers={"Content-Type": "application/vnd.kubernetes.protobuf"})
+    assert refused.status_code == 415 and refused.json()["reason"] == "UnsupportedMediaType"
+    assert "application/json" in refused.json()["message"]
+    assert api.post(CM, json=configmap("after-415")).status_code == 201
+
+
 def test_put_with_a_stale_resource_version_conflicts(api):
     obj = api.post(CM, json=configmap("a")).json()
     obj["data"]["k"] = "v2"
