@@ -37,6 +37,15 @@ if ! command -v promtool >/dev/null 2>&1; then
     echo "installed $(promtool --version 2>&1 | head -1)"
 fi
 
+# docs/guide.md makes its API key with openssl (tests/operator/test_user_guide.py runs it).
+if ! command -v openssl >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends openssl >/dev/null
+    echo "installed $(openssl version)"
+fi
+
 # issue 14: Grafana's own dashboard types (@grafana/schema) and TypeScript, for the
 # `tsc --strict --noEmit` check of charts/kvpilot/dashboards/*.json (tests/operator/grafana_tsc.py).
 # Node 20 and npm come from the machine (Debian's nodejs/npm where missing); pinned versions

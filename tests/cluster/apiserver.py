@@ -14,6 +14,7 @@ import attrs
 import kmock
 from typing_extensions import override
 
+from . import protobuf
 from .patching import PatchError, apply_patch
 from .paths import ApiPath, get_field, parse_api_path, set_field
 from .resources import ResourceType
@@ -135,15 +136,20 @@ class ApiServer(kmock.KubernetesScaffold):
 
     @staticmethod
     async def _body(raw: aiohttp.web.BaseRequest) -> Any:
-        """The request's JSON body. A body in an encoding the server has no codec for is
-        answered 415 Unsupported Media Type, as a real API server answers a protobuf body for
-        a custom resource (API concepts, "Alternate representations of resources"). Known
-        difference: a real server also decodes protobuf for built-in types, which kubectl's
-        typed commands send (`kubectl create secret generic`); this emulator does not, so
-        tests create built-in objects from manifests (`kubectl apply`, JSON)."""
+        """The request's body as JSON. kubectl's typed creates of built-in types send protobuf,
+        which a real API server decodes (tests/cluster/protobuf.py: Secret, ConfigMap,
+        Namespace); a body in an encoding the server has no codec for is answered 415
+        Unsupported Media Type, as a real API server answers a protobuf body for a custom
+        resource (API concepts, "Alternate representations of resources")."""
         if not raw.can_read_body:
             return None
         media = raw.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if media == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.decode(await raw.read())
+            except protobuf.UnsupportedBody as e:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                               f"accepted media types include: application/json, application/yaml ({e})") from e
         if media not in ("application/json", "application/merge-patch+json", "application/json-patch+json",
                          "application/strategic-merge-patch+json", "application/apply-patch+yaml"):
             raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
