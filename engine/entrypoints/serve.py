@@ -60,11 +60,15 @@ def resolve_secrets(parser: argparse.ArgumentParser, ns: argparse.Namespace,
                     env: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
     """(api_key, admin_token). The key comes from --api-key, else $VLLM_API_KEY; unset means
     no authentication, but an empty key is a mistake (a Secret with an empty value) and exits 2
-    rather than silently serving without auth. --enable-admin-routes needs $KVPILOT_ADMIN_TOKEN."""
+    rather than silently serving without auth. Surrounding whitespace is not part of the key:
+    a key file made with `openssl rand -hex -out f 24` or `echo` ends with a newline, which
+    `kubectl create secret --from-file` keeps and an Authorization header cannot carry.
+    --enable-admin-routes needs $KVPILOT_ADMIN_TOKEN."""
     api_key = ns.api_key if ns.api_key is not None else env.get(API_KEY_ENV)
     if api_key is not None and not api_key.strip():
         parser.error(f"the API key is empty (--api-key or ${API_KEY_ENV}); set a key, or unset both to serve "
                      "without authentication")
+    api_key = api_key.strip() if api_key is not None else None
     admin_token = None
     if ns.enable_admin_routes:
         admin_token = env.get(ADMIN_TOKEN_ENV) or ""

@@ -9,6 +9,7 @@ finalizers, and the garbage collector follows ownerReferences.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import copy
 import datetime
@@ -198,6 +199,8 @@ class Store(GarbageCollection):
             if subresource == "status":
                 new["metadata"] = copy.deepcopy(old["metadata"])
         new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
+        if rtype.builtin and rtype.kind == "Secret":
+            _secret_write(new)
         self._validate_meta(rtype, new, creating=old is None)
         if rtype.schema is not None:
             new, causes = rtype.schema.admit(new)
@@ -307,3 +310,17 @@ class Store(GarbageCollection):
 def _spec_of(obj: Obj) -> Obj:
     """What bumps metadata.generation: everything but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _secret_write(secret: Obj) -> None:
+    """What the API server does to a Secret on every write (core/v1 Secret reference):
+    `stringData` is merged into `data` (base64), overwriting keys of the same name, and is
+    never stored or read back; an empty `type` defaults to Opaque."""
+    plain = secret.pop("stringData", None) or {}
+    if plain:
+        data = secret.setdefault("data", {}) or {}
+        data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in plain.items()})
+        secret["data"] = data
+    if not secret.get("type"):
+        secret["type"] = "Opaque"
+

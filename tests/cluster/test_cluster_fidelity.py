@@ -1,6 +1,7 @@
 """Fidelity of the emulated API server: each test states what a real kube-apiserver does."""
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import pathlib
@@ -72,6 +73,43 @@ def test_create_answers_201_with_server_set_metadata_and_409_on_a_second_create(
     assert api.post(DEP, json=deployment("d")).json()["metadata"]["generation"] == 1
     again = api.post(CM, json=configmap("a"))
     assert again.status_code == 409 and again.json()["reason"] == "AlreadyExists"
+
+
+def test_kubectls_protobuf_creates_of_built_in_types_are_decoded(cluster, tmp_path):
+    """API concepts, "Alternate representations of resources: Protobuf encoding": kubectl's
+    typed commands POST built-in types as application/vnd.kubernetes.protobuf, which the API
+    server decodes. Secret reference: stringData is merged into data on write and never read
+    back; an empty type defaults to Opaque."""
+    from cluster.tools import Kubectl
+
+    kubectl = Kubectl(cluster.kubeconfig)
+    (tmp_path / "key.txt").write_text("0f3a9c\n")
+    kubectl("create", "namespace", "team-a")
+    kubectl("create", "secret", "generic", "k", "-n", "team-a", "--from-file=api-key=key.txt",
+            "--from-literal=user=admin", cwd=tmp_path)
+    kubectl("create", "configmap", "c", "--from-literal=a=1", "--from-literal=b=two")
+    secret = kubectl.json("get", "secret", "k", "-n", "team-a")
+    assert secret["type"] == "Opaque" and secret["metadata"]["namespace"] == "team-a"
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {"api-key": "0f3a9c\n", "user": "admin"}
+    assert kubectl.json("get", "configmap", "c")["data"] == {"a": "1", "b": "two"}
+    assert kubectl("create", "configmap", "c", "--from-literal=a=1", check=False).returncode != 0  # 409 as JSON
+    with httpx.Client(base_url=cluster.url, timeout=10) as api:
+        merged = api.post("/api/v1/namespaces/default/secrets", json={
+            "metadata": {"name": "s"}, "data": {"a": base64.b64encode(b"old").decode()}, "stringData": {"a": "new"}})
+        assert merged.status_code == 201 and "stringData" not in merged.json()
+        assert base64.b64decode(merged.json()["data"]["a"]) == b"new"
+
+
+def test_a_body_the_server_cannot_decode_is_415(api):
+    """A body in a media type or of a kind the server has no codec for is refused with 415
+    Unsupported Media Type (a real server does so for protobuf bodies of custom resources);
+    the emulator decodes protobuf only for Secret, ConfigMap and Namespace."""
+    service_account = b"k8s\x00" + bytes([0x0a, 0x14, 0x0a, 0x02]) + b"v1" + bytes([0x12, 0x0e]) + b"ServiceAccount"
+    for body, media in ((service_account, "application/vnd.kubernetes.protobuf"), (b"\xa1", "application/cbor")):
+        refused = api.post(CM, content=body, headers={"Content-Type": media})
+        assert refused.status_code == 415 and refused.json()["reason"] == "UnsupportedMediaType", refused.text
+        assert "application/json" in refused.json()["message"]
+    assert api.post(CM, json=configmap("after-415")).status_code == 201
 
 
 def test_put_with_a_stale_resource_version_conflicts(api):

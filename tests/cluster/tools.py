@@ -35,9 +35,10 @@ class Kubectl:
     def __init__(self, kubeconfig: pathlib.Path):
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
 
-    def __call__(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    def __call__(self, *args: str, check: bool = True, stdin: str | None = None,
+                 cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
         result = subprocess.run([str(BIN / "kubectl"), *args], capture_output=True, text=True,
-                                env=self.env, input=stdin, timeout=60)
+                                env=self.env, input=stdin, timeout=60, cwd=cwd)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result

@@ -37,6 +37,7 @@ class Guide:
         self.engine: subprocess.Popen | None = None
         self.port = free_port()
         self.outputs: dict[str, str] = {}
+        (workdir / "examples").symlink_to(ROOT / "examples")  # the guide's paths are the repository's
 
     def helm_release(self, argv: list[str], include_crds: bool) -> str:
         """`helm install/uninstall NAME [CHART] --namespace NS ...` as `helm template` of the same."""
@@ -68,10 +69,12 @@ class Guide:
             args = argv[1:]
             if args[0] == "apply":
                 args.insert(1, "--validate=false")
-            out = self.kubectl(*args).stdout
-        elif argv[0] == "curl":
-            out = subprocess.run([a.replace("localhost:8000", f"127.0.0.1:{self.port}") for a in argv],
-                                 capture_output=True, text=True, check=True, timeout=120).stdout
+            out = self.kubectl(*args, cwd=self.workdir).stdout
+        elif argv[0] == "curl":  # through bash, for "$(cat api-key.txt)"
+            out = subprocess.run(["bash", "-c", line.replace("localhost:8000", f"127.0.0.1:{self.port}")],
+                                 capture_output=True, text=True, check=True, timeout=120, cwd=self.workdir).stdout
+        elif argv[0] == "openssl":
+            out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60, cwd=self.workdir).stdout
         else:
             raise AssertionError(f"the guide runs a command the test does not know: {line}")
         if target:
@@ -83,6 +86,9 @@ class Guide:
         """The engine the Service's pod runs: status.appliedEngineArgs, on a local port."""
         obj = wait_for(lambda: (o := self.kubectl.json("get", "isvc", service)).get("status", {}).get("readyReplicas")
                        and o, what=f"{service} ready")
+        if self.engine is not None:  # a second port-forward: the pod of the new rollout
+            self.engine.terminate()
+            self.engine.wait(30)
         args = obj["status"]["appliedEngineArgs"]
         assert args[:2] == ["kvpilot", "serve"]
         args = args[2:]
@@ -163,10 +169,23 @@ def check_after(guide: Guide, line: str) -> None:
         assert got[1].split()[:4] == sample.group(2).split()[:4]
     elif line.startswith("kubectl describe"):
         assert "Ready" in out and "Created" in out
+    elif "-w '%{http_code}'" in line:  # no key: refused
+        assert out == "401"
     elif "/v1/models" in line:
         assert [m["id"] for m in json.loads(out)["data"]] == ["smollm2-135m-instruct"]
     elif "/v1/chat/completions" in line:
         assert json.loads(out)["choices"][0]["message"]["content"]
+    elif "create secret generic smollm2-api-key" in line:
+        data = kubectl.json("get", "secret", "smollm2-api-key")["data"]
+        assert base64.b64decode(data["api-key"]).decode() == (guide.workdir / "api-key.txt").read_text()
+    elif "apiKeySecret" in line:  # the rollout: the pod template gets the key from the Secret, not a flag
+        def key_ref() -> dict | None:
+            spec = kubectl.json("get", "deployment", "smollm2")["spec"]["template"]["spec"]["containers"][0]
+            refs = [v["valueFrom"]["secretKeyRef"] for v in spec.get("env", []) if v["name"] == "VLLM_API_KEY"]
+            return refs[0] if refs else None
+        assert wait_for(key_ref, what="VLLM_API_KEY in the pod template") == {"name": "smollm2-api-key", "key": "api-key"}
+        key = (guide.workdir / "api-key.txt").read_text().strip()
+        assert not any(key in a for a in kubectl.json("get", "isvc", "smollm2")["status"]["appliedEngineArgs"])
     elif '"enabled": true' in line:
         assert kubectl.json("get", "isvc", "smollm2")["spec"]["tuning"]["enabled"] is True
     elif '"enabled": false' in line:

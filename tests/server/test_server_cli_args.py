@@ -23,3 +23,19 @@ def test_abbreviations_are_refused(argv):
     with pytest.raises(SystemExit) as info:
         make_serve_parser().parse_args(argv)
     assert info.value.code == 2
+
+
+def test_the_api_key_from_a_key_file_loses_its_newline_and_a_blank_key_is_refused():
+    """A Secret made with `kubectl create secret generic --from-file=api-key=f` keeps the file's
+    trailing newline; an Authorization header cannot carry it, so the key is stripped (the
+    in-cluster tuner strips it the same way: tests/tuner/test_tuner_api_key.py)."""
+    from kvpilot.engine.entrypoints.serve import resolve_secrets
+
+    parser = make_serve_parser()
+    ns = parser.parse_args([])
+    assert resolve_secrets(parser, ns, {"VLLM_API_KEY": "0f3a9c\n"}) == ("0f3a9c", None)
+    assert resolve_secrets(parser, ns, {}) == (None, None)
+    with pytest.raises(SystemExit) as stopped:
+        resolve_secrets(parser, ns, {"VLLM_API_KEY": " \n"})
+    assert stopped.value.code == 2
+
