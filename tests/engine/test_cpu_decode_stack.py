@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvpilot.engine import LLM, SamplingParams
-from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.attention import AttentionMetadata, cpu_decode
 from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
@@ -121,8 +121,6 @@ def test_a_layer_without_gguf_blocks_gets_no_stack(llm):
 def test_a_prefill_step_is_left_to_the_modules(llm):
     model = llm.engine.runner.model
     with torch.inference_mode():
-        from kvpilot.engine.attention import AttentionMetadata
-
         meta = AttentionMetadata(torch.arange(2), torch.tensor([0, 2], dtype=torch.int32),
                                  torch.tensor([2], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
                                  0, [0, 2], [2], [2])
