@@ -16,7 +16,8 @@ pipeline parallel size 1, every layer's four linear layers quantized, float32 CP
 torch attention backend with its fused C decode, the C norm and activation switched on,
 every row a decode, at most `linear.GGUF_MAX_TOKENS` rows, and attention small enough
 that the module path would not split it over threads (`cpu_decode.PARALLEL_MIN_WORK`).
-Any other step returns None and the modules run. Source: the per-layer order of
+Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
+(every step through the modules, as before it existed: comparisons). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
 whole decode step without returning to the host language.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from functools import lru_cache
 
 import torch
@@ -41,6 +43,7 @@ from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 logger = logging.getLogger("kvpilot.engine.layers.cpu_decode_stack")
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+DISABLE_ENV = "KVPILOT_DECODE_STACK"
 
 
 class _QLinear(ctypes.Structure):
@@ -129,6 +132,8 @@ class DecodeStack:
         None where some layer would not run the C kernels (see the module docstring)."""
         from kvpilot.engine import parallel_state as ps
 
+        if os.environ.get(DISABLE_ENV, "1") == "0":
+            return None
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
                 or model.start_layer >= model.end_layer or model.config.dtype != torch.float32):
             return None

@@ -162,5 +162,5 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
     model.decode_stack = DecodeStack.build(model)
     logger.info("--quantization gguf: decode steps of up to %d rows run %s", GGUF_MAX_TOKENS,
                 "all layers in one C call (layers/cpu_decode_stack.py)" if model.decode_stack is not None
-                else "layer by layer (the C decode stack does not serve this model)")
+                else "layer by layer (the C decode stack does not serve this model or KVPILOT_DECODE_STACK=0)")
     return extra

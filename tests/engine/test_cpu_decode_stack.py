@@ -118,6 +118,12 @@ def test_a_layer_without_gguf_blocks_gets_no_stack(llm):
 
 
 @pytest.mark.slow
+def test_the_environment_can_turn_the_stack_off(llm, monkeypatch):
+    monkeypatch.setenv("KVPILOT_DECODE_STACK", "0")
+    assert DecodeStack.build(llm.engine.runner.model) is None
+
+
+@pytest.mark.slow
 def test_a_prefill_step_is_left_to_the_modules(llm):
     model = llm.engine.runner.model
     with torch.inference_mode():
