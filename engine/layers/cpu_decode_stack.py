@@ -14,8 +14,8 @@ same buffers' contents, so its outputs are bit-identical to the module path.
 It serves a step only where the module path would run those same kernels: tensor and
 pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
 torch attention backend with its fused C decode, the C norm and activation switched on,
-every row a decode, at most `linear.GGUF_MAX_TOKENS` rows, and attention small enough
-that the module path would not split it over threads (`cpu_decode.PARALLEL_MIN_WORK`).
+every row a decode, at most `linear.GGUF_MAX_TOKENS` rows, and attention the module path
+would not split over threads (one row, one thread, or less than `cpu_decode.PARALLEL_MIN_WORK`).
 Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
 (every step through the modules, as before it existed: comparisons). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
@@ -193,7 +193,8 @@ class DecodeStack:
         if (not self.enabled or not 0 < m <= GGUF_MAX_TOKENS or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
                 or not (RMSNorm.use_c_kernel and SiluAndMul.use_c_kernel)
                 or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
-                or sum(meta.seq_lens_cpu) * self.num_kv_heads >= cpu_decode.PARALLEL_MIN_WORK
+                or (min(torch.get_num_threads(), m) > 1
+                    and sum(meta.seq_lens_cpu) * self.num_kv_heads >= cpu_decode.PARALLEL_MIN_WORK)
                 or max(meta.seq_lens_cpu) > self.max_positions):
             return None
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.seq_lens

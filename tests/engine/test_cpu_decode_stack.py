@@ -84,10 +84,19 @@ def check_more_rows_than_the_kernel_batch(llm, served_rows):
 
 
 @pytest.mark.slow
-def test_attention_large_enough_for_threads_takes_the_modules(llm, served_rows, monkeypatch):
+def test_attention_large_enough_for_threads_takes_the_modules_unless_one_row(llm, served_rows, monkeypatch):
+    # cpu_decode splits a layer's attention over min(threads, rows) Python threads above PARALLEL_MIN_WORK
     monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 1)
-    generate(llm, PROMPTS[:2], stack=True)
-    assert served_rows == []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generate(llm, PROMPTS[:2], stack=True, max_tokens=(4,))
+        assert served_rows == []  # 2 rows: the modules split the attention, the stack leaves it to them
+        assert generate(llm, PROMPTS[:1], stack=True, max_tokens=(4,)) == generate(llm, PROMPTS[:1], stack=False,
+                                                                                 max_tokens=(4,))
+        assert served_rows == [1, 1, 1]  # one row: one thread either way, the stack serves it
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
