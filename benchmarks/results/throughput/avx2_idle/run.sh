@@ -2,7 +2,7 @@
 # Issue 15's "What it must show", one run, alone on the machine (no test suite, no helper).
 # Run from the repository root: bash benchmarks/results/throughput/avx2_idle/run.sh
 set -euo pipefail
-OUT=benchmarks/results/throughput/avx2_idle
+OUT=${OUT:-benchmarks/results/throughput/avx2_idle}   # the fourth session ran with OUT=benchmarks/results/throughput/avx2_idle_s4
 LLAMA_PY=${LLAMA_PY:-/work/llamacpp-venv/bin/python}   # llama-cpp-python 0.3.36, GGML_NATIVE=ON (see bench/compare.py)
 log() { echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) $*" | tee -a "$OUT/load.txt"; }
 grep -m1 'model name' /proc/cpuinfo > "$OUT/cpu.txt"; grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|f16c|avx512.*|amx.*)$' | tr '\n' ' ' >> "$OUT/cpu.txt"
