@@ -72,12 +72,21 @@ def _map(entries: list[bytes], decode_value) -> dict[str, Any]:
     return out
 
 
-def _repeated(message: bytes, number: int) -> list[bytes]:
-    return [v for n, v in fields(message) if n == number and isinstance(v, bytes)]
+def _by_number(message: bytes) -> dict[int, list[int | bytes]]:
+    """A message's fields parsed once: field number -> its values in order."""
+    out: dict[int, list[int | bytes]] = {}
+    for number, value in fields(message):
+        out.setdefault(number, []).append(value)
+    return out
 
 
-def _object_meta(message: bytes) -> dict[str, Any]:
+def _repeated(message: dict[int, list[int | bytes]], number: int) -> list[bytes]:
+    return [v for v in message.get(number, []) if isinstance(v, bytes)]
+
+
+def _object_meta(raw: bytes) -> dict[str, Any]:
     """ObjectMeta: name 1, generateName 2, namespace 3, labels 11, annotations 12."""
+    message = _by_number(raw)
     meta: dict[str, Any] = {}
     for number, key in ((1, "name"), (2, "generateName"), (3, "namespace")):
         values = _repeated(message, number)
@@ -95,7 +104,7 @@ def _b64(value: int | bytes) -> str:
     return base64.b64encode(value).decode()
 
 
-def _secret(raw: bytes) -> dict[str, Any]:
+def _secret(raw: dict[int, list[int | bytes]]) -> dict[str, Any]:
     """Secret: metadata 1, data 2 (map<string, bytes>), type 3, stringData 4, immutable 5."""
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret"}
     for number, key, decode in ((2, "data", _b64), (4, "stringData", _text)):
@@ -106,7 +115,7 @@ def _secret(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-def _configmap(raw: bytes) -> dict[str, Any]:
+def _configmap(raw: dict[int, list[int | bytes]]) -> dict[str, Any]:
     """ConfigMap: metadata 1, data 2 (map<string, string>), binaryData 3 (map<string, bytes>), immutable 4."""
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap"}
     for number, key, decode in ((2, "data", _text), (3, "binaryData", _b64)):
@@ -115,7 +124,7 @@ def _configmap(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-def _namespace(raw: bytes) -> dict[str, Any]:
+def _namespace(raw: dict[int, list[int | bytes]]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace"}
 
 
@@ -135,10 +144,11 @@ def decode(body: bytes) -> dict[str, Any]:
     raw = unknown.get(2, b"")
     assert isinstance(raw, bytes)
     build, immutable_field = _KINDS[(api_version, kind)]
-    obj = build(raw)
-    metas = _repeated(raw, 1)
+    message = _by_number(raw)
+    obj = build(message)
+    metas = _repeated(message, 1)
     obj["metadata"] = _object_meta(metas[-1]) if metas else {}
-    flags = [v for n, v in fields(raw) if n == immutable_field and isinstance(v, int)]
+    flags = [v for v in message.get(immutable_field, []) if isinstance(v, int)]
     if flags:
         obj["immutable"] = bool(flags[-1])
     return obj
