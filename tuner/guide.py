@@ -7,12 +7,17 @@ trials that Optuna's sampler would only reach by chance with a budget of a few d
   without preemption (vLLM's "max concurrency" line at startup). With the workload's
   longest request that cap guarantees no preemption; with its mean request it is what the
   cache holds on average. Both are proposed right after the defaults when they lower the
-  defaults' max_num_seqs (vLLM's tuning guide: preemptions mean max_num_seqs is too high
-  for the cache).
-- A repair point when the defaults break the inter-token latency SLO: chunked prefill on
-  with a small token budget (the guide: "smaller max_num_batched_tokens gives better ITL";
-  the chunked-prefill study: below ~256 tokens the total time grows, so 256 or the
-  nearest choice below it).
+  defaults' max_num_seqs and the defaults' measurement preempted or failed (vLLM's
+  tuning guide: preemptions mean max_num_seqs is too high for the cache; without them a
+  lower max_num_seqs only queues requests).
+- A repair point when the defaults break the inter-token latency SLO. On a GPU: chunked
+  prefill on with a small token budget (the guide: "smaller max_num_batched_tokens gives
+  better ITL"; the chunked-prefill study: below ~256 tokens the total time grows, so 256
+  or the nearest choice below it): a GPU decode step is memory-bound and carries a small
+  prefill chunk almost for free. On a CPU engine (`Hardware.shared_memory`) a step is
+  compute-bound and pays for every token it carries, so a chunk slows every decode step it
+  rides in; the repair there is chunked prefill off (prefills in steps of their own, the
+  budget at least max_model_len), measured in benchmarks/results/tuning/README.md (itl).
 - Neighbour moves (compass / Hooke-Jeeves pattern search): from the best feasible trial so
   far (then the others, the least violating first), first the pattern move (when the best
   came from a move of its own, the same step once more along that axis), then the settings
@@ -102,10 +107,21 @@ def kv_fit_settings(base: EngineSettings, space: SearchSpace, model: ModelConfig
 
 
 def repair_settings(defaults: EngineSettings, violated: set[str], space: SearchSpace,
-                    base: EngineSettings) -> list[EngineSettings]:
-    """Points the tuning guide recommends for the SLOs the defaults broke (see module doc)."""
-    out = []
-    if "itl_p95_ms" in violated and True in space.enable_chunked_prefill and space.max_num_batched_tokens:
+                    base: EngineSettings, cpu: bool = False) -> list[EngineSettings]:
+    """Points the tuning guide recommends for the SLOs the defaults broke (see module doc);
+    cpu: the engine runs on CPUs (compute-bound steps)."""
+    out: list[EngineSettings] = []
+    if "itl_p95_ms" not in violated:
+        return out
+    if cpu:
+        if defaults.enable_chunked_prefill and False in space.enable_chunked_prefill:
+            budget = defaults.max_num_batched_tokens
+            if budget < defaults.max_model_len and space.max_num_batched_tokens:
+                budget = min((b for b in space.batched_tokens_choices(base) if b >= defaults.max_model_len),
+                             default=defaults.max_model_len)
+            out.append(defaults.replace(enable_chunked_prefill=False, max_num_batched_tokens=budget))
+        return out
+    if True in space.enable_chunked_prefill and space.max_num_batched_tokens:
         budget = _budget_for(space, base, defaults.max_num_seqs, SMALL_BUDGET)
         if budget < defaults.max_num_batched_tokens or not defaults.enable_chunked_prefill:
             out.append(defaults.replace(enable_chunked_prefill=True, max_num_batched_tokens=budget))
@@ -182,7 +198,8 @@ class Guide:
                  hardware: feasibility.Hardware, slo: SLO, tokens: RequestTokens | None, seed: int = 0):
         self.space, self.base, self.model, self.hardware, self.slo = space, base, model, hardware, slo
         self.tokens, self.rng = tokens, random.Random(seed)
-        self.seeds = kv_fit_settings(base, space, model, hardware, tokens)
+        self.kv_fit = kv_fit_settings(base, space, model, hardware, tokens)
+        self.seeds = list(self.kv_fit)
         self.repaired = False
 
     def _tried(self, study: optuna.Study) -> list[EngineSettings]:
@@ -203,8 +220,10 @@ class Guide:
         if defaults is not None and not self.repaired:
             self.repaired = True
             violated = {n for n, v in zip(constraint_names(self.slo), defaults.user_attrs[CONSTRAINTS_ATTR]) if v > 0}
+            if not (defaults.user_attrs.get("measurement") or {}).get("preemptions"):
+                self.seeds = [s for s in self.seeds if s not in self.kv_fit]  # the cache held their batch
             self.seeds += repair_settings(EngineSettings(**defaults.user_attrs["settings"]), violated, self.space,
-                                          self.base)
+                                          self.base, cpu=self.hardware.shared_memory)
         for s in self.seeds:
             if self._ok(s, tried):
                 return s

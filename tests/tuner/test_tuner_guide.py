@@ -1,5 +1,6 @@
 """The guided search (`kvpilot.tuner.guide`) on small synthetic tables: its first trials
-come from the memory model and from the SLO the defaults broke, it walks to neighbours of
+come from the memory model (when the defaults preempted) and from the SLO the defaults
+broke (a CPU engine's repair differs from a GPU's), it walks to neighbours of
 the best point, it never deploys a setting the memory model refuses, a setting feasible in
 only one of two measurements is not chosen, and over seeds with a third of the grid as
 budget it lands near the table's best feasible point, better than random search."""
@@ -138,6 +139,55 @@ def test_a_broken_itl_slo_is_repaired_with_chunked_prefill_and_a_small_budget():
     Tuner(study, space, base, SMOL, Hardware(device_memory_bytes=1, num_gpu_blocks_override=512), slo, runner,
           TunerConfig(n_trials=2, remeasure_top=0, guided=True)).run()
     assert runner.deployed[1] == base.replace(enable_chunked_prefill=True, max_num_batched_tokens=256)
+
+
+def test_on_a_cpu_engine_a_broken_itl_slo_is_repaired_with_prefills_in_steps_of_their_own():
+    """A CPU step pays for every token it carries (benchmarks/results/tuning/README.md, itl):
+    the repair there is chunked prefill off, the budget raised to max_model_len."""
+    slo = SLO(ttft_p95_ms=0, itl_p95_ms=100, max_preemptions_per_min=100)
+
+    class ChunksSlowDecodes:
+        def __init__(self):
+            self.deployed = []
+
+        def run_trial(self, number, settings):
+            self.deployed.append(settings)
+            itl = 0.2 if settings.enable_chunked_prefill else 0.05
+            return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0,
+                               itl_p95_s=itl, ttft_p95_s=1.0)
+
+    space = SearchSpace(max_num_batched_tokens=(64, 2048), max_num_seqs=None, enable_chunked_prefill=(True, False))
+    cpu = Hardware(device_memory_bytes=1, num_gpu_blocks_override=512, shared_memory=True)
+    for budget, repaired in ((128, 256), (2048, 2048)):  # chunked prefill off needs budget >= max_model_len
+        runner = ChunksSlowDecodes()
+        study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
+        base = EngineSettings(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=budget)
+        Tuner(study, space, base, SMOL, cpu, slo, runner, TunerConfig(n_trials=2, remeasure_top=0, guided=True)).run()
+        assert runner.deployed[1] == base.replace(enable_chunked_prefill=False, max_num_batched_tokens=repaired)
+
+
+def test_defaults_that_did_not_preempt_get_no_memory_model_point():
+    """vLLM's tuning guide lowers max_num_seqs for preemptions; without any, the second
+    trial is a neighbour move, not the memory model's 4 or 6 sequences."""
+
+    class NoPreemption:
+        def __init__(self):
+            self.deployed = []
+
+        def run_trial(self, number, settings):
+            self.deployed.append(settings)
+            return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0,
+                               itl_p95_s=0.1, ttft_p95_s=1.0)
+
+    runner = NoPreemption()
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
+    Tuner(study, SPACE, BASE, SMOL, HW, SLOS, runner,
+          TunerConfig(n_trials=3, remeasure_top=0, guided=True, request_tokens=TOKENS)).run()
+    assert runner.deployed[0] == BASE
+    moves = [t.user_attrs.get("guided_from") for t in study.trials[1:3]]
+    assert all(moves), "every trial after the defaults moves from a measured one; memory-model points have no center"
+    assert [s.max_num_seqs for s in runner.deployed[1:3]] != [4, 6]
+    assert len(runner.deployed) == 3
 
 
 def test_a_setting_feasible_in_one_of_two_measurements_is_not_chosen():

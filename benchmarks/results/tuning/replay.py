@@ -184,7 +184,7 @@ def replay(name: str, scen: dict, seeds: int) -> dict:
     defaults = next(p for p in points if key(p) == json.dumps(base.as_dict(), sort_keys=True))
     budget = math.ceil(len(points) / 3)
     model = resolve_model(MODEL)
-    hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"])
+    hardware = Hardware(device_memory_bytes=1, num_gpu_blocks_override=spec["kv_blocks"], shared_memory=True)  # a CPU engine
     results: dict[str, dict] = {k: {"ratios": [], "refused_deployed": [], "windows": [], "choices": []}
                                 for k in ("tuner", "tpe", "random", "grid_order")}
 
