@@ -101,7 +101,8 @@ class Hardware:
         (VLLM_CPU_KVCACHE_SPACE of this environment, 4 GiB when unset).
 
     A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
-    and LM-head weights (engine/layers/linear.py), so its weights count twice.
+    and LM-head weights (engine/layers/linear.py), so its weights count twice; in float32
+    the packed copies replace the plain ones, and only a tied LM head counts twice.
     """
 
     device_memory_bytes: int
@@ -130,11 +131,13 @@ class Hardware:
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
                          activation_scale: float = 1.0, packed_weights: bool = False,
-                         gguf_blocks: bool = False) -> list[RankMemory]:
+                         gguf_blocks: bool = False, packed_lm_head: bool = False) -> list[RankMemory]:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
     from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
     second, oneDNN-packed copy of its weights (CPU, bfloat16). gguf_blocks: it also holds
-    the GGUF's blocks (`--quantization gguf`, CPU, float32)."""
+    the GGUF's blocks (`--quantization gguf`, CPU, float32). packed_lm_head: the last
+    stage holds a packed copy of the tied embedding for the LM head (CPU, float32: the
+    linear layers' packed copies replace their plain weights, layers/linear.py)."""
     weight_elem = element_bytes(model.dtype) * (2 if packed_weights else 1)
     ranks = []
     for rank in range(parallel.world_size):
@@ -143,6 +146,8 @@ def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel:
                                                pos.tp_size, with_logits=pos.is_last_stage or rank == 0)
         weights = rank_num_params(model, parallel, rank) * weight_elem
         weights += rank_gguf_block_bytes(model, parallel, rank) if gguf_blocks else 0
+        if packed_lm_head and model.tie_word_embeddings and pos.is_last_stage:
+            weights += -(-model.vocab_size // pos.tp_size) * model.hidden_size * element_bytes(model.dtype)
         ranks.append(RankMemory(rank, weights,
                                 int(activation * activation_scale),
                                 settings.block_size * rank_kv_bytes_per_token(model, parallel, rank)))
@@ -183,7 +188,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
                                   f"exceeds the {hardware.num_devices} available device(s)")
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
     gguf = hardware.quantization == "gguf" and hardware.shared_memory and dtype_name(model.dtype) == "float32"
-    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf)
+    head = hardware.shared_memory and dtype_name(model.dtype) == "float32"
+    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf, head)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
         block_bytes = sum(r.block_bytes for r in ranks)

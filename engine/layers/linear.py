@@ -4,9 +4,11 @@ ColumnParallelLinear splits the output features over the tensor-parallel ranks (
 communication); RowParallelLinear splits the input features and all-reduces the partial
 sums. With one rank both are plain linear layers. `load_full` takes the full (unsharded)
 checkpoint weight and keeps this rank's shard, so checkpoints never need resharding.
-On CPU in bfloat16, `pack_weights_for_cpu` reorders each weight once into oneDNN's
-blocked layout (as PyTorch Inductor's weight prepacking does when freezing), which saves
-the per-call reorder: about 1.4-1.6x faster matmuls at decode batch sizes here.
+On CPU, `pack_weights_for_cpu` reorders each weight once into oneDNN's blocked layout
+(as PyTorch Inductor's weight prepacking does when freezing), which saves the per-call
+reorder: in bfloat16 about 1.4-1.6x faster matmuls at decode batch sizes (AMX machine);
+in float32 on an AVX2-only EPYC 1.3-1.8x over F.linear's MKL sgemm at 1-64 rows for the
+model's 30 layers and LM head (benchmarks/results/throughput/README.md, section 8).
 Source: Shoeybi et al., Megatron-LM (2019); vLLM `vllm/model_executor/layers/linear.py`.
 """
 
@@ -54,16 +56,26 @@ class _Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
+_PACK_TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-4}  # relative, of the packed matmul vs F.linear
+
+
 def pack_weights_for_cpu(model: nn.Module) -> int:
-    """Packs every linear weight of `model` (CPU, bfloat16) for oneDNN and returns the
-    bytes the packed copies take. A layer is packed only if the packed matmul reproduces
-    F.linear on a random input, so a CPU or build without the op keeps the plain path."""
+    """Packs every linear weight of `model` (CPU, bfloat16 or float32) for oneDNN and
+    returns the bytes the packed copies take. A layer is packed only if the packed
+    matmul reproduces F.linear on a random input (bf16 within 2e-2, fp32 within 1e-4 of
+    the output's scale), so a CPU or build without the op keeps the plain path.
+
+    In float32 the plain weight of a linear layer is dropped once packed (an empty
+    tensor: nothing reads it again, and a stray F.linear on it fails loudly), so the
+    packed copy replaces it; an embedding keeps its plain weight for the lookup and
+    packs a copy for the (tied) LM head. In bfloat16 both copies stay (the feasibility
+    model counts them twice)."""
     extra = 0
     for module in model.modules():
         if not isinstance(module, _Linear) or module.packed is not None:
             continue
         w = module.weight
-        if w.device.type != "cpu" or w.dtype != torch.bfloat16:
+        if w.device.type != "cpu" or w.dtype not in _PACK_TOLERANCE or w.numel() == 0:
             continue
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_BATCH_HINT)
@@ -72,10 +84,13 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
         except (RuntimeError, AttributeError):
             return extra
         want = F.linear(x, w)
-        if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item()):
+        tol = _PACK_TOLERANCE[w.dtype]
+        if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max().item()):
             return extra
         module.packed = packed
         extra += packed.numel() * packed.element_size()
+        if w.dtype == torch.float32 and not isinstance(module, VocabParallelEmbedding):
+            module.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
     return extra
 
 

@@ -1,5 +1,6 @@
-"""oneDNN weight prepacking on CPU (bfloat16): packed layers compute what F.linear
-computes, float32 stays unpacked, and the engine's greedy tokens do not change."""
+"""oneDNN weight prepacking on CPU (bfloat16 and float32): packed layers compute what
+F.linear computes, float32 packed copies replace the plain weights (the embedding keeps
+its own for the lookup), and the engine's greedy tokens do not change."""
 
 from __future__ import annotations
 
@@ -50,10 +51,43 @@ def test_packed_bf16_layers_match_f_linear():
     assert pack_weights_for_cpu(layers) == 0  # idempotent
 
 
-def test_float32_layers_stay_unpacked():
+def test_packed_float32_layers_match_f_linear_and_replace_the_plain_weights():
     layers = _layers(torch.float32)
-    assert pack_weights_for_cpu(layers) == 0
-    assert all(m.packed is None for m in layers)
+    col, row, emb = layers
+    plain = {id(m): m.weight.detach().clone() for m in layers}
+    extra = pack_weights_for_cpu(layers)
+    if col.packed is None:
+        pytest.fail("oneDNN float32 linear is unavailable on this torch build: the fast path is not tested")
+    assert extra == sum(w.numel() * 4 for w in plain.values())  # the packed copies' bytes
+    for x, layer in ((torch.randn(5, 64), col), (torch.randn(1, 96), row), (torch.randn(130, 96), row),
+                     (torch.randn(2, 3, 96), row)):
+        torch.testing.assert_close(layer(x), F.linear(x, plain[id(layer)]), rtol=1e-5, atol=1e-4)
+    assert col.weight.numel() == 0 and row.weight.numel() == 0  # replaced by the packed copy
+    with pytest.raises(RuntimeError):
+        F.linear(torch.randn(1, 64), col.weight)  # a stray use fails loudly instead of reading zeros
+    hidden = torch.randn(7, 64)
+    torch.testing.assert_close(emb.logits(hidden), F.linear(hidden, plain[id(emb)]), rtol=1e-5, atol=1e-4)
+    ids = torch.tensor([0, 499, 17])
+    assert torch.equal(emb(ids), plain[id(emb)][ids])  # the embedding keeps its plain weight for the lookup
+    assert pack_weights_for_cpu(layers) == 0  # idempotent
+
+
+def test_engine_greedy_tokens_and_logprobs_with_packed_float32_weights(monkeypatch):
+    prompts = ["The three primary colors are", "def fibonacci(n):", "Paris is the capital of"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+    packed = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256)
+    assert packed.engine.runner.packed_weights_bytes > 0
+    want = packed.generate(prompts, params)
+    packed.engine.close()
+    monkeypatch.setattr(model_runner, "pack_weights_for_cpu", lambda model: 0)
+    plain = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256)
+    got = plain.generate(prompts, params)
+    plain.engine.close()
+    for a, b in zip(want, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            for tok, lp in la.items():
+                assert abs(lp - lb[tok]) < 1e-3
 
 
 @needs_onednn_bf16

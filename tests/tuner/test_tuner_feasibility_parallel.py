@@ -97,8 +97,10 @@ def test_a_cpu_engine_takes_its_kv_space_not_the_whole_machine(monkeypatch):
     # bounded by its memory budget
     assert check(BASE, SMOL, Hardware(24 * GiB, dtype=torch.float32)).num_blocks > 11 * GiB // block_bytes
     small = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True, dtype=torch.float32))
-    (one,) = estimate_rank_memory(BASE, fp32, ParallelConfig(1, 1))  # float32: no packed copy
-    assert small.num_blocks == (GiB - one.weights_bytes - one.activation_bytes) // block_bytes
+    (one,) = estimate_rank_memory(BASE, fp32, ParallelConfig(1, 1))
+    head_copy = fp32.vocab_size * fp32.hidden_size * 4  # float32: packed linears replace the plain ones,
+    assert fp32.tie_word_embeddings                     # the tied embedding keeps its own beside the LM head's
+    assert small.num_blocks == (GiB - one.weights_bytes - head_copy - one.activation_bytes) // block_bytes
 
 
 def test_cpu_hardware_without_a_dtype_follows_the_engine_auto_rule():
