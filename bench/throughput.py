@@ -31,8 +31,8 @@ from kvpilot.engine.settings import BY_NAME
 def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256, size: int = 2048,
                                repeats: int = 5) -> float:
     """Best-of-`repeats` GFLOP/s of an [m, size] x [size, size]^T matmul in `dtype` on this
-    CPU, through the engine's own linear path (layers/linear.py: oneDNN-prepacked weights
-    in bfloat16, F.linear in float32), so the peak is the one the engine can reach; a plain
+    CPU, through the engine's own linear path (layers/linear.py: oneDNN-prepacked weights,
+    F.linear where packing is unavailable), so the peak is the one the engine can reach; a plain
     torch bf16 matmul on a CPU without native bf16 is a slow fallback it never runs."""
     from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
 
