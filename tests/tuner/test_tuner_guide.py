@@ -71,6 +71,23 @@ class TableRunner:
         return engine(settings, self.rng.uniform(0.9, 1.1))
 
 
+class Recorder:
+    """Deploys by calling `measure(settings)` and records what it deployed."""
+
+    def __init__(self, measure):
+        self.measure, self.deployed = measure, []
+
+    def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        self.deployed.append(settings)
+        return self.measure(settings)
+
+
+def flat(itl_s: float) -> Measurement:
+    """A window serving 1 req/s with p95 ITL `itl_s` and no preemption."""
+    return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0, itl_p95_s=itl_s,
+                       ttft_p95_s=1.0)
+
+
 GRID = [BASE.replace(max_num_seqs=q, max_num_batched_tokens=b) for q in SEQS for b in BUDGETS]
 
 
@@ -123,16 +140,7 @@ def test_first_trials_are_the_defaults_then_the_memory_model_points_and_no_refus
 def test_a_broken_itl_slo_is_repaired_with_chunked_prefill_and_a_small_budget():
     slo = SLO(ttft_p95_ms=0, itl_p95_ms=100, max_preemptions_per_min=100)
 
-    class SlowDecodes:
-        def __init__(self):
-            self.deployed = []
-
-        def run_trial(self, number, settings):
-            self.deployed.append(settings)
-            return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0,
-                               itl_p95_s=settings.max_num_batched_tokens / 4000, ttft_p95_s=1.0)
-
-    runner = SlowDecodes()
+    runner = Recorder(lambda s: flat(s.max_num_batched_tokens / 4000))  # a bigger budget, slower decodes
     study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
     space = SearchSpace(max_num_batched_tokens=(64, 2048), max_num_seqs=None, enable_chunked_prefill=(True, False))
     base = EngineSettings(max_model_len=256, enable_chunked_prefill=False)  # budget 2048, prefills first
@@ -146,20 +154,10 @@ def test_on_a_cpu_engine_a_broken_itl_slo_is_repaired_with_prefills_in_steps_of_
     the repair there is chunked prefill off, the budget raised to max_model_len."""
     slo = SLO(ttft_p95_ms=0, itl_p95_ms=100, max_preemptions_per_min=100)
 
-    class ChunksSlowDecodes:
-        def __init__(self):
-            self.deployed = []
-
-        def run_trial(self, number, settings):
-            self.deployed.append(settings)
-            itl = 0.2 if settings.enable_chunked_prefill else 0.05
-            return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0,
-                               itl_p95_s=itl, ttft_p95_s=1.0)
-
     space = SearchSpace(max_num_batched_tokens=(64, 2048), max_num_seqs=None, enable_chunked_prefill=(True, False))
     cpu = Hardware(device_memory_bytes=1, num_gpu_blocks_override=512, shared_memory=True)
     for budget, repaired in ((128, 256), (2048, 2048)):  # chunked prefill off needs budget >= max_model_len
-        runner = ChunksSlowDecodes()
+        runner = Recorder(lambda s: flat(0.2 if s.enable_chunked_prefill else 0.05))  # chunks slow decodes
         study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
         base = EngineSettings(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=budget)
         Tuner(study, space, base, SMOL, cpu, slo, runner, TunerConfig(n_trials=2, remeasure_top=0, guided=True)).run()
@@ -169,17 +167,7 @@ def test_on_a_cpu_engine_a_broken_itl_slo_is_repaired_with_prefills_in_steps_of_
 def test_defaults_that_did_not_preempt_get_no_memory_model_point():
     """vLLM's tuning guide lowers max_num_seqs for preemptions; without any, the second
     trial is a neighbour move, not the memory model's 4 or 6 sequences."""
-
-    class NoPreemption:
-        def __init__(self):
-            self.deployed = []
-
-        def run_trial(self, number, settings):
-            self.deployed.append(settings)
-            return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0,
-                               itl_p95_s=0.1, ttft_p95_s=1.0)
-
-    runner = NoPreemption()
+    runner = Recorder(lambda s: flat(0.1))
     study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
     Tuner(study, SPACE, BASE, SMOL, HW, SLOS, runner,
           TunerConfig(n_trials=3, remeasure_top=0, guided=True, request_tokens=TOKENS)).run()
