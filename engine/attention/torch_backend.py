@@ -159,7 +159,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _extends(self, query, key, value, k_cache, v_cache, extends: list[_Gather], scale, out, offset: int):
         """Prefill/extend chunks one sequence at a time; query/key/value/out hold the batch's
-        rows from `offset` on (g.start, g.end are rows of the whole batch)."""
+        rows from `offset` on (g.start, g.end are rows of the whole batch). The SDPA inputs
+        are 4-D [1, heads, q_len, head_dim] (as HF's attention passes them): on CPU, torch
+        2.13 takes its flash-attention kernel for 4-D inputs with GQA and falls back to the
+        math path (the full score matrix) for 3-D ones, 4-5x slower at 512-1024 tokens
+        (benchmarks/results/throughput/README.md, section 9)."""
         for g in extends:
             s, e = g.start - offset, g.end - offset
             if g.num_blocks == 0:  # fresh prefill: its own K/V are all there is
@@ -167,10 +171,10 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 k, v = (t[0] for t in self._gather(k_cache, v_cache, g, query.dtype))
             o = F.scaled_dot_product_attention(
-                query[s:e].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                query[s:e].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                 attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=True,
             )
-            out[s:e] = o.transpose(0, 1)
+            out[s:e] = o[0].transpose(0, 1)
 
     @staticmethod
     def _plan(meta: AttentionMetadata, k_cache: torch.Tensor,
