@@ -162,7 +162,7 @@ class TorchAttentionBackend(AttentionBackend):
         rows from `offset` on (g.start, g.end are rows of the whole batch). The SDPA inputs
         are 4-D [1, heads, q_len, head_dim] (as HF's attention passes them): on CPU, torch
         2.13 takes its flash-attention kernel for 4-D inputs with GQA and falls back to the
-        math path (the full score matrix) for 3-D ones, 4-5x slower at 512-1024 tokens
+        math path (the full score matrix) for 3-D ones, 3-5x slower at 512-1024 tokens
         (benchmarks/results/throughput/README.md, section 9)."""
         for g in extends:
             s, e = g.start - offset, g.end - offset
