@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kvpilot.engine.config import SchedulerConfig
+from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.stat_loggers import SchedulerState, StatLoggerBase, StatLoggerManager
 from kvpilot.engine.llm_engine import LLMEngine
@@ -68,24 +69,25 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._job: concurrent.futures.Future | None = None
         self._profiler = None
 
     # ------------------------------------------------------------ lifecycle
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, thread: EngineThread | None = None) -> None:
+        """Runs the engine loop on `thread` (the thread that built the engine: one OpenMP
+        team, engine_thread.py) or on a new one."""
         self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        self._job = (thread or EngineThread()).submit(self._run)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._commands.put(lambda: None)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._job is not None:
+            concurrent.futures.wait([self._job], timeout_s)
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.errored is None
+        return self._job is not None and not self._job.done() and self.errored is None
 
     @property
     def num_waiting(self) -> int:

@@ -24,6 +24,7 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
+from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.metrics_hidden import check_version
@@ -103,7 +104,8 @@ class DrainingServer(uvicorn.Server):
     async def _load(self) -> None:
         t0 = time.monotonic()
         try:
-            engine = await asyncio.get_running_loop().run_in_executor(None, LLMEngine, self.engine_config)
+            thread = EngineThread()  # builds the engine, then runs its loop (engine_thread.py)
+            engine = await asyncio.wrap_future(thread.submit(LLMEngine, self.engine_config))
         except Exception as exc:
             logger.exception("the engine failed to load")
             self.exit_code = report_failure(load_failure_code(exc), f"{type(exc).__name__}: {exc}")
@@ -115,7 +117,7 @@ class DrainingServer(uvicorn.Server):
                                 show_hidden_for=self.state.show_hidden_metrics_for_version)
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
-        async_engine.start(asyncio.get_running_loop())
+        async_engine.start(asyncio.get_running_loop(), thread)
         self.state.tokenizer = engine.tokenizer
         self.state.engine = async_engine
         logger.info("engine loaded in %.1f s; serving %r (max_model_len %d) on http://%s:%d",
