@@ -24,8 +24,8 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
+from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
