@@ -116,9 +116,8 @@ def repair_settings(defaults: EngineSettings, violated: set[str], space: SearchS
     if cpu:
         if defaults.enable_chunked_prefill and False in space.enable_chunked_prefill:
             budget = defaults.max_num_batched_tokens
-            if budget < defaults.max_model_len and space.max_num_batched_tokens:
-                budget = min((b for b in space.batched_tokens_choices(base) if b >= defaults.max_model_len),
-                             default=defaults.max_model_len)
+            if budget < defaults.max_model_len:
+                budget = _budget_for(space, base, defaults.max_model_len, defaults.max_model_len)
             out.append(defaults.replace(enable_chunked_prefill=False, max_num_batched_tokens=budget))
         return out
     if True in space.enable_chunked_prefill and space.max_num_batched_tokens:
@@ -198,8 +197,7 @@ class Guide:
                  hardware: feasibility.Hardware, slo: SLO, tokens: RequestTokens | None, seed: int = 0):
         self.space, self.base, self.model, self.hardware, self.slo = space, base, model, hardware, slo
         self.tokens, self.rng = tokens, random.Random(seed)
-        self.kv_fit = kv_fit_settings(base, space, model, hardware, tokens)
-        self.seeds = list(self.kv_fit)
+        self.seeds = kv_fit_settings(base, space, model, hardware, tokens)
         self.repaired = False
 
     def _tried(self, study: optuna.Study) -> list[EngineSettings]:
@@ -221,7 +219,7 @@ class Guide:
             self.repaired = True
             violated = {n for n, v in zip(constraint_names(self.slo), defaults.user_attrs[CONSTRAINTS_ATTR]) if v > 0}
             if not (defaults.user_attrs.get("measurement") or {}).get("preemptions"):
-                self.seeds = [s for s in self.seeds if s not in self.kv_fit]  # the cache held their batch
+                self.seeds = []  # only memory-model points so far: the cache held the defaults' batch
             self.seeds += repair_settings(EngineSettings(**defaults.user_attrs["settings"]), violated, self.space,
                                           self.base, cpu=self.hardware.shared_memory)
         for s in self.seeds:

@@ -5,8 +5,8 @@ per calling thread. Building the engine on one thread (its warm-up step runs par
 regions there) and stepping it on another leaves two teams, more OpenMP threads than a
 small machine has cores, and libgomp then cuts its spin-wait to 1,000 spins (its
 GOMP_SPINCOUNT rule when OMP_WAIT_POLICY is unset), so every parallel region pays a futex
-wake-up: one float32 decode step took 54-65 ms instead of 41-46 ms on a 2-core AVX2 EPYC
-(benchmarks/results/throughput/README.md, section 10). A daemon thread, so a server that
+wake-up: one float32 decode step took 59-66 ms instead of 40-56 ms on a 2-core AVX2 EPYC
+(benchmarks/results/throughput/README.md, section 10, omp_threads.py). A daemon thread, so a server that
 exits without a clean shutdown is not held open by it.
 """
 

@@ -75,7 +75,7 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
         if not isinstance(module, _Linear) or module.packed is not None:
             continue
         w = module.weight
-        if w.device.type != "cpu" or w.dtype not in _PACK_TOLERANCE or w.numel() == 0:
+        if w.device.type != "cpu" or w.dtype not in _PACK_TOLERANCE:
             continue
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), _PACK_BATCH_HINT)

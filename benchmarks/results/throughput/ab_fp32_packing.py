@@ -11,31 +11,24 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 from kvpilot.bench.datasets import sample_sharegpt_requests
-from kvpilot.bench.throughput import run_ours
+from kvpilot.bench.throughput import measure_matmul_peak_gflops, run_ours
 from kvpilot.engine import LLM, SamplingParams, model_runner
 from kvpilot.engine.cpu_info import detect_cpu
 from kvpilot.engine.layers import linear
 
 
-def peak_gflops(pack: bool, m: int = 256, size: int = 2048) -> float:
-    layer = linear.RowParallelLinear(size, size, torch.float32)
-    layer.weight.data.copy_(torch.randn(size, size) / size**0.5)
-    if pack:
-        linear.pack_weights_for_cpu(layer)
-    x = torch.randn(m, size)
-    with torch.inference_mode():
-        layer.matmul(x)
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            layer.matmul(x)
-            best = min(best, time.perf_counter() - t)
-    return 2 * m * size * size / best / 1e9
+def peak_gflops(pack: bool) -> float:
+    """bench throughput's peak (its engine linear path), with or without packing."""
+    original = linear.pack_weights_for_cpu
+    linear.pack_weights_for_cpu = original if pack else (lambda model: 0)
+    try:
+        return measure_matmul_peak_gflops(torch.float32)
+    finally:
+        linear.pack_weights_for_cpu = original
 
 
 def main() -> int:
