@@ -106,15 +106,16 @@ def rank_num_params(model: ModelConfig, parallel: ParallelConfig, rank: int) -> 
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     start, end = get_pp_indices(model.num_layers, pos.pp_rank, pos.pp_size)
     per_layer = (h * (q + 2 * kv) + q * h + 3 * h * i) // tp + 2 * h
-    vocab_shard = -(-model.vocab_size // tp) * h
-    params = (end - start) * per_layer
-    if pos.is_first_stage:
-        params += vocab_shard
-    if pos.is_last_stage:
-        params += h
-        if not (model.tie_word_embeddings and pos.is_first_stage):
-            params += vocab_shard
-    return params
+    return (end - start) * per_layer + (h if pos.is_last_stage else 0) + rank_vocab_params(model, parallel, rank)
+
+
+def rank_vocab_params(model: ModelConfig, parallel: ParallelConfig, rank: int) -> int:
+    """Parameters of the vocabulary-sized weights `rank` holds: its embedding shard on the
+    first stage, its LM-head shard on the last (one weight when tied on a single stage)."""
+    pos = RankPosition.of(rank, parallel)
+    vocab_shard = -(-model.vocab_size // pos.tp_size) * model.hidden_size
+    tied_here = model.tie_word_embeddings and pos.is_first_stage
+    return vocab_shard * (int(pos.is_first_stage) + int(pos.is_last_stage and not tied_here))
 
 
 # Bytes per weight of the GGUF blocks `--quantization gguf` keeps (engine/layers/gguf_quant.py):

@@ -43,7 +43,13 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     cpu_kvcache_space_bytes,
     estimate_activation_bytes,
 )
-from kvpilot.engine.parallel_layout import RankPosition, rank_gguf_block_bytes, rank_kv_bytes_per_token, rank_num_params
+from kvpilot.engine.parallel_layout import (
+    RankPosition,
+    rank_gguf_block_bytes,
+    rank_kv_bytes_per_token,
+    rank_num_params,
+    rank_vocab_params,
+)
 from kvpilot.api.models import BUILTIN_MODELS, BUILTIN_SCHEME, ModelShape
 from kvpilot.tuner.settings import EngineSettings
 
@@ -102,7 +108,7 @@ class Hardware:
 
     A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
     and LM-head weights (engine/layers/linear.py), so its weights count twice; in float32
-    the packed copies replace the plain ones, and only a tied LM head counts twice.
+    the packed copies replace the plain ones, and only the embedding / LM-head weights count twice.
     """
 
     device_memory_bytes: int
@@ -131,13 +137,13 @@ class Hardware:
 
 def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel: ParallelConfig,
                          activation_scale: float = 1.0, packed_weights: bool = False,
-                         gguf_blocks: bool = False, packed_lm_head: bool = False) -> list[RankMemory]:
+                         gguf_blocks: bool = False, packed_vocab: bool = False) -> list[RankMemory]:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
     from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
     second, oneDNN-packed copy of its weights (CPU, bfloat16). gguf_blocks: it also holds
-    the GGUF's blocks (`--quantization gguf`, CPU, float32). packed_lm_head: the last
-    stage holds a packed copy of the tied embedding for the LM head (CPU, float32: the
-    linear layers' packed copies replace their plain weights, layers/linear.py)."""
+    the GGUF's blocks (`--quantization gguf`, CPU, float32). packed_vocab: each embedding
+    and LM-head weight is held twice, plain and packed (CPU, float32: the linear layers'
+    packed copies replace their plain weights, layers/linear.py)."""
     weight_elem = element_bytes(model.dtype) * (2 if packed_weights else 1)
     ranks = []
     for rank in range(parallel.world_size):
@@ -146,8 +152,8 @@ def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel:
                                                pos.tp_size, with_logits=pos.is_last_stage or rank == 0)
         weights = rank_num_params(model, parallel, rank) * weight_elem
         weights += rank_gguf_block_bytes(model, parallel, rank) if gguf_blocks else 0
-        if packed_lm_head and model.tie_word_embeddings and pos.is_last_stage:
-            weights += -(-model.vocab_size // pos.tp_size) * model.hidden_size * element_bytes(model.dtype)
+        if packed_vocab:  # the embedding / LM-head weights keep their plain copy beside the packed one
+            weights += rank_vocab_params(model, parallel, rank) * element_bytes(model.dtype)
         ranks.append(RankMemory(rank, weights,
                                 int(activation * activation_scale),
                                 settings.block_size * rank_kv_bytes_per_token(model, parallel, rank)))
@@ -188,8 +194,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
                                   f"exceeds the {hardware.num_devices} available device(s)")
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
     gguf = hardware.quantization == "gguf" and hardware.shared_memory and dtype_name(model.dtype) == "float32"
-    head = hardware.shared_memory and dtype_name(model.dtype) == "float32"
-    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf, head)
+    vocab = hardware.shared_memory and dtype_name(model.dtype) == "float32"
+    ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf, vocab)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
         block_bytes = sum(r.block_bytes for r in ranks)

@@ -10,6 +10,7 @@ import torch
 
 from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
+from kvpilot.engine.parallel_layout import rank_vocab_params
 from kvpilot.tuner.feasibility import Hardware, check, estimate_rank_memory, resolve_model
 from kvpilot.tuner.settings import EngineSettings
 
@@ -123,3 +124,16 @@ def test_gguf_quantization_adds_its_blocks_to_the_cpu_weights():
     assert quantized.num_blocks < plain.num_blocks
     # on a GPU the engine keeps no blocks (the kernel is CPU-only), so nothing changes
     assert check(BASE, fp32, Hardware(2 * GiB, quantization="gguf")).num_blocks == check(BASE, fp32, Hardware(2 * GiB)).num_blocks
+
+
+def test_float32_on_cpu_counts_every_embedding_and_lm_head_weight_twice():
+    """layers/linear.py keeps an embedding's plain weight (the lookup) beside its packed
+    copy; with two stages the last one holds its own LM head even when tied (as vLLM does)."""
+    fp32 = dataclasses.replace(SMOL, dtype=torch.float32)
+    shard = fp32.vocab_size * fp32.hidden_size
+    pp2 = ParallelConfig(1, 2)
+    assert [rank_vocab_params(fp32, pp2, r) for r in range(2)] == [shard, shard]
+    assert rank_vocab_params(fp32, ParallelConfig(1, 1), 0) == shard  # tied on one stage: one weight
+    plain = estimate_rank_memory(BASE, fp32, pp2)
+    packed = estimate_rank_memory(BASE, fp32, pp2, packed_vocab=True)
+    assert [b.weights_bytes - a.weights_bytes for a, b in zip(plain, packed)] == [shard * 4, shard * 4]
