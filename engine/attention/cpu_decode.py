@@ -7,8 +7,12 @@ converts to a float mask in every layer: about 25 tensor ops per layer, 750 per 
 the 30-layer SmolLM2, whatever the batch. This kernel reads each sequence's K/V rows in
 place through its block table (`slot = block_table[t // block_size] * block_size +
 t % block_size`, as vLLM's PagedAttention) in one call per layer, reading each K/V row
-once for all query heads of its GQA group. ctypes releases the GIL during the call, so
-large batches are split over `torch.get_num_threads()` Python threads. `FusedDecode` does
+once for all query heads of its GQA group. Large batches are shared out over
+`torch.get_num_threads()` threads of torch's own OpenMP team: the library is built with
+`-fopenmp`, and its `libgomp.so.1` resolves to the one torch has loaded (same soname), so
+the attention's parallel region reuses the threads torch's matmuls just used instead of
+waking a second pool beside them (split over Python threads instead, an offline float32
+run took 84 s against 77 s on one thread: README section 11). `FusedDecode` does
 the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
 new token's slot, then the attention (the C source: attention/cpu_kernels_source.py).
 
@@ -23,8 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
@@ -34,8 +36,8 @@ from kvpilot.engine.cpu_build import build_library
 
 logger = logging.getLogger("kvpilot.engine.attention.cpu_decode")
 
-# Below this many (sequence x cached token) pairs a layer's attention costs less than
-# handing half of it to a second thread.
+# Below this many (sequence x cached token x KV head) triples a layer's attention costs less
+# than starting a parallel region for it.
 PARALLEL_MIN_WORK = 8192
 
 _SOURCE = cpu_kernels_source.SOURCE
@@ -46,7 +48,9 @@ _SOURCE = cpu_kernels_source.SOURCE
 # only: linking a shared library with -ffast-math adds crtfastmath.o, whose constructor sets
 # the FTZ/DAZ bits of the whole process when the library loads, so every later float
 # computation in the server (numpy, hypothesis, torch) would flush subnormals to zero.
+# The sets without -fopenmp run every call on one thread.
 _FLAG_SETS = (
+    (["-O3", "-march=native", "-fopenmp", "-ffast-math"], ["-fopenmp", "-lmvec", "-lm"]),
     (["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"], ["-lmvec", "-lm"]),
     (["-O3", "-march=native", "-fopenmp-simd"], ["-lm"]),
     (["-O2"], ["-lm"]),
@@ -65,21 +69,8 @@ def load() -> ctypes.CDLL | None:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_float]
+                   ctypes.c_int64, ctypes.c_float, ctypes.c_int64]
     return lib
-
-
-_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A pool per (process, size): a forked worker (tensor/pipeline ranks) must not
-    inherit its parent's pool, whose threads do not exist in the child."""
-    key = (os.getpid(), threads)
-    pool = _pools.get(key)
-    if pool is None:
-        pool = _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="kvpilot-attn")
-    return pool
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -127,17 +118,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) -> None:
-    """Calls fn(*head, seq_begin, seq_end, *tail) over all rows: in one call, or cut into
-    runs of rows of equal work on the thread pool when a layer's attention is large."""
-    num_seqs = len(lens)
-    threads = min(torch.get_num_threads(), num_seqs)
-    if threads > 1 and sum(lens) * num_kv_heads >= PARALLEL_MIN_WORK:
-        cuts = _balanced_cuts(lens, threads)
-        jobs = [_pool(threads).submit(fn, *head, a, b, *tail) for a, b in zip(cuts, cuts[1:])]
-        codes = [j.result() for j in jobs]
-    else:
-        codes = [fn(*head, 0, num_seqs, *tail)]
-    if any(codes):
+    """Calls fn(*head, 0, num_seqs, *tail, num_threads): on torch's threads when a layer's
+    attention is large enough (PARALLEL_MIN_WORK), else on the calling thread alone."""
+    threads = min(torch.get_num_threads(), len(lens))
+    if threads > 1 and sum(lens) * num_kv_heads < PARALLEL_MIN_WORK:
+        threads = 1
+    if fn(*head, 0, len(lens), *tail, threads):
         raise RuntimeError("CPU decode kernel: out of memory for the score buffer")
 
 
@@ -204,16 +190,5 @@ def _bind_fused(lib: ctypes.CDLL):
     if fn.argtypes is None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         fn.restype = ctypes.c_int
-        fn.argtypes = [p, i, p, p, i, p, p, p, p, i, p, p, i, i, i, i, i, i, ctypes.c_float]
+        fn.argtypes = [p, i, p, p, i, p, p, p, p, i, p, p, i, i, i, i, i, i, ctypes.c_float, i]
     return fn
-
-
-def _balanced_cuts(lens: list[int], parts: int) -> list[int]:
-    """Row boundaries [0, ..., len(lens)] splitting lens into `parts` runs of about equal sum."""
-    total, cuts, acc = sum(lens), [0], 0
-    for i, n in enumerate(lens):
-        acc += n
-        if acc * parts >= total * len(cuts) and len(cuts) < parts and i + 1 < len(lens):
-            cuts.append(i + 1)
-    cuts.append(len(lens))
-    return cuts

@@ -77,23 +77,32 @@ static int64_t max_len_of(const int32_t *lens, int64_t begin, int64_t end) {
    q: rows [s] at q + s*q_stride_seq, heads at + h*q_stride_head, head_dim contiguous.
    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
    tables: [num_seqs, max_blocks] int32; lens: [num_seqs] int32 (>= 1, tokens in cache).
-   out: [num_seqs, num_heads, head_dim] contiguous. Returns 0, or -1 if out of memory. */
+   out: [num_seqs, num_heads, head_dim] contiguous. Rows [seq_begin, seq_end) are shared out over
+   num_threads OpenMP threads (one thread: no parallel region; a build without OpenMP runs
+   them serially). Returns 0, or -1 if out of memory. */
 int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_head,
                          const float *k_cache, const float *v_cache,
                          const int32_t *tables, int64_t max_blocks, const int32_t *lens,
                          float *out, int64_t seq_begin, int64_t seq_end,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t block_size, float scale) {
-    float *scores = malloc(sizeof(float) * num_heads * max_len_of(lens, seq_begin, seq_end));
-    float *acc = malloc(sizeof(float) * num_heads * head_dim);
-    if (!scores || !acc) { free(scores); free(acc); return -1; }
-    for (int64_t s = seq_begin; s < seq_end; ++s)
-        attend_one(q + s * q_stride_seq, q_stride_head, k_cache, v_cache, tables + s * max_blocks, lens[s],
-                   out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
-                   scores, acc);
-    free(scores);
-    free(acc);
-    return 0;
+                         int64_t block_size, float scale, int64_t num_threads) {
+    const int64_t max_len = max_len_of(lens, seq_begin, seq_end);
+    int failed = 0;
+    #pragma omp parallel num_threads((int)num_threads) if (num_threads > 1) reduction(|:failed)
+    {
+        float *scores = malloc(sizeof(float) * num_heads * max_len);
+        float *acc = malloc(sizeof(float) * num_heads * head_dim);
+        failed = !scores || !acc;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t s = seq_begin; s < seq_end; ++s)
+            if (!failed)
+                attend_one(q + s * q_stride_seq, q_stride_head, k_cache, v_cache, tables + s * max_blocks, lens[s],
+                           out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
+                           scores, acc);
+        free(scores);
+        free(acc);
+    }
+    return failed ? -1 : 0;
 }
 
 /* Rotate-half RoPE of n_heads heads (x1 = x[:half], x2 = x[half:]):
@@ -126,26 +135,32 @@ int kvp_rope_cache_decode_f32(const float *qkv, int64_t qkv_stride, const float 
                               const int32_t *tables, int64_t max_blocks, const int32_t *lens,
                               float *out, int64_t seq_begin, int64_t seq_end,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              int64_t block_size, float scale) {
-    const int64_t row = num_kv_heads * head_dim;
-    float *scores = malloc(sizeof(float) * num_heads * max_len_of(lens, seq_begin, seq_end));
-    float *acc = malloc(sizeof(float) * num_heads * head_dim);
-    float *qrot = malloc(sizeof(float) * num_heads * head_dim);
-    if (!scores || !acc || !qrot) { free(scores); free(acc); free(qrot); return -1; }
-    for (int64_t s = seq_begin; s < seq_end; ++s) {
-        const float *src = qkv + s * qkv_stride;
-        const float *c = cos + s * rope_stride, *sn = sin + s * rope_stride;
-        rope_heads(src, qrot, num_heads, head_dim, c, sn);
-        rope_heads(src + num_heads * head_dim, k_cache + slots[s] * row, num_kv_heads, head_dim, c, sn);
-        memcpy(v_cache + slots[s] * row, src + (num_heads + num_kv_heads) * head_dim, sizeof(float) * row);
-        attend_one(qrot, head_dim, k_cache, v_cache, tables + s * max_blocks, lens[s],
-                   out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
-                   scores, acc);
+                              int64_t block_size, float scale, int64_t num_threads) {
+    const int64_t row = num_kv_heads * head_dim, max_len = max_len_of(lens, seq_begin, seq_end);
+    int failed = 0;
+    #pragma omp parallel num_threads((int)num_threads) if (num_threads > 1) reduction(|:failed)
+    {
+        float *scores = malloc(sizeof(float) * num_heads * max_len);
+        float *acc = malloc(sizeof(float) * num_heads * head_dim);
+        float *qrot = malloc(sizeof(float) * num_heads * head_dim);
+        failed = !scores || !acc || !qrot;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t s = seq_begin; s < seq_end; ++s) {
+            if (failed) continue;
+            const float *src = qkv + s * qkv_stride;
+            const float *c = cos + s * rope_stride, *sn = sin + s * rope_stride;
+            rope_heads(src, qrot, num_heads, head_dim, c, sn);
+            rope_heads(src + num_heads * head_dim, k_cache + slots[s] * row, num_kv_heads, head_dim, c, sn);
+            memcpy(v_cache + slots[s] * row, src + (num_heads + num_kv_heads) * head_dim, sizeof(float) * row);
+            attend_one(qrot, head_dim, k_cache, v_cache, tables + s * max_blocks, lens[s],
+                       out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
+                       scores, acc);
+        }
+        free(scores);
+        free(acc);
+        free(qrot);
     }
-    free(scores);
-    free(acc);
-    free(qrot);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* RMSNorm over rows of `hidden` floats, vLLM's fused_add_rms_norm when residual != NULL:

@@ -26,7 +26,7 @@ typedef int (*attn_fn)(const float *qkv, int64_t qkv_stride, const float *cos, c
                        int64_t rope_stride, const int64_t *slots, float *k_cache, float *v_cache,
                        const int32_t *tables, int64_t max_blocks, const int32_t *lens, float *out,
                        int64_t seq_begin, int64_t seq_end, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t head_dim, int64_t block_size, float scale);
+                       int64_t head_dim, int64_t block_size, float scale, int64_t num_threads);
 
 typedef struct {  /* one GGUF linear layer: blocks [n, k / 32 * block bytes] */
     const uint8_t *w;
@@ -78,7 +78,7 @@ int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n
                                (int)L->qkv.act8)))
             return code;
         if ((code = md->attn(qkv, qkv_n, cos, sin, half, slots, L->k_cache, L->v_cache, tables, max_blocks, lens,
-                             attn, 0, m, md->num_heads, md->num_kv_heads, hd, md->block_size, (float)md->scale)))
+                             attn, 0, m, md->num_heads, md->num_kv_heads, hd, md->block_size, (float)md->scale, 1)))
             return code;
         if ((code = md->matmul((int)L->o.qtype, L->o.w, L->o.n, L->o.k, attn, attn_n, m, h, hid, threads,
                                (int)L->o.act8)))

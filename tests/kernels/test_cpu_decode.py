@@ -140,3 +140,16 @@ def test_loading_the_kernel_keeps_the_process_ieee_subnormals(kernel):
             "sys.exit(0 if tiny * 1.0 > 0.0 else 3)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"subnormals flushed after loading the kernel (rc {run.returncode}): {run.stderr[-800:]}"
+
+
+def test_kernel_runs_on_torchs_openmp_runtime(kernel):
+    """The library is built with -fopenmp and its DT_NEEDED libgomp.so.1 resolves, by soname,
+    to the runtime torch already loaded (ld.so reuses a loaded object of the same soname):
+    one OpenMP runtime in the process, so the attention's parallel region reuses the threads
+    of torch's matmuls instead of a second team spinning beside them."""
+    from pathlib import Path
+
+    assert b"GOMP_parallel" in Path(kernel.load()._name).read_bytes()  # the OpenMP build won
+    runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line}
+    assert len(runtimes) == 1, runtimes
+    assert Path(torch.__file__).parent in Path(runtimes.pop()).parents
