@@ -16,9 +16,10 @@ with scale d and minimum m:
         sum_j x_j w_j = d * sum_j x_j q_j + m * sum_j x_j
   Q8_0: w_j = d * q_j, q_j int8;  sum_j x_j w_j = d * sum_j x_j q_j
 Block layouts (ggml-common.h): Q4_1 = {f16 d, f16 m, u8 qs[16]} (20 bytes), Q8_0 = {f16 d,
-i8 qs[32]} (34 bytes). Rows (output features) are split over a small persistent pthread
-pool inside the library (workers spin briefly, then sleep), so one call costs no Python
-thread hand-off; ctypes releases the GIL during the call.
+i8 qs[32]} (34 bytes). Chunks of rows (output features) are shared out over torch's own
+OpenMP team (built with -fopenmp; the library's libgomp.so.1 is, by soname, the one torch
+loaded), so one call costs no Python thread hand-off and a step that mixes these matmuls with
+torch's keeps one set of threads; ctypes releases the GIL during the call.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ ACTIVATIONS = ("q8_1", "float32")
 ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
 
 # -ffp-contract=off keeps d * q + m and the sums as written; AVX2 needs FMA and F16C (every
-# AVX2 x86 CPU has them). The portable set builds the scalar loops anywhere.
-NATIVE_FLAGS = (["-O3", "-march=native", "-ffp-contract=off", "-pthread"], ["-pthread"])
-PORTABLE_FLAGS = (["-O2", "-pthread"], ["-pthread"])
+# AVX2 x86 CPU has them). The portable set builds the scalar loops anywhere; without
+# -fopenmp (a compiler without it) a call runs on the calling thread alone.
+NATIVE_FLAGS = (["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-pthread"], ["-fopenmp", "-pthread"])
+PORTABLE_FLAGS = (["-O2", "-fopenmp", "-pthread"], ["-fopenmp", "-pthread"])
+SERIAL_FLAGS = (["-O2", "-pthread"], ["-pthread"])
 
 
 def activations_from_env() -> str:
@@ -60,7 +63,7 @@ def activations_from_env() -> str:
     return value
 
 
-def build(flag_sets=(NATIVE_FLAGS, PORTABLE_FLAGS)) -> ctypes.CDLL | None:
+def build(flag_sets=(NATIVE_FLAGS, PORTABLE_FLAGS, SERIAL_FLAGS)) -> ctypes.CDLL | None:
     """Builds (or finds in the cache) the library with the first flag set that works and
     declares its functions; None (logged) where it cannot be built or is disabled."""
     lib = build_library("gguf_matmul", SOURCE, flag_sets, logger, "the dense float32 weights")

@@ -1,10 +1,10 @@
 """The C source of the GGUF block matmul (engine/layers/gguf_kernel.py builds and calls it).
 
 `kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
-layouts) and splits the rows over a small persistent pthread pool. With float32
+layouts) and splits the rows over torch's OpenMP threads. With float32
 activations it dequantizes each block in AVX2 registers (a scalar loop where the compiler
 does not target AVX2 and FMA) with float32 accumulation; with 8-bit activations it runs
-the integer dot products of gguf_q8_c.py; the pool and the exported entry points are in
+the integer dot products of gguf_q8_c.py; the thread split and the exported entry points are in
 gguf_pool_c.py. Kept in their own modules so the wrapper stays short.
 """
 
@@ -14,14 +14,10 @@ from kvpilot.engine.layers.gguf_q8_c import Q8_SOURCE
 _HEAD = r"""
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <sched.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KVP_AVX2 1
