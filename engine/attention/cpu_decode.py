@@ -117,13 +117,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) -> None:
-    """Calls fn(*head, 0, num_seqs, *tail, num_threads): on torch's threads when a layer's
-    attention is large enough (PARALLEL_MIN_WORK), else on the calling thread alone."""
+def attention_threads(lens: list[int], num_kv_heads: int) -> int:
+    """Threads for one layer's decode attention over sequences of `lens` cached tokens:
+    torch's thread count (at most one per sequence) when the layer's work reaches
+    PARALLEL_MIN_WORK, else 1 (no parallel region)."""
     threads = min(torch.get_num_threads(), len(lens))
-    if threads > 1 and sum(lens) * num_kv_heads < PARALLEL_MIN_WORK:
-        threads = 1
-    if fn(*head, 0, len(lens), *tail, threads):
+    return threads if threads > 1 and sum(lens) * num_kv_heads >= PARALLEL_MIN_WORK else 1
+
+
+def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) -> None:
+    """Calls fn(*head, 0, num_seqs, *tail, attention_threads(lens, num_kv_heads))."""
+    if fn(*head, 0, len(lens), *tail, attention_threads(lens, num_kv_heads)):
         raise RuntimeError("CPU decode kernel: out of memory for the score buffer")
 
 

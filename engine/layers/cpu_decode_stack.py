@@ -14,8 +14,8 @@ same buffers' contents, so its outputs are bit-identical to the module path.
 It serves a step only where the module path would run those same kernels: tensor and
 pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
 torch attention backend with its fused C decode, the C norm and activation switched on,
-every row a decode, at most `linear.GGUF_MAX_TOKENS` rows, and attention the module path
-would not split over threads (one row, one thread, or less than `cpu_decode.PARALLEL_MIN_WORK`).
+every row a decode, at most `linear.GGUF_MAX_TOKENS` rows; its attention takes as many threads
+as the module path's (`cpu_decode.attention_threads`), from the same OpenMP team.
 Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
 (every step through the modules, as before it existed: comparisons). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
@@ -72,7 +72,7 @@ def load() -> ctypes.CDLL | None:
     lib = build_library("decode_stack", SOURCE, ((["-O2"], []),), logger, "the per-module decode path")
     if lib is not None:
         lib.kvp_decode_stack.restype = ctypes.c_int
-        lib.kvp_decode_stack.argtypes = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int]
+        lib.kvp_decode_stack.argtypes = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -193,8 +193,6 @@ class DecodeStack:
         if (not self.enabled or not 0 < m <= GGUF_MAX_TOKENS or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
                 or not (RMSNorm.use_c_kernel and SiluAndMul.use_c_kernel)
                 or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
-                or (min(torch.get_num_threads(), m) > 1
-                    and sum(meta.seq_lens_cpu) * self.num_kv_heads >= cpu_decode.PARALLEL_MIN_WORK)
                 or max(meta.seq_lens_cpu) > self.max_positions):
             return None
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
@@ -210,7 +208,7 @@ class DecodeStack:
         hidden = torch.empty(m, self.hidden)
         code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
                        slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
-                       torch.get_num_threads())
+                       torch.get_num_threads(), cpu_decode.attention_threads(meta.seq_lens_cpu, self.num_kv_heads))
         if code:
             raise RuntimeError(f"decode stack: a kernel failed with code {code} (-1, -2: out of memory)")
         return hidden

@@ -55,11 +55,12 @@ typedef struct {
 
 /* residual [m, hidden]: the embeddings in, the residual stream out; h [m, hidden]: the
    final-normed hidden states out. work: m * (head_dim + qkv_n + num_heads * head_dim
-   + 3 * intermediate) floats. Returns 0, or the first non-zero code of a kernel
+   + 3 * intermediate) floats. threads: the matmuls' OpenMP threads; attn_threads: the
+   attention's (cpu_decode.attention_threads). Returns 0, or the first non-zero code of a kernel
    (-1 attention scratch, -2 matmul scratch out of memory; any other: a bad argument). */
 int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n_layers, float *residual,
                      float *h, int64_t m, const int64_t *positions, const int64_t *slots, const int32_t *tables,
-                     int64_t max_blocks, const int32_t *lens, float *work, int threads) {
+                     int64_t max_blocks, const int32_t *lens, float *work, int threads, int attn_threads) {
     const int64_t hid = md->hidden, half = md->head_dim / 2, hd = md->head_dim;
     const int64_t qkv_n = (md->num_heads + 2 * md->num_kv_heads) * hd, attn_n = md->num_heads * hd;
     const int64_t inter = md->intermediate;
@@ -78,7 +79,8 @@ int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n
                                (int)L->qkv.act8)))
             return code;
         if ((code = md->attn(qkv, qkv_n, cos, sin, half, slots, L->k_cache, L->v_cache, tables, max_blocks, lens,
-                             attn, 0, m, md->num_heads, md->num_kv_heads, hd, md->block_size, (float)md->scale, 1)))
+                             attn, 0, m, md->num_heads, md->num_kv_heads, hd, md->block_size, (float)md->scale,
+                             attn_threads)))
             return code;
         if ((code = md->matmul((int)L->o.qtype, L->o.w, L->o.n, L->o.k, attn, attn_n, m, h, hid, threads,
                                (int)L->o.act8)))
