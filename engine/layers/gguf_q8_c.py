@@ -1,5 +1,5 @@
 """The C source of the GGUF kernel's 8-bit activation path (spliced into gguf_matmul_c.py's
-library, which owns the thread pool and the entry point).
+library, which owns the split over threads and the entry point).
 
 Each call first quantizes every activation row once into Q8_1-style blocks of 32, as
 ggml's `quantize_row_q8_1` and vLLM's `quantize_q8_1` (GGUF, batch <= 8) do:

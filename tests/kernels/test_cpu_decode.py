@@ -35,7 +35,7 @@ def test_kernel_matches_reference_on_ragged_lengths(kernel, heads, head_dim, blo
     rng = random.Random(seed)
     lens = [rng.choice([1, 2, block_size, block_size + 1, rng.randint(1, 200)]) for _ in range(9)]
     batch = _decode_batch(lens, heads, head_dim, block_size)
-    if split:  # every size goes to the thread pool, cut in balanced runs of rows
+    if split:  # every size takes a parallel region of 3 OpenMP threads, rows shared out dynamically
         monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
         monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     scale = head_dim**-0.5
