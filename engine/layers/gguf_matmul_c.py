@@ -5,10 +5,10 @@ layouts) and splits the rows over torch's OpenMP threads. With float32
 activations it dequantizes each block in AVX2 registers (a scalar loop where the compiler
 does not target AVX2 and FMA) with float32 accumulation; with 8-bit activations it runs
 the integer dot products of gguf_q8_c.py; the thread split and the exported entry points are in
-gguf_pool_c.py. Kept in their own modules so the wrapper stays short.
+gguf_entry_c.py. Kept in their own modules so the wrapper stays short.
 """
 
-from kvpilot.engine.layers.gguf_pool_c import POOL_SOURCE
+from kvpilot.engine.layers.gguf_entry_c import ENTRY_SOURCE
 from kvpilot.engine.layers.gguf_q8_c import Q8_SOURCE
 
 _HEAD = r"""
@@ -158,4 +158,4 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
 
 """
 
-SOURCE = _HEAD + _FLOAT_ROWS + Q8_SOURCE + POOL_SOURCE
+SOURCE = _HEAD + _FLOAT_ROWS + Q8_SOURCE + ENTRY_SOURCE

@@ -5,7 +5,7 @@ libgomp.so.1 resolves to the one torch loaded, as attention/cpu_decode.py's), so
 mixes these matmuls with torch's dense ones or the C attention keeps one set of threads.
 """
 
-POOL_SOURCE = r"""
+ENTRY_SOURCE = r"""
 /* Rows per chunk: about CHUNKS_PER_THREAD chunks per thread (at least MIN_CHUNK rows, a multiple
    of 4 for the q8 tiles). Each claim is an atomic on a line the cores share: with chunks of
    32 rows, 2 threads ran a 576-row decode matmul no faster than 1. */
@@ -26,7 +26,6 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
                     int64_t m, float *y, int64_t y_stride, int threads, int act8) {
     if ((qtype != 3 && qtype != 8) || k % 32) return -1;
     if (m <= 0 || n <= 0) return 0;
-    if (threads > 64) threads = 64;
     if (threads < 1) threads = 1;
     int64_t per = (n + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
     per = per < MIN_CHUNK ? MIN_CHUNK : (per + 3) / 4 * 4;
