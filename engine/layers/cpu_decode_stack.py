@@ -14,7 +14,8 @@ same buffers' contents, so its outputs are bit-identical to the module path.
 It serves a step only where the module path would run those same kernels: tensor and
 pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
 torch attention backend with its fused C decode, the C norm and activation switched on,
-every row a decode, at most `linear.GGUF_MAX_TOKENS` rows; its attention takes as many threads
+every row a decode, at most as many rows as the layers' matmuls read the blocks for
+(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones); its attention takes as many threads
 as the module path's (`cpu_decode.attention_threads`), from the same OpenMP team.
 Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
 (every step through the modules, as before it existed: comparisons). Source: the per-layer order of
@@ -38,7 +39,6 @@ from kvpilot.engine.layers import cpu_ops, gguf_kernel
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.cpu_decode_stack_c import SOURCE
 from kvpilot.engine.layers.layernorm import RMSNorm
-from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
 logger = logging.getLogger("kvpilot.engine.layers.cpu_decode_stack")
 
@@ -122,7 +122,8 @@ class DecodeStack:
         self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
         self.keep = [rope.cos, rope.sin, model.norm.weight] + [t for _, ts in layers for t in ts]
         self.caches_key: tuple | None = None
-        self.work = torch.empty(GGUF_MAX_TOKENS * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
+        self.max_rows = min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None)
+        self.work = torch.empty(self.max_rows * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
                                                    + 3 * self.intermediate))
         self.args_tail = (ctypes.byref(self.md), ctypes.byref(self.layers), len(layers))
 
@@ -190,7 +191,7 @@ class DecodeStack:
         serves (the caller then runs the modules). Raises RuntimeError when a kernel runs
         out of memory."""
         m = input_ids.shape[0]
-        if (not self.enabled or not 0 < m <= GGUF_MAX_TOKENS or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
+        if (not self.enabled or not 0 < m <= self.max_rows or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
                 or not (RMSNorm.use_c_kernel and SiluAndMul.use_c_kernel)
                 or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
                 or max(meta.seq_lens_cpu) > self.max_positions):

@@ -75,6 +75,8 @@ def build(flag_sets=(NATIVE_FLAGS, PORTABLE_FLAGS, SERIAL_FLAGS)) -> ctypes.CDLL
     lib.kvp_quantize_q8_1.restype = None
     lib.kvp_quantize_q8_1.argtypes = [ptr, i64, i64, i64, ptr, ptr]
     lib.kvp_gguf_simd.restype = ctypes.c_int
+    lib.kvp_gguf_set_tiled_min_m.restype = ctypes.c_int
+    lib.kvp_gguf_set_tiled_min_m.argtypes = [ctypes.c_int]
     return lib
 
 

@@ -3,13 +3,15 @@
 `kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
 layouts) and splits the rows over torch's OpenMP threads. With float32
 activations it dequantizes each block in AVX2 registers (a scalar loop where the compiler
-does not target AVX2 and FMA) with float32 accumulation; with 8-bit activations it runs
+does not target AVX2 and FMA) with float32 accumulation, one activation row at a time here,
+or from gguf_tiled_c.py's `tiled_min_m` rows on, into a panel reused by every row; with 8-bit activations it runs
 the integer dot products of gguf_q8_c.py; the thread split and the exported entry points are in
 gguf_entry_c.py. Kept in their own modules so the wrapper stays short.
 """
 
 from kvpilot.engine.layers.gguf_entry_c import ENTRY_SOURCE
 from kvpilot.engine.layers.gguf_q8_c import Q8_SOURCE
+from kvpilot.engine.layers.gguf_tiled_c import TILED_SOURCE
 
 _HEAD = r"""
 #define _GNU_SOURCE
@@ -21,6 +23,11 @@ _HEAD = r"""
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KVP_AVX2 1
+static inline float hsum8(__m256 a) {  /* the sum of a's 8 lanes */
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
 #endif
 
 static float f16_to_f32(uint16_t h) {
@@ -145,10 +152,7 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
         }
         for (int64_t i = 0; i < mm; ++i) {
 #ifdef KVP_AVX2
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            j->y[(m0 + i) * j->y_stride + r] = _mm_cvtss_f32(h) + tail[i];
+            j->y[(m0 + i) * j->y_stride + r] = hsum8(acc[i]) + tail[i];
 #else
             j->y[(m0 + i) * j->y_stride + r] = acc[i] + tail[i];
 #endif
@@ -158,4 +162,4 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
 
 """
 
-SOURCE = _HEAD + _FLOAT_ROWS + Q8_SOURCE + ENTRY_SOURCE
+SOURCE = _HEAD + _FLOAT_ROWS + TILED_SOURCE + Q8_SOURCE + ENTRY_SOURCE

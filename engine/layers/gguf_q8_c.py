@@ -67,12 +67,6 @@ void kvp_quantize_q8_1(const float *x, int64_t x_stride, int64_t m, int64_t k, i
 }
 
 #ifdef KVP_AVX2
-static inline float hsum8(__m256 a) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
 /* NR weight rows from r0 x MM activation rows from m0; q4: Q4_1 else Q8_0. Always inlined
    with constant NR, MM and q4, so the loops unroll and the arrays live in registers. */
 static inline __attribute__((always_inline)) void tile_q8(const job_t *j, int64_t r0, int64_t m0,

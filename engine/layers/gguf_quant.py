@@ -1,9 +1,10 @@
 """`--quantization gguf` on CPU: every linear layer and the LM head keep the GGUF's raw
 Q4_1 / Q8_0 blocks beside their dense float32 weight; decode-sized matmuls (at most
-`linear.GGUF_MAX_TOKENS` rows) read the blocks through the C kernel (gguf_kernel.py), larger ones
-(prefill) the dense weight. The kernel quantizes the activations to 8-bit blocks first
-(vLLM's GGUF path always does for small batches) unless KVPILOT_GGUF_ACTIVATIONS=float32
-keeps them exact; `maybe_quantize` logs which at start-up.
+`linear.gguf_max_tokens` rows: 8, or 64 with float32 activations) read the blocks through
+the C kernel (gguf_kernel.py), larger ones (prefill) the dense weight. The kernel quantizes
+the activations to 8-bit blocks first (vLLM's GGUF path always does for small batches)
+unless KVPILOT_GGUF_ACTIVATIONS=float32 keeps them exact; `maybe_quantize` logs which at
+start-up.
 
 The dense weights still come from the safetensors the loader converted from the same GGUF
 (dequantized by gguf-py: d * q + m for Q4_1, d * q for Q8_0, in float32), so the blocks
@@ -149,18 +150,19 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
     if reason is not None or gguf_path is None:
         logger.warning("--quantization gguf: %s; using the dense weights", reason or "no GGUF file")
         return 0
-    from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
+    from kvpilot.engine.layers.linear import gguf_max_tokens
 
     extra = attach_gguf_blocks(model, Path(gguf_path), activations)
+    max_tokens = gguf_max_tokens(activations)
     how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
            f"{gguf_kernel.ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
            else f"float32 activations ({gguf_kernel.ACTIVATIONS_ENV}=float32)")
     logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens, %s",
-                extra / 2**20, GGUF_MAX_TOKENS, how)
+                extra / 2**20, max_tokens, how)
     from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
 
     model.decode_stack = DecodeStack.build(model)
-    logger.info("--quantization gguf: decode steps of up to %d rows run %s", GGUF_MAX_TOKENS,
+    logger.info("--quantization gguf: decode steps of up to %d rows run %s", max_tokens,
                 "all layers in one C call (layers/cpu_decode_stack.py)" if model.decode_stack is not None
                 else "layer by layer (the C decode stack does not serve this model or KVPILOT_DECODE_STACK=0)")
     return extra

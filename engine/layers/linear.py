@@ -26,6 +26,14 @@ _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many ro
 
 
 GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
+# float32 activations: the kernel's tiled path (gguf_tiled_c.py) beat oneDNN's packed float32
+# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (throughput README section 12)
+GGUF_FLOAT_MAX_TOKENS = 64
+
+
+def gguf_max_tokens(activations: str) -> int:
+    """The most rows a matmul reads the GGUF blocks with, for the kernel's activation format."""
+    return GGUF_FLOAT_MAX_TOKENS if activations == "float32" else GGUF_MAX_TOKENS
 
 
 class _Linear(nn.Module):
@@ -39,6 +47,11 @@ class _Linear(nn.Module):
     qtype: int = 0
     qactivations: str = "q8_1"
 
+    @property
+    def qmax_tokens(self) -> int:
+        """The most rows a matmul reads `qweight` with (gguf_max_tokens of `qactivations`)."""
+        return gguf_max_tokens(self.qactivations)
+
     def set_qweight(self, qtype: int, blocks, activations: str = "q8_1") -> None:
         """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
         read with `activations` "q8_1" (8-bit) or "float32" (gguf_kernel.ACTIVATIONS)."""
@@ -48,7 +61,7 @@ class _Linear(nn.Module):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x weight^T [..., out], same dtype."""
-        if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= GGUF_MAX_TOKENS
+        if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= self.qmax_tokens
                 and x.dtype == torch.float32 and x.stride(1) == 1):
             return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
         if self.packed is not None:

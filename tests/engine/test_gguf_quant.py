@@ -17,7 +17,7 @@ from kvpilot.engine import LLM, EngineArgs, cpu_build
 from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention import get_attn_backend
 from kvpilot.engine.layers import gguf_kernel, gguf_quant
-from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
+from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS, gguf_max_tokens
 from kvpilot.engine.model_loader import builtin_gguf_path, iter_weights, load_model_config
 from kvpilot.engine.models.llama import LlamaForCausalLM
 
@@ -82,9 +82,13 @@ def test_a_tensor_parallel_rank_keeps_the_blocks_of_its_own_shard(model_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activations,tol", [("float32", 1e-4), ("q8_1", 2e-2)])  # q8_1: x rounded to 8 bits
-@pytest.mark.parametrize("tokens", [1, 3, GGUF_MAX_TOKENS, GGUF_MAX_TOKENS + 1])
+@pytest.mark.parametrize("tokens", [1, 3, "max", "max + 1"])
 def test_decode_sized_matmuls_read_the_blocks_and_agree_with_the_dense_weight(quantized_model, tokens, activations,
                                                                              tol, monkeypatch):
+    # max: 8 rows with 8-bit activations (vLLM's MMVQ_MAX_BATCH_SIZE), 64 with float32 ones (the tiled path)
+    limit = gguf_max_tokens(activations)
+    assert limit == (GGUF_MAX_TOKENS if activations == "q8_1" else 64)
+    tokens = {"max": limit, "max + 1": limit + 1}.get(tokens, tokens)
     model, _ = quantized_model
     calls = []
     monkeypatch.setattr("kvpilot.engine.layers.linear.gguf_matmul",
@@ -97,7 +101,7 @@ def test_decode_sized_matmuls_read_the_blocks_and_agree_with_the_dense_weight(qu
         got, want = module.matmul(x), F.linear(x, module.weight)
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
     q4, q8 = gguf_kernel.Q4_1, gguf_kernel.Q8_0
-    assert calls == ([(q4, activations), (q4, activations), (q8, activations)] if tokens <= GGUF_MAX_TOKENS else [])
+    assert calls == ([(q4, activations), (q4, activations), (q8, activations)] if tokens <= limit else [])
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvpilot.engine import cpu_build
+from kvpilot.engine.cpu_info import detect_cpu
 from kvpilot.engine.layers import gguf_kernel
 from kvpilot.engine.layers.gguf_kernel import Q4_1, Q8_0, gguf_matmul
 
@@ -73,6 +74,44 @@ def test_kernel_matches_float64_dequant_matmul(lib, qtype, m, n, k, threads, see
     # float32 accumulation over k terms: error grows with sqrt(k) times the magnitude of the terms
     tol = 1e-6 * np.sqrt(k) * (np.abs(x.double().numpy()) @ np.abs(weight).T).max()
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=tol)
+
+
+@pytest.fixture
+def tiled_from(kernel):
+    """Sets the row count from which float32 calls take the tiled path; restores it after."""
+    lib = kernel.load()
+    old = lib.kvp_gguf_set_tiled_min_m(2)
+    yield lib.kvp_gguf_set_tiled_min_m
+    lib.kvp_gguf_set_tiled_min_m(old)
+
+
+@pytest.mark.parametrize("path", ["row", "tiled"])
+@pytest.mark.parametrize("qtype", [Q4_1, Q8_0])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 6, 7, 16, 33])  # every tail of the 3-row register tiles
+@pytest.mark.parametrize("n,k", [(37, 96), (6, 1536)])  # 37: every tail of the 4-row panels
+def test_row_and_tiled_paths_match_float64_dequant_matmul(tiled_from, path, qtype, m, n, k, seed, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    tiled_from(1 if path == "tiled" else 1 << 30)
+    raw, weight = random_blocks(qtype, n, k, np.random.default_rng(seed))
+    x = torch.randn(m, k + 3)[:, :k]
+    got = gguf_matmul(x, raw, qtype, n, activations="float32")
+    want = x.double().numpy() @ weight.T
+    tol = 1e-6 * np.sqrt(k) * (np.abs(x.double().numpy()) @ np.abs(weight).T).max()
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("qtype", [Q4_1, Q8_0])
+def test_tiled_path_dequantizes_to_gguf_pys_float32_values_exactly(kernel, tiled_from, qtype, seed):
+    # x = the identity: y = W^T with one non-zero product per output, so y holds the dequantized
+    # panel itself. It must equal gguf-py's float32 dequantization (d * q + m; d * q is exact, the
+    # + m rounds once), i.e. the dense float32 weights transformers loads from the same GGUF.
+    k = 96
+    raw, weight = random_blocks(qtype, 10, k, np.random.default_rng(seed))
+    tiled_from(1)
+    got = gguf_matmul(torch.eye(k), raw, qtype, 10, activations="float32")
+    # the tiled path is the AVX2 build's (the scalar build's row loop gives the same exact values)
+    assert kernel.load().kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+    assert torch.equal(got.T, torch.from_numpy(weight).float())
 
 
 def test_out_buffer_and_shape_checks(kernel, seed):
