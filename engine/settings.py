@@ -156,7 +156,8 @@ SETTINGS: tuple[Setting, ...] = (
       "versions add nothing. An empty string renders no flag"),
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py)
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
-      "blocks for matmuls of up to 8 tokens on CPU in float32 (elsewhere the dense weights serve)",
+      "blocks for matmuls of up to 8 tokens on CPU (64 with KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the "
+      "dense weights serve)",
       choices=("gguf",), short="-q"),
 )
 del S

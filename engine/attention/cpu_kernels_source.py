@@ -20,20 +20,31 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
+/* Software prefetch of n floats from p (one hint per 64-byte line). The cache blocks of a
+   sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
+   each token row of a block asks for the same row of the sequence's next block. */
+static inline void prefetch_floats(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
 /* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous)
    over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
    Walks the cache block by block and each token's whole K (then V) row once for every
-   head, so the reads are sequential within a block (no division per token).
+   head, so the reads are sequential within a block (no division per token), prefetching
+   the next block as it goes.
    scores: num_heads*len floats, acc: num_heads*head_dim floats (scratch). */
 static void attend_one(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t len, float *out, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                        float *scores, float *acc) {
     const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim;
+    const int64_t row = num_kv_heads * head_dim, block_floats = block_size * row;
     for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *k = k_cache + (int64_t)table[b] * block_size * row;
-        for (const int64_t end = t + block_size < len ? t + block_size : len; t < end; ++t, k += row) {
+        const float *k = k_cache + (int64_t)table[b] * block_floats;
+        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+        const float *k_next = end < len ? k_cache + (int64_t)table[b + 1] * block_floats : NULL;
+        for (; t < end; ++t, k += row) {
+            if (k_next) prefetch_floats(k_next + (t - t0) * row, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
@@ -54,8 +65,11 @@ static void attend_one(const float *q, int64_t q_stride_head, const float *k_cac
     }
     for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
     for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *v = v_cache + (int64_t)table[b] * block_size * row;
-        for (const int64_t end = t + block_size < len ? t + block_size : len; t < end; ++t, v += row) {
+        const float *v = v_cache + (int64_t)table[b] * block_floats;
+        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+        const float *v_next = end < len ? v_cache + (int64_t)table[b + 1] * block_floats : NULL;
+        for (; t < end; ++t, v += row) {
+            if (v_next) prefetch_floats(v_next + (t - t0) * row, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
                 float *a = acc + h * head_dim;

@@ -4,9 +4,11 @@
 `_Linear.matmul`: qkv, o, gate_up, down and the LM head), of the attention backend (KV write
 and paged attention), and of the model forward and `compute_logits`, plus the KV bytes the
 decode rows read (sum of context lengths x 2 x KV heads x head_dim x 4 bytes x layers).
-Prints a table, writes JSON.
+Prints a table, writes JSON. QUANT=gguf runs `--quantization gguf` with float32 activations;
+there the decode stack serves decode-only steps in one C call, so their linear and attention
+columns stay empty unless KVPILOT_DECODE_STACK=0.
 
-    .venv/bin/python benchmarks/results/throughput/offline_step_breakdown.py [num_prompts] [out.json]
+    [QUANT=gguf] .venv/bin/python benchmarks/results/throughput/offline_step_breakdown.py [num_prompts] [out.json]
 """
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ def timed(acc: dict, name: str, fn):
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     out = sys.argv[2] if len(sys.argv) > 2 else "offline_step_breakdown.json"
-    llm = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=2048)
+    quant = os.environ.get("QUANT") or None
+    if quant:
+        os.environ.setdefault("KVPILOT_GGUF_ACTIVATIONS", "float32")
+    llm = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=2048, quantization=quant)
     eng, cfg = llm.engine, llm.engine.config.model
     acc: dict[str, float] = collections.defaultdict(float)
     linear._Linear.matmul = timed(acc, "matmul_s", linear._Linear.matmul)
@@ -88,6 +93,7 @@ def main() -> int:
               f"| {rows[name]['kv_read_gb_per_s']:.1f} |")
     with open(out, "w") as f:
         json.dump({"cpu": detect_cpu().as_dict(), "torch_threads": torch.get_num_threads(), "num_prompts": n,
+                   "quantization": quant, "gguf_activations": os.environ.get("KVPILOT_GGUF_ACTIVATIONS"),
                    "loadavg_1min": load, "buckets": rows}, f, indent=1)
     return 0
 
