@@ -126,7 +126,8 @@ static int rows_tiled(const job_t *j, int64_t n0, int64_t n1) {
     if (!p) return -2;
     for (int64_t r0 = n0; r0 < n1; r0 += TILE_N) {
         const int nr = n1 - r0 < TILE_N ? (int)(n1 - r0) : TILE_N;
-        for (int r = 0; r < nr; ++r) dequant_row(j->qtype, j->w + (r0 + r) * nb * bs, nb, p + r * k);
+        const uint8_t *w = j->w + r0 * nb * bs;
+        for (int r = 0; r < nr; ++r) dequant_row(j->qtype, w + r * nb * bs, nb, p + r * k);
         for (int64_t m0 = 0; m0 < j->m; m0 += TILE_M) {
             const int mr = j->m - m0 < TILE_M ? (int)(j->m - m0) : TILE_M;
             tile_any(j->x + m0 * j->x_stride, j->x_stride, p, k, mr, nr, j->y + m0 * j->y_stride + r0, j->y_stride);

@@ -1,8 +1,8 @@
 """The C decode stack (engine/layers/cpu_decode_stack.py) on the real SmolLM2 with
-`--quantization gguf`: it serves decode steps of up to 8 rows with tokens and logprobs
-bit-identical to the per-module path (batches that shrink as sequences finish, i.e. a
-different row count from one step to the next), leaves every other step to the modules,
-and follows the engine's KV caches when they move."""
+`--quantization gguf`: it serves decode steps of up to 8 rows (64 with float32 activations)
+with tokens and logprobs bit-identical to the per-module path (batches that shrink as
+sequences finish, i.e. a different row count from one step to the next), leaves every other
+step to the modules, and follows the engine's KV caches when they move."""
 
 from __future__ import annotations
 
@@ -141,3 +141,28 @@ def test_a_prefill_step_is_left_to_the_modules(llm):
                                  0, [0, 2], [2], [2])
         assert model.decode_stack.forward(torch.tensor([5, 6]), torch.arange(2), llm.engine.runner.kv_caches,
                                           meta) is None
+
+
+@pytest.fixture(scope="module")
+def llm_float32():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVPILOT_GGUF_ACTIVATIONS", "float32")
+        return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=16,
+                   num_gpu_blocks_override=128, swap_space=0)
+
+
+@pytest.mark.slow
+def test_float32_activations_serve_more_rows_than_the_8_bit_batch_limit(llm_float32, served_rows):
+    # float32 activations read the blocks up to linear.GGUF_FLOAT_MAX_TOKENS rows (the tiled kernel),
+    # so the stack serves the 10-row steps that 8-bit activations leave to the modules
+    stack = llm_float32.engine.runner.model.decode_stack
+    assert stack is not None and stack.max_rows == 64 > GGUF_MAX_TOKENS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_more_rows_than_the_kernel_batch_take_the_modules_and_agree
+    try:
+        want = generate(llm_float32, PROMPTS, stack=False, max_tokens=(3, 6))
+        assert served_rows == []
+        assert generate(llm_float32, PROMPTS, stack=True, max_tokens=(3, 6)) == want
+    finally:
+        torch.set_num_threads(threads)
+    assert max(served_rows) == len(PROMPTS) > GGUF_MAX_TOKENS
