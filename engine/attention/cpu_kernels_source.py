@@ -42,9 +42,14 @@ static void attend_one(const float *q, int64_t q_stride_head, const float *k_cac
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const float *k = k_cache + (int64_t)table[b] * block_floats;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        const float *k_next = end < len ? k_cache + (int64_t)table[b + 1] * block_floats : NULL;
+        /* two blocks ahead (the first block also asks for the second): one block of rows is
+           processed faster than a scattered block arrives from memory */
+        const int64_t ahead = b == 0 ? 1 : 2;
+        const float *k_next = t0 + ahead * block_size < len ? k_cache + (int64_t)table[b + ahead] * block_floats : NULL;
+        const float *k_next2 = b == 0 && 2 * block_size < len ? k_cache + (int64_t)table[2] * block_floats : NULL;
         for (; t < end; ++t, k += row) {
             if (k_next) prefetch_floats(k_next + (t - t0) * row, row);
+            if (k_next2) prefetch_floats(k_next2 + (t - t0) * row, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
@@ -67,9 +72,14 @@ static void attend_one(const float *q, int64_t q_stride_head, const float *k_cac
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const float *v = v_cache + (int64_t)table[b] * block_floats;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        const float *v_next = end < len ? v_cache + (int64_t)table[b + 1] * block_floats : NULL;
+        /* two blocks ahead (the first block also asks for the second): one block of rows is
+           processed faster than a scattered block arrives from memory */
+        const int64_t ahead = b == 0 ? 1 : 2;
+        const float *v_next = t0 + ahead * block_size < len ? v_cache + (int64_t)table[b + ahead] * block_floats : NULL;
+        const float *v_next2 = b == 0 && 2 * block_size < len ? v_cache + (int64_t)table[2] * block_floats : NULL;
         for (; t < end; ++t, v += row) {
             if (v_next) prefetch_floats(v_next + (t - t0) * row, row);
+            if (v_next2) prefetch_floats(v_next2 + (t - t0) * row, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
                 float *a = acc + h * head_dim;
