@@ -22,7 +22,7 @@ SOURCE = r"""
 
 /* Software prefetch of n floats from p (one hint per 64-byte line). The cache blocks of a
    sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
-   each token row of a block asks for the same row of the sequence's next block. */
+   each token row of a block asks for the same row of the block two ahead in its table. */
 static inline void prefetch_floats(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
@@ -31,7 +31,7 @@ static inline void prefetch_floats(const float *p, int64_t n) {
    over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
    Walks the cache block by block and each token's whole K (then V) row once for every
    head, so the reads are sequential within a block (no division per token), prefetching
-   the next block as it goes.
+   the blocks ahead as it goes.
    scores: num_heads*len floats, acc: num_heads*head_dim floats (scratch). */
 static void attend_one(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t len, float *out, int64_t num_heads,
