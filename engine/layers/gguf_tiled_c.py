@@ -62,12 +62,12 @@ static float *panel_scratch(size_t floats) {
 static inline void dequant_row(int qtype, const uint8_t *row, int64_t nb, float *dst) {
     const __m128i low4 = _mm_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b, dst += 32) {
-        uint16_t dh, mh;
         if (qtype == 3) {
             const uint8_t *blk = row + b * 20;
-            memcpy(&dh, blk, 2);
-            memcpy(&mh, blk + 2, 2);
-            const __m256 dv = _mm256_set1_ps(f16_to_f32(dh)), mv = _mm256_set1_ps(f16_to_f32(mh));
+            int32_t dm;  /* d and m, adjacent halves: one conversion for both */
+            memcpy(&dm, blk, 4);
+            const __m128 dmf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+            const __m256 dv = _mm256_broadcastss_ps(dmf), mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dmf));
             const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
             const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
             _mm256_store_ps(dst, _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), mv));
@@ -76,6 +76,7 @@ static inline void dequant_row(int qtype, const uint8_t *row, int64_t nb, float 
             _mm256_store_ps(dst + 24, _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), mv));
         } else {
             const uint8_t *blk = row + b * 34;
+            uint16_t dh;
             memcpy(&dh, blk, 2);
             const __m256 dv = _mm256_set1_ps(f16_to_f32(dh));
             for (int t = 0; t < 4; ++t) {
