@@ -9,9 +9,19 @@ default. Source: vLLM v1 `Sampler` / `TopKTopPSampler`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvpilot.engine.sampling_params import SamplingParams
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, vocab] -> [rows] int64, the first index of each row's maximum (NaN counts as the
+    maximum), as torch.argmax(dim=-1). On CPU through numpy's SIMD argmax: 16 x 49,152 float32
+    rows took 0.09 ms against torch's 0.9 ms on a 2-core AVX2 EPYC."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return x.argmax(dim=-1)
+    return torch.from_numpy(np.argmax(x.detach().contiguous().numpy(), axis=-1).astype(np.int64))
 
 
 class Sampler:
@@ -53,7 +63,7 @@ class Sampler:
         logprobs: the chosen token's and the top-N tokens'."""
         logits = logits.float()
         n = logits.shape[0]
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             idx = torch.tensor(random_rows)
@@ -64,8 +74,8 @@ class Sampler:
                 [params[i].top_p for i in random_rows],
             )
             probs = sub.softmax(dim=-1)
-            tokens[idx] = (probs / self._exponential_noise(probs, [(request_ids[i], params[i]) for i in random_rows])
-                           ).argmax(dim=-1)
+            tokens[idx] = argmax_rows(probs / self._exponential_noise(probs, [(request_ids[i], params[i])
+                                                                            for i in random_rows]))
         token_list = tokens.tolist()
         want = [p.logprobs for p in params]
         if all(w is None for w in want):

@@ -35,3 +35,16 @@ def test_seeded_rows_repeat_and_unseeded_rows_vary():
     assert first == again  # the seeded request's own generator, whatever the sampler's seed
     shared = [a(logits, ["r", "s"], params)[1][0] for _ in range(20)]
     assert len(set(shared)) > 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_matches_torch_argmax_with_ties_and_nan(dtype):
+    from kvpilot.engine.sampler import argmax_rows
+
+    x = torch.randn(6, 300).to(dtype)
+    x[1, [7, 200]] = 50.0  # a tie: the first index wins
+    x[2, 100], x[2, 250] = float("nan"), 99.0  # NaN counts as the maximum
+    x[3] = 0.0  # all equal
+    got = argmax_rows(x)
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
+    assert got[1].item() == 7 and got[2].item() == 100 and got[3].item() == 0

@@ -19,6 +19,10 @@ log "compare dense done"
 # 2. offline ShareGPT throughput vs HF generate() in the same dtype, the matmul peak of that dtype
 .venv/bin/kvpilot bench throughput --num-prompts 32 --output-json "$OUT/throughput32.json"
 log "throughput done"
+# 2b. the same with kvpilot's float32 matmuls on the GGUF's blocks (float32 activations: the same
+#     float32 arithmetic on the same weight values as HF's, README section 12)
+.venv/bin/kvpilot bench throughput --num-prompts 32 --quantization gguf --output-json "$OUT/throughput32_gguf.json"
+log "throughput gguf done"
 # 3. kvpilot serve with defaults: process start -> /health 200, RSS
 .venv/bin/python benchmarks/results/throughput/measure_startup.py --tree after= --rounds 1 --timeout-s 600 \
     --out "$OUT/startup.json"
