@@ -187,11 +187,17 @@ int kvp_rope_cache_decode_f32(const float *qkv, int64_t qkv_stride, const float 
     return failed ? -1 : 0;
 }
 
+/* From this many elements (a prefill chunk's rows, not a decode step's) RMSNorm and SiLU*mul
+   share their rows out over the calling thread's OpenMP team (torch's thread count); each row is
+   computed by one thread as before, so results do not change. */
+#define ELEMENTWISE_PARALLEL_MIN 65536
+
 /* RMSNorm over rows of `hidden` floats, vLLM's fused_add_rms_norm when residual != NULL:
    residual += x, then out = residual / sqrt(mean(residual^2) + eps) * w; else
    out = x / sqrt(mean(x^2) + eps) * w. Rows are contiguous; out may be x. */
 void kvp_rms_norm_f32(float *x, float *residual, const float *w, float *out,
                       int64_t rows, int64_t hidden, float eps) {
+    #pragma omp parallel for schedule(static) if (rows > 1 && rows * hidden >= ELEMENTWISE_PARALLEL_MIN)
     for (int64_t r = 0; r < rows; ++r) {
         float *xr = x + r * hidden, *o = out + r * hidden;
         const float *src = xr;
@@ -213,6 +219,7 @@ void kvp_rms_norm_f32(float *x, float *residual, const float *w, float *out,
 /* vLLM's silu_and_mul: gate_up rows [gate (inter) | up (inter)] contiguous ->
    out[r][i] = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
 void kvp_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+    #pragma omp parallel for schedule(static) if (rows > 1 && rows * inter >= ELEMENTWISE_PARALLEL_MIN)
     for (int64_t r = 0; r < rows; ++r) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;

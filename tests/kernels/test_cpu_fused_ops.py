@@ -135,7 +135,8 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
-@pytest.mark.parametrize("rows,hidden", [(1, 576), (5, 37)])
+# 300 x 576: above ELEMENTWISE_PARALLEL_MIN, rows shared out over the OpenMP team (prefill-sized)
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (5, 37), (300, 576)])
 def test_c_rms_norm_with_and_without_the_fused_residual_add(kernel, rows, hidden, seed):
     torch.manual_seed(seed)
     x, res, w = torch.randn(rows, hidden) * 3, torch.randn(rows, hidden), torch.randn(hidden)
@@ -169,9 +170,10 @@ def test_rms_norm_module_c_path_matches_torch_and_bf16_keeps_torch(kernel, seed)
     torch.testing.assert_close(bf(xb), F.rms_norm(xb.float(), (64,), None, 1e-6).bfloat16())
 
 
-def test_c_silu_and_mul_matches_float64(kernel, seed):
+@pytest.mark.parametrize("rows", [3, 100])  # 100 x 1536: rows shared out over the OpenMP team
+def test_c_silu_and_mul_matches_float64(kernel, rows, seed):
     torch.manual_seed(seed)
-    x = torch.randn(3, 2 * 1536) * 4
+    x = torch.randn(rows, 2 * 1536) * 4
     got = SiluAndMul()(x)
     g, u = x.double().chunk(2, dim=-1)
     torch.testing.assert_close(got.double(), F.silu(g) * u, rtol=1e-5, atol=1e-5)
