@@ -40,6 +40,10 @@ def timed(acc: dict, name: str, fn):
     return wrapper
 
 
+def _gbps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     out = sys.argv[2] if len(sys.argv) > 2 else "offline_step_breakdown.json"
@@ -86,11 +90,13 @@ def main() -> int:
         # the LM head's matmul runs in compute_logits, outside the forward: take it out of the linear time
         other = per["forward_s"] - per.get("attention_s", 0) - (per.get("matmul_s", 0) - per.get("logits_s", 0))
         rows[name] = {"steps": int(b["steps"]), "total_s": b["step_s"], **{k.replace("_s", "_ms"): v for k, v in per.items()},
-                      "kv_read_gb_per_s": b["kv_read_bytes"] / max(b["attention_s"], 1e-9) / 1e9}
+                      # None where no attention call was timed (prefill steps, steps the decode stack served)
+                      "kv_read_gb_per_s": b["kv_read_bytes"] / b["attention_s"] / 1e9
+                      if b["attention_s"] and name != PREFILL else None}
         print(f"| {name} | {int(b['steps'])} | {b['step_s']:.1f} | {per['step_s']:.1f} | {per.get('matmul_s', 0):.1f} "
               f"| {per.get('attention_s', 0):.1f} | {max(0.0, other):.1f} | {per.get('logits_s', 0):.1f} "
               f"| {per['step_s'] - per['forward_s'] - per.get('logits_s', 0):.1f} "
-              f"| {rows[name]['kv_read_gb_per_s']:.1f} |")
+              f"| {_gbps(rows[name]['kv_read_gb_per_s'])} |")
     with open(out, "w") as f:
         json.dump({"cpu": detect_cpu().as_dict(), "torch_threads": torch.get_num_threads(), "num_prompts": n,
                    "quantization": quant, "gguf_activations": os.environ.get("KVPILOT_GGUF_ACTIVATIONS"),
