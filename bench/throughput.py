@@ -192,7 +192,7 @@ def _print_tables(console, results: dict, profile: list[tuple[str, float]], num_
     console.print(prof)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the same dequantized weights")
     p.add_argument("--skip-hf", action="store_true", help="only our engine (no ratio)")
     p.add_argument("--output-json", default="bench-results/throughput.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.num_prompts < 1:
         p.error("--num-prompts must be >= 1")

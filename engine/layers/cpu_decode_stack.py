@@ -15,8 +15,9 @@ It serves a step only where the module path would run those same kernels: tensor
 pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
 torch attention backend with its fused C decode, the C norm and activation switched on,
 every row a decode, at most as many rows as the layers' matmuls read the blocks for
-(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones); its attention takes as many threads
-as the module path's (`cpu_decode.attention_threads`), from the same OpenMP team.
+(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones); its attention
+takes as many threads as the module path's (`cpu_decode.attention_threads`), from the same
+OpenMP team.
 Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
 (every step through the modules, as before it existed: comparisons). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a

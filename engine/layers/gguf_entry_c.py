@@ -1,7 +1,6 @@
 """The C source of the GGUF kernel's exported entry points (spliced after gguf_matmul_c.py's
 row kernels, gguf_tiled_c.py's tiled float32 path and gguf_q8_c.py's integer dot products,
-which it calls): chunks of rows are
-shared out over torch's own OpenMP team (the library is built with -fopenmp and its
+which it calls): chunks of rows are shared out over torch's own OpenMP team (the library is built with -fopenmp and its
 libgomp.so.1 resolves to the one torch loaded, as attention/cpu_decode.py's), so a step that
 mixes these matmuls with torch's dense ones or the C attention keeps one set of threads.
 """

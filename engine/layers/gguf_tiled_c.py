@@ -1,6 +1,6 @@
 """The C source of the GGUF kernel's float32 path for several activation rows (spliced into
 gguf_matmul_c.py's library after its row kernels; gguf_entry_c.py picks it from
-`tiled_min_m` rows on).
+2 rows on, `kvp_gguf_set_tiled_min_m` changes that for tests and A/B runs).
 
 At 9-64 rows a decode step's float32 matmuls are bound neither by the weight stream alone
 nor by the FMAs alone but by their sum (oneDNN at 16 rows: 63 ms for a SmolLM2 step's 121
