@@ -27,6 +27,15 @@ static inline void prefetch_floats(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
+/* Prefetches token row i of the sequence's block two after block b (whose first token is t0;
+   from block 0 also of block 1), where the sequence has them: one block of rows is processed
+   faster than a scattered block arrives from memory. */
+static inline void prefetch_ahead(const float *cache, const int32_t *table, int64_t b, int64_t i, int64_t t0,
+                                  int64_t len, int64_t block_size, int64_t row) {
+    for (int64_t a = b == 0 ? 1 : 2; a <= 2; ++a)
+        if (t0 + a * block_size < len) prefetch_floats(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
+}
+
 /* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous)
    over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
    Walks the cache block by block and each token's whole K (then V) row once for every
@@ -42,14 +51,8 @@ static void attend_one(const float *q, int64_t q_stride_head, const float *k_cac
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const float *k = k_cache + (int64_t)table[b] * block_floats;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        /* two blocks ahead (the first block also asks for the second): one block of rows is
-           processed faster than a scattered block arrives from memory */
-        const int64_t ahead = b == 0 ? 1 : 2;
-        const float *k_next = t0 + ahead * block_size < len ? k_cache + (int64_t)table[b + ahead] * block_floats : NULL;
-        const float *k_next2 = b == 0 && 2 * block_size < len ? k_cache + (int64_t)table[2] * block_floats : NULL;
         for (; t < end; ++t, k += row) {
-            if (k_next) prefetch_floats(k_next + (t - t0) * row, row);
-            if (k_next2) prefetch_floats(k_next2 + (t - t0) * row, row);
+            prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
@@ -72,14 +75,8 @@ static void attend_one(const float *q, int64_t q_stride_head, const float *k_cac
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const float *v = v_cache + (int64_t)table[b] * block_floats;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        /* two blocks ahead (the first block also asks for the second): one block of rows is
-           processed faster than a scattered block arrives from memory */
-        const int64_t ahead = b == 0 ? 1 : 2;
-        const float *v_next = t0 + ahead * block_size < len ? v_cache + (int64_t)table[b + ahead] * block_floats : NULL;
-        const float *v_next2 = b == 0 && 2 * block_size < len ? v_cache + (int64_t)table[2] * block_floats : NULL;
         for (; t < end; ++t, v += row) {
-            if (v_next) prefetch_floats(v_next + (t - t0) * row, row);
-            if (v_next2) prefetch_floats(v_next2 + (t - t0) * row, row);
+            prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
                 float *a = acc + h * head_dim;

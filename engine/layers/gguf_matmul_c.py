@@ -62,26 +62,33 @@ typedef struct {
     const float *xds;
 } job_t;
 
-/* A grow-only scratch buffer per calling thread (64-byte aligned), freed when the thread
-   exits: no malloc per call, and two Python threads calling at once never share one. */
-static pthread_key_t g_scratch_key;
+/* Grow-only scratch buffers per calling thread (64-byte aligned), freed when the thread
+   exits: no malloc per call, and two Python threads calling at once never share one. Slot 0:
+   the entry point's activation scratch (8-bit or summed activations); slot 1: the tiled
+   path's weight panel (gguf_tiled_c.py), used inside the parallel region while slot 0 lives. */
+#define SCRATCH_SLOTS 2
+static pthread_key_t g_scratch_keys[SCRATCH_SLOTS];
 static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
-static __thread void *t_scratch;
-static __thread size_t t_scratch_bytes;
+static __thread void *t_scratch[SCRATCH_SLOTS];
+static __thread size_t t_scratch_bytes[SCRATCH_SLOTS];
 
-static void scratch_key_init(void) { pthread_key_create(&g_scratch_key, free); }
+static void scratch_keys_init(void) {
+    for (int i = 0; i < SCRATCH_SLOTS; ++i) pthread_key_create(&g_scratch_keys[i], free);
+}
 
-static void *scratch(size_t bytes) {
-    if (bytes <= t_scratch_bytes) return t_scratch;
+static void *scratch_slot(int slot, size_t bytes) {
+    if (bytes <= t_scratch_bytes[slot]) return t_scratch[slot];
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes)) return NULL;
-    free(t_scratch);
-    t_scratch = p;
-    t_scratch_bytes = bytes;
-    pthread_once(&g_scratch_once, scratch_key_init);
-    pthread_setspecific(g_scratch_key, p);
+    free(t_scratch[slot]);
+    t_scratch[slot] = p;
+    t_scratch_bytes[slot] = bytes;
+    pthread_once(&g_scratch_once, scratch_keys_init);
+    pthread_setspecific(g_scratch_keys[slot], p);
     return p;
 }
+
+static void *scratch(size_t bytes) { return scratch_slot(0, bytes); }
 
 """
 

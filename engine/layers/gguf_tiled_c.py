@@ -38,25 +38,8 @@ int kvp_gguf_set_tiled_min_m(int m) {
 #define TILE_N %TN%  /* weight rows per dequantized panel */
 #define TILE_M %TM%  /* activation rows per register tile */
 
-static __thread float *t_panel;
-static __thread size_t t_panel_floats;
-static pthread_key_t g_panel_key;
-static pthread_once_t g_panel_once = PTHREAD_ONCE_INIT;
-
-static void panel_key_init(void) { pthread_key_create(&g_panel_key, free); }
-
-/* this thread's grow-only panel of `floats` floats (64-byte aligned), freed at thread exit */
-static float *panel_scratch(size_t floats) {
-    if (floats <= t_panel_floats) return t_panel;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, floats * sizeof(float))) return NULL;
-    free(t_panel);
-    t_panel = p;
-    t_panel_floats = floats;
-    pthread_once(&g_panel_once, panel_key_init);
-    pthread_setspecific(g_panel_key, p);
-    return p;
-}
+/* this thread's grow-only panel of `floats` floats (gguf_matmul_c.py's scratch slot 1) */
+static float *panel_scratch(size_t floats) { return scratch_slot(1, floats * sizeof(float)); }
 
 /* One weight row's nb blocks -> dst [nb * 32] float32, gguf-py's exact values. */
 static inline void dequant_row(int qtype, const uint8_t *row, int64_t nb, float *dst) {
