@@ -23,7 +23,7 @@ of High-Performance Matrix Multiplication", ACM TOMS 2008) with the packing step
 by dequantization. AVX2 builds only; the scalar build keeps the row kernel.
 """
 
-_TILED = r"""
+TILED_SOURCE = r"""
 static int g_tiled_min_m = 2;  /* rows from which a float32 call takes the tiled path */
 
 /* Sets the row count from which float32 calls use the tiled path (tests, A/B runs; the
@@ -35,8 +35,8 @@ int kvp_gguf_set_tiled_min_m(int m) {
 }
 
 #ifdef KVP_AVX2
-#define TILE_N %TN%  /* weight rows per dequantized panel */
-#define TILE_M %TM%  /* activation rows per register tile */
+#define TILE_N 4  /* weight rows per dequantized panel */
+#define TILE_M 3  /* activation rows per register tile */
 
 /* this thread's grow-only panel of `floats` floats (gguf_matmul_c.py's scratch slot 1) */
 static float *panel_scratch(size_t floats) { return scratch_slot(1, floats * sizeof(float)); }
@@ -98,7 +98,9 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
 
 static void tile_any(const float *x, int64_t xs, const float *p, int64_t k, int mr, int nr, float *y, int64_t ys) {
     switch (mr * 8 + nr) {
-        %CASES%
+        TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4)
+        TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3) TILE_CASE(2, 4)
+        TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3) TILE_CASE(3, 4)
     }
 }
 
@@ -132,13 +134,3 @@ static int use_tiled(int64_t m) {
 }
 """
 
-
-TILE_M, TILE_N = 3, 4
-
-
-def _source(tile_m: int = TILE_M, tile_n: int = TILE_N) -> str:
-    cases = " ".join(f"TILE_CASE({i}, {r})" for i in range(1, tile_m + 1) for r in range(1, tile_n + 1))
-    return _TILED.replace("%CASES%", cases).replace("%TM%", str(tile_m)).replace("%TN%", str(tile_n))
-
-
-TILED_SOURCE = _source()
