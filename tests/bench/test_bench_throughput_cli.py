@@ -1,0 +1,39 @@
+"""`kvpilot bench throughput --quantization gguf`, the README's command (fewer prompts, no HF
+side): our engine reads the GGUF's blocks with float32 activations, says so in its table and
+JSON, and produces every requested token; a quantization it does not know exits 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpilot.cli.main", "bench", "throughput", *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+@pytest.mark.slow
+def test_gguf_throughput_runs_float32_activations_and_records_them(tmp_path):
+    out = tmp_path / "t.json"
+    env = {k: v for k, v in os.environ.items() if k != "KVPILOT_GGUF_ACTIVATIONS"}
+    r = bench("--num-prompts", "2", "--skip-hf", "--dtype", "float32", "--quantization", "gguf",
+              "--output-json", str(out), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "kvpilot on the GGUF blocks (float32 activations)" in " ".join(r.stdout.split())
+    result = json.loads(out.read_text())
+    assert result["quantization"] == "gguf" and result["gguf_activations"] == "float32"
+    assert result["dtype"] == "float32" and result["kvpilot"]["output_tokens_per_s"] > 0
+    assert "hf_generate" not in result
+
+
+def test_unknown_quantization_exits_2():
+    r = bench("--quantization", "awq")
+    assert r.returncode == 2 and "invalid choice: 'awq'" in r.stderr
