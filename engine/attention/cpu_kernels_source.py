@@ -13,6 +13,8 @@ Sources: vLLM PagedAttention (SOSP'23), vLLM csrc/layernorm_kernels.cu and
 csrc/activation_kernels.cu for the semantics, HF Llama's rotate_half RoPE.
 """
 
+from kvpilot.engine.attention.cpu_attend_c import SOURCE as ATTEND_SOURCE
+
 SOURCE = r"""
 #include <float.h>
 #include <math.h>
@@ -20,80 +22,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
-/* Software prefetch of n floats from p (one hint per 64-byte line). The cache blocks of a
-   sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
-   each token row of a block asks for the same row of the block two ahead in its table. */
-static inline void prefetch_floats(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
-}
-
-/* Prefetches token row i of the sequence's block two after block b (whose first token is t0;
-   from block 0 also of block 1), where the sequence has them: one block of rows is processed
-   faster than a scattered block arrives from memory. */
-static inline void prefetch_ahead(const float *cache, const int32_t *table, int64_t b, int64_t i, int64_t t0,
-                                  int64_t len, int64_t block_size, int64_t row) {
-    for (int64_t a = b == 0 ? 1 : 2; a <= 2; ++a)
-        if (t0 + a * block_size < len) prefetch_floats(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
-}
-
-/* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous)
-   over the len tokens of one sequence's paged K/V; writes out[num_heads][head_dim].
-   Walks the cache block by block and each token's whole K (then V) row once for every
-   head, so the reads are sequential within a block (no division per token), prefetching
-   the blocks ahead as it goes.
-   scores: num_heads*len floats, acc: num_heads*head_dim floats (scratch). */
-static void attend_one(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t len, float *out, int64_t num_heads,
-                       int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                       float *scores, float *acc) {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim, block_floats = block_size * row;
-    for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *k = k_cache + (int64_t)table[b] * block_floats;
-        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        for (; t < end; ++t, k += row) {
-            prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
-            for (int64_t h = 0; h < num_heads; ++h) {
-                const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
-                float dot = 0.f;
-                #pragma omp simd reduction(+:dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
-                scores[h * len + t] = dot * scale;
-            }
-        }
-    }
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float *sc = scores + h * len;
-        float m = -FLT_MAX, sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
-    }
-    for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
-    for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *v = v_cache + (int64_t)table[b] * block_floats;
-        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-        for (; t < end; ++t, v += row) {
-            prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
-            for (int64_t h = 0; h < num_heads; ++h) {
-                const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
-                float *a = acc + h * head_dim;
-                #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
-            }
-        }
-    }
-    memcpy(out, acc, sizeof(float) * num_heads * head_dim);
-}
-
-static int64_t max_len_of(const int32_t *lens, int64_t begin, int64_t end) {
-    int64_t m = 1;
-    for (int64_t s = begin; s < end; ++s) if (lens[s] > m) m = lens[s];
-    return m;
-}
-
+""" + ATTEND_SOURCE + r"""
 /* One new query token per sequence over its paged K/V.
    q: rows [s] at q + s*q_stride_seq, heads at + h*q_stride_head, head_dim contiguous.
    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
@@ -107,23 +36,9 @@ int kvp_paged_decode_f32(const float *q, int64_t q_stride_seq, int64_t q_stride_
                          float *out, int64_t seq_begin, int64_t seq_end,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t block_size, float scale, int64_t num_threads) {
-    const int64_t max_len = max_len_of(lens, seq_begin, seq_end);
-    int failed = 0;
-    #pragma omp parallel num_threads((int)num_threads) if (num_threads > 1) reduction(|:failed)
-    {
-        float *scores = malloc(sizeof(float) * num_heads * max_len);
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        failed = !scores || !acc;
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t s = seq_begin; s < seq_end; ++s)
-            if (!failed)
-                attend_one(q + s * q_stride_seq, q_stride_head, k_cache, v_cache, tables + s * max_blocks, lens[s],
-                           out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
-                           scores, acc);
-        free(scores);
-        free(acc);
-    }
-    return failed ? -1 : 0;
+    const kvp_attn_args a = {q, q_stride_seq, q_stride_head, k_cache, v_cache, tables, max_blocks, lens, out,
+                             seq_begin, seq_end, num_heads, num_kv_heads, head_dim, block_size, scale};
+    return attend_rows(a, NULL, num_threads);
 }
 
 /* Rotate-half RoPE of n_heads heads (x1 = x[:half], x2 = x[half:]):
@@ -143,6 +58,15 @@ static void rope_heads(const float *src, float *dst, int64_t n_heads, int64_t he
     }
 }
 
+/* Row s's RoPE of q (into qrot) and k, and its K/V write at cache slot slots[s]. */
+static void rope_row(const kvp_rope_args *r, int64_t s, const kvp_attn_args *a, float *qrot) {
+    const int64_t row = a->num_kv_heads * a->head_dim;
+    const float *src = r->qkv + s * r->qkv_stride, *c = r->cos + s * r->rope_stride, *sn = r->sin + s * r->rope_stride;
+    rope_heads(src, qrot, a->num_heads, a->head_dim, c, sn);
+    rope_heads(src + a->num_heads * a->head_dim, r->k_cache + r->slots[s] * row, a->num_kv_heads, a->head_dim, c, sn);
+    memcpy(r->v_cache + r->slots[s] * row, src + (a->num_heads + a->num_kv_heads) * a->head_dim, sizeof(float) * row);
+}
+
 /* The whole decode side of an attention layer in one call, per decode row s:
    rotates q and k of row s (RoPE with the row's cos/sin), stores the rotated k and the v
    at flat cache slot slots[s], then attends over the lens[s] tokens of its sequence (the
@@ -157,31 +81,10 @@ int kvp_rope_cache_decode_f32(const float *qkv, int64_t qkv_stride, const float 
                               float *out, int64_t seq_begin, int64_t seq_end,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                               int64_t block_size, float scale, int64_t num_threads) {
-    const int64_t row = num_kv_heads * head_dim, max_len = max_len_of(lens, seq_begin, seq_end);
-    int failed = 0;
-    #pragma omp parallel num_threads((int)num_threads) if (num_threads > 1) reduction(|:failed)
-    {
-        float *scores = malloc(sizeof(float) * num_heads * max_len);
-        float *acc = malloc(sizeof(float) * num_heads * head_dim);
-        float *qrot = malloc(sizeof(float) * num_heads * head_dim);
-        failed = !scores || !acc || !qrot;
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t s = seq_begin; s < seq_end; ++s) {
-            if (failed) continue;
-            const float *src = qkv + s * qkv_stride;
-            const float *c = cos + s * rope_stride, *sn = sin + s * rope_stride;
-            rope_heads(src, qrot, num_heads, head_dim, c, sn);
-            rope_heads(src + num_heads * head_dim, k_cache + slots[s] * row, num_kv_heads, head_dim, c, sn);
-            memcpy(v_cache + slots[s] * row, src + (num_heads + num_kv_heads) * head_dim, sizeof(float) * row);
-            attend_one(qrot, head_dim, k_cache, v_cache, tables + s * max_blocks, lens[s],
-                       out + s * num_heads * head_dim, num_heads, num_kv_heads, head_dim, block_size, scale,
-                       scores, acc);
-        }
-        free(scores);
-        free(acc);
-        free(qrot);
-    }
-    return failed ? -1 : 0;
+    const kvp_attn_args a = {NULL, 0, 0, k_cache, v_cache, tables, max_blocks, lens, out,
+                             seq_begin, seq_end, num_heads, num_kv_heads, head_dim, block_size, scale};
+    const kvp_rope_args r = {qkv, cos, sin, qkv_stride, rope_stride, slots, k_cache, v_cache};
+    return attend_rows(a, &r, num_threads);
 }
 
 /* From this many elements (a prefill chunk's rows, not a decode step's) RMSNorm and SiLU*mul

@@ -85,13 +85,14 @@ def check_more_rows_than_the_kernel_batch(llm, served_rows):
 
 @pytest.mark.slow
 def test_attention_large_enough_for_threads_runs_on_threads_inside_the_stack(llm, served_rows, monkeypatch):
-    # above PARALLEL_MIN_WORK a layer's attention takes min(threads, rows) OpenMP threads, in the
-    # stack as in the modules; each row is still computed by one thread, so outputs do not change
+    # above PARALLEL_MIN_WORK a layer's attention takes torch's threads, one sequence included (the
+    # kernel cuts long ones into parts), in the stack as in the modules; these prompts are shorter
+    # than a part (128 tokens), so each row is still computed by one thread and outputs do not change
     monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert cpu_decode.attention_threads([5, 7], 3) == 2 and cpu_decode.attention_threads([5], 3) == 1
+        assert cpu_decode.attention_threads([5, 7], 3) == 2 and cpu_decode.attention_threads([5], 3) == 2
         want = generate(llm, PROMPTS[:2], stack=False, max_tokens=(4,))
         assert generate(llm, PROMPTS[:2], stack=True, max_tokens=(4,)) == want
         assert served_rows == [2, 2, 2]  # the stack served every decode step, on 2 attention threads

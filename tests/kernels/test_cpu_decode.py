@@ -153,3 +153,30 @@ def test_kernel_runs_on_torchs_openmp_runtime(kernel):
     runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line}
     assert len(runtimes) == 1, runtimes
     assert Path(torch.__file__).parent in Path(runtimes.pop()).parents
+
+
+@pytest.mark.parametrize("lens", [[700], [700, 1, 129, 300]], ids=["one-sequence", "beside-short-ones"])
+@pytest.mark.parametrize("block_size", [16, 5, 1])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_long_sequences_cut_into_parts_over_threads_match_reference(kernel, lens, block_size, threads, seed,
+                                                                    monkeypatch):
+    """With more threads than long sequences, each is cut into parts of >= 128 tokens (a multiple
+    of block_size) attended on different threads and merged by their maxima and sums
+    (paged_attention_v2's reduce): one 700-token sequence beside short ones, lengths around part
+    boundaries included; NaN in unused cache slots shows any read past a part or a sequence."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    batch = _decode_batch(lens, HEADS["gqa"], 64, block_size)
+    assert cpu_decode.attention_threads(lens, 2) == threads
+    ref = paged_decode_attention_ref(batch.query.double(), batch.k_cache.double(), batch.v_cache.double(),
+                                     batch.block_tables, batch.seq_lens, 0.125)
+    out = torch.full_like(batch.query, float("nan"))
+    kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                  0.125, out)
+    assert_close_to_ref(out, ref, torch.float32, seed)
+    # Skewed scores: a part whose maximum is far below another's must be weighted down, not lost.
+    batch.query.mul_(40.0)
+    ref = paged_decode_attention_ref(batch.query.double(), batch.k_cache.double(), batch.v_cache.double(),
+                                     batch.block_tables, batch.seq_lens, 0.125)
+    kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                  0.125, out)
+    assert_close_to_ref(out, ref, torch.float32, seed)
