@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -80,6 +81,18 @@ def resolve_secrets(parser: argparse.ArgumentParser, ns: argparse.Namespace,
     return api_key, admin_token
 
 
+def freeze_gc_heap() -> int:
+    """Moves every object alive now (model, tokenizer, engine: ~364,000 for SmolLM2) into the
+    garbage collector's permanent generation, as vLLM does once its server has started
+    (`freeze_gc_heap`): the full collections a long-running server still triggers then skip
+    them. One full collection over them took ~180 ms on the AVX2 EPYC, a stall of every stream
+    in flight (throughput README section 13). Frozen objects are still freed by reference
+    counting. Returns how many objects are frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn, plus: the engine loads after the port opens, and SIGTERM drains."""
 
@@ -112,6 +125,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
             return
         engine.detokenize_incrementally = True  # streams need each step's new text
+        logger.info("froze %d objects alive after loading out of the garbage collector's reach", freeze_gc_heap())
         bm = engine.block_manager
         metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks, registry=self.state.metrics_registry,
                                 show_hidden_for=self.state.show_hidden_metrics_for_version)
