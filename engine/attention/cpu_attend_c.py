@@ -2,9 +2,10 @@
 part of the CPU kernel library (attention/cpu_kernels_source.py) behind both decode entry points.
 
 Each sequence's tokens are cut into work items of `partition_tokens` (vLLM's
-paged_attention_v2 partitions): with one thread an item is a whole sequence; with more, about
-four items per thread of 128-512 tokens, so that a step with a few long sequences (the end of
-an offline batch, one stream) still keeps every thread reading K/V. An item's attention is
+paged_attention_v2 partitions): with one thread an item is a whole sequence; with more, a
+sequence longer than total tokens / (2 x threads) (at least 128 tokens, a multiple of
+block_size) is cut into parts of that length, so that a step with a few long sequences (the end
+of an offline batch, one stream) still keeps every thread reading K/V. An item's attention is
 two passes over its blocks, each K and V token row read once for all query heads of its GQA
 group: scores = q.K^T * scale, exp(score - the item's max), then acc = p.V; a sequence's
 items are merged with their maxima and sums (the log-sum-exp rescaling of FlashDecoding /
@@ -99,8 +100,9 @@ static void merge_parts(const float *partial, int64_t parts, int64_t stride, int
     }
 }
 
-/* Tokens per work item: every sequence whole on one thread; with more, about four items a
-   thread, 128 to 512 tokens, a multiple of block_size (paged_attention_v2 uses 512). */
+/* Tokens per work item: every sequence whole on one thread; with more, total / (2 x threads),
+   at least 128 and a multiple of block_size (paged_attention_v2 uses parts of 512), so that no
+   item holds more than half a thread's share (dynamic schedule). */
 static int64_t partition_tokens(const int32_t *lens, int64_t n, int64_t threads, int64_t block_size) {
     int64_t total = 0, longest = 1;
     for (int64_t s = 0; s < n; ++s) { total += lens[s]; longest = lens[s] > longest ? lens[s] : longest; }
@@ -139,6 +141,7 @@ static void rope_row(const kvp_rope_args *r, int64_t s, const kvp_attn_args *a, 
    items, then each sequence's merge. Returns 0, or -1 if out of memory. */
 static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_threads) {
     const int64_t n = a.seq_end - a.seq_begin, hh = a.num_heads * a.head_dim, stride = hh + 2 * a.num_heads;
+    if (n <= 0) return 0;
     const int32_t *lens = a.lens + a.seq_begin;
     const int64_t part = partition_tokens(lens, n, num_threads, a.block_size);
     int64_t *first = malloc(sizeof(int64_t) * (n + 1));

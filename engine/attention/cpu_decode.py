@@ -7,14 +7,16 @@ converts to a float mask in every layer: about 25 tensor ops per layer, 750 per 
 the 30-layer SmolLM2, whatever the batch. This kernel reads each sequence's K/V rows in
 place through its block table (`slot = block_table[t // block_size] * block_size +
 t % block_size`, as vLLM's PagedAttention) in one call per layer, reading each K/V row
-once for all query heads of its GQA group. Large batches are shared out over
-`torch.get_num_threads()` threads of torch's own OpenMP team: the library is built with
-`-fopenmp`, and its `libgomp.so.1` resolves to the one torch has loaded (same soname), so
+once for all query heads of its GQA group. A layer's attention is shared out over
+`torch.get_num_threads()` threads of torch's own OpenMP team, long sequences cut into parts
+merged by their softmax maxima and sums (vLLM's paged_attention_v2; attention/cpu_attend_c.py):
+the library is built with `-fopenmp`, and its `libgomp.so.1` resolves to the one torch has loaded (same soname), so
 the attention's parallel region reuses the threads torch's matmuls just used instead of
 waking a second pool beside them (split over Python threads instead, an offline float32
 run took 84 s against 77 s on one thread: README section 11). `FusedDecode` does
 the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
-new token's slot, then the attention (the C source: attention/cpu_kernels_source.py).
+new token's slot, then the attention (the C source: attention/cpu_kernels_source.py and
+cpu_attend_c.py).
 
 Needs only a C compiler (`$CC`, else `cc`); built and cached by engine/cpu_build.py, keyed
 by the source, the flags and the CPU's ISA flags (`-march=native`). Where it cannot build (no compiler, a
