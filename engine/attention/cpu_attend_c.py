@@ -158,9 +158,10 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
         {
         float *scores = malloc(sizeof(float) * a.num_heads * part);
         failed = !scores;
-        #pragma omp for schedule(static)
-        for (int64_t s = 0; s < n; ++s)
-            if (rope) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
+        if (rope) {  /* the same on every thread, so all of them meet this loop or none */
+            #pragma omp for schedule(static)
+            for (int64_t s = 0; s < n; ++s) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
+        }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < first[n]; ++i) {
             const int64_t s = item_seq[i], begin = (i - first[s]) * part;

@@ -10,11 +10,11 @@ t % block_size`, as vLLM's PagedAttention) in one call per layer, reading each K
 once for all query heads of its GQA group. A layer's attention is shared out over
 `torch.get_num_threads()` threads of torch's own OpenMP team, long sequences cut into parts
 merged by their softmax maxima and sums (vLLM's paged_attention_v2; attention/cpu_attend_c.py):
-the library is built with `-fopenmp`, and its `libgomp.so.1` resolves to the one torch has loaded (same soname), so
-the attention's parallel region reuses the threads torch's matmuls just used instead of
-waking a second pool beside them (split over Python threads instead, an offline float32
-run took 84 s against 77 s on one thread: README section 11). `FusedDecode` does
-the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
+the library is built with `-fopenmp`, and its `libgomp.so.1` resolves to the one torch has
+loaded (same soname), so the attention's parallel region reuses the threads torch's matmuls
+just used instead of waking a second pool beside them (split over Python threads instead, an
+offline float32 run took 84 s against 77 s on one thread: README section 11). `FusedDecode`
+does the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
 new token's slot, then the attention (the C source: attention/cpu_kernels_source.py and
 cpu_attend_c.py).
 
