@@ -3,8 +3,8 @@
 `kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
 layouts) and splits the rows over torch's OpenMP threads. With float32 activations it
 dequantizes each block in AVX2 registers (a scalar loop where the compiler does not target
-AVX2 and FMA) with float32 accumulation: one activation row at a time here, or, from 2 rows
-on, into a panel that every row reuses (gguf_tiled_c.py). With 8-bit activations it runs the
+AVX2 and FMA) with float32 accumulation: into a panel that every activation row reuses
+(gguf_tiled_c.py), or, in a scalar build, one activation row at a time here. With 8-bit activations it runs the
 integer dot products of gguf_q8_c.py; the thread split and the exported entry points are in
 gguf_entry_c.py. Kept in their own modules so the wrapper stays short.
 """
