@@ -6,6 +6,8 @@ attention/cpu_decode.py with the system's C compiler and called through ctypes:
   RoPE of q and k, the K/V write at the new token's cache slot, then the attention.
 - `kvp_rms_norm_f32`: RMSNorm, with vLLM's fused_add_rms_norm (residual += x first).
 - `kvp_silu_mul_f32`: vLLM's silu_and_mul over the fused gate/up projection.
+- `kvp_paged_prefill_f32`: causal attention of a layer's prefill/extend chunks over the paged
+  cache (attention/cpu_prefill_c.py).
 
 One library so the engine builds one shared object; each function is called once per
 layer (or per norm) for a whole batch, which replaces 5-15 small torch ops each.
@@ -14,6 +16,7 @@ csrc/activation_kernels.cu for the semantics, HF Llama's rotate_half RoPE.
 """
 
 from kvpilot.engine.attention.cpu_attend_c import SOURCE as ATTEND_SOURCE
+from kvpilot.engine.attention.cpu_prefill_c import PREFILL_SOURCE
 
 SOURCE = r"""
 #include <float.h>
@@ -127,4 +130,4 @@ void kvp_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t in
         for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
 }
-"""
+""" + PREFILL_SOURCE

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.attention import cpu_decode, cpu_prefill
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 from kvpilot.engine.layers.rotary_embedding import apply_rotary
 
@@ -37,6 +37,7 @@ MAX_PADDING = 0.25
 WORKSPACE_BYTES = 8 << 20
 _PLAN_KEY = "torch_paged_plan"
 _FUSED_KEY = "cpu_fused_decode"
+_PREFILL_KEY = "cpu_prefill"
 
 
 def write_kv_cache(
@@ -113,7 +114,7 @@ class TorchAttentionBackend(AttentionBackend):
                 attn_mask=g.mask, scale=scale, enable_gqa=True,
             )
             out[g.start:g.end] = o.squeeze(2)
-        self._extends(query, key, value, k_cache, v_cache, extends, scale, out, 0)
+        self._extends(query, key, value, k_cache, v_cache, meta, scale, out, 0)
         return out
 
     def forward_qkv(self, qkv, rope, k_cache, v_cache, meta: AttentionMetadata, scale, num_heads):
@@ -134,7 +135,7 @@ class TorchAttentionBackend(AttentionBackend):
         v = rest[:, num_heads + num_kv_heads :]
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping[nd:])
         out_rest = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self._extends(q, k, v, k_cache, v_cache, self._get_plan(meta, qkv, k_cache)[1], scale, out_rest, nd)
+        self._extends(q, k, v, k_cache, v_cache, meta, scale, out_rest, nd)
         return torch.cat((out, out_rest))
 
     def _fused_decode(self, meta: AttentionMetadata, qkv, k_cache, rope, num_heads, scale):
@@ -157,13 +158,31 @@ class TorchAttentionBackend(AttentionBackend):
             plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused)
         return plan
 
-    def _extends(self, query, key, value, k_cache, v_cache, extends: list[_Gather], scale, out, offset: int):
-        """Prefill/extend chunks one sequence at a time; query/key/value/out hold the batch's
-        rows from `offset` on (g.start, g.end are rows of the whole batch). The SDPA inputs
-        are 4-D [1, heads, q_len, head_dim] (as HF's attention passes them): on CPU, torch
-        2.13 takes its flash-attention kernel for 4-D inputs with GQA and falls back to the
-        math path (the full score matrix) for 3-D ones, 3-5x slower at 512-1024 tokens
-        (benchmarks/results/throughput/README.md, section 9)."""
+    def _prefill(self, meta: AttentionMetadata, query, k_cache) -> cpu_prefill.PrefillBatch | None:
+        """The step's cpu_prefill.PrefillBatch (built in the first layer), or None where the
+        prefill/extend chunks take torch's SDPA (none, other dtype or device, kernel off/unbuilt)."""
+        state = meta.backend_state
+        if _PREFILL_KEY not in state:
+            ok = self.use_cpu_kernel and meta.num_seqs > meta.num_decodes and cpu_prefill.supports(query, k_cache)
+            state[_PREFILL_KEY] = cpu_prefill.PrefillBatch(
+                meta.query_start_loc_cpu, meta.seq_lens_cpu, meta.block_tables, meta.num_decodes) if ok else None
+        return state[_PREFILL_KEY]
+
+    def _extends(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale, out, offset: int):
+        """Prefill/extend chunks; query/key/value/out hold the batch's rows from `offset` on.
+        Where the C kernel serves them (float32 CPU, attention/cpu_prefill.py), one call attends
+        every chunk over the paged cache (their K/V are written already). Else one SDPA per chunk
+        (g.start, g.end are rows of the whole batch), with 4-D [1, heads, q_len, head_dim]
+        inputs (as HF's attention passes them): on CPU, torch 2.13 takes its flash-attention
+        kernel for 4-D inputs with GQA and falls back to the math path (the full score matrix)
+        for 3-D ones, 3-5x slower at 512-1024 tokens (benchmarks/results/throughput/README.md,
+        section 9)."""
+        prefill = self._prefill(meta, query, k_cache)
+        if prefill is not None:
+            s = prefill.first_row - offset
+            prefill(query[s:], k_cache, v_cache, scale, out[s:])
+            return
+        extends = self._get_plan(meta, query, k_cache)[1]
         for g in extends:
             s, e = g.start - offset, g.end - offset
             if g.num_blocks == 0:  # fresh prefill: its own K/V are all there is
