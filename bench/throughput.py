@@ -88,6 +88,32 @@ def single_request_tok_s(fn, num_tokens: int) -> float:
     return num_tokens / (time.perf_counter() - t)
 
 
+# Operator groups of `profile_engine` by event-name prefix; kvpilot::* are the C kernels' ranges
+# (engine/cpu_build.py's kernel_range), which the torch profiler cannot see otherwise.
+PROFILE_GROUPS = {
+    "decode stack (all layers in one C call)": ("kvpilot::decode_stack",),
+    "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
+                                        "mkldnn::_linear_pointwise", "kvpilot::gguf_matmul"),
+    "attention (SDPA, C kernels)": ("aten::_scaled_dot_product", "aten::scaled_dot_product",
+                                    "kvpilot::attention"),
+    "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::index_select",
+                                        "aten::masked_fill"),
+    "elementwise (norm, RoPE, SiLU, residual)": ("aten::mul", "aten::add", "aten::cat", "aten::silu",
+                                                 "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub",
+                                                 "kvpilot::rms_norm", "kvpilot::silu_mul"),
+    "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
+    "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort"),
+}
+
+
+def profile_group(key: str) -> str | None:
+    """The PROFILE_GROUPS group of a profiler event name, None for the rest."""
+    for group, prefixes in PROFILE_GROUPS.items():
+        if key.startswith(prefixes):
+            return group
+    return None
+
+
 def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[tuple[str, float]]:
     """Share of engine step time by operator group over `steps` steps of a full batch."""
     from kvpilot.engine import SamplingParams
@@ -107,23 +133,11 @@ def profile_engine(llm, requests: list[SampleRequest], steps: int = 20) -> list[
     wall_us = (time.perf_counter() - t0) * 1e6
     for i in range(len(requests)):
         engine.abort_request(f"profile-{i}")
-    groups = {
-        "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
-                                            "mkldnn::_linear_pointwise"),
-        "attention (SDPA)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
-        "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::index_select",
-                                            "aten::masked_fill"),
-        "elementwise (norm, RoPE, SiLU, residual)": ("aten::mul", "aten::add", "aten::cat", "aten::silu",
-                                                     "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub"),
-        "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
-        "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort"),
-    }
-    totals = dict.fromkeys(groups, 0.0)
+    totals = dict.fromkeys(PROFILE_GROUPS, 0.0)
     for evt in prof.key_averages():
-        for group, prefixes in groups.items():
-            if evt.key.startswith(prefixes):
-                totals[group] += evt.self_cpu_time_total
-                break
+        group = profile_group(evt.key)
+        if group is not None:
+            totals[group] += evt.self_cpu_time_total
     rows = [(g, t / wall_us) for g, t in totals.items()]
     rows.append(("python, scheduling and other", max(0.0, 1 - sum(t for _, t in rows))))
     return rows

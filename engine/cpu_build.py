@@ -19,12 +19,25 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+
+import torch.autograd.profiler as _torch_profiler
+from torch.profiler import record_function
 
 # (compile flags, link flags), tried in order; the first that builds and loads wins.
 FlagSets = Sequence[tuple[list[str], list[str]]]
 
 DISABLE_ENV = "KVPILOT_CPU_KERNELS"
+_NO_RANGE = nullcontext()
+
+
+def kernel_range(name: str) -> AbstractContextManager:
+    """A torch profiler range `kvpilot::<name>` around a C kernel call while a torch profiler
+    records (ctypes calls are invisible to it otherwise, and `bench throughput`'s breakdown
+    would count them as Python), else a shared no-op context: the check is one attribute
+    read, the range itself a dispatcher call of a few microseconds."""
+    return record_function(f"kvpilot::{name}") if _torch_profiler._is_profiler_enabled else _NO_RANGE
 
 
 def _kernel_dirs() -> list[Path]:

@@ -34,7 +34,7 @@ from functools import lru_cache
 import torch
 
 from kvpilot.engine.attention import cpu_kernels_source
-from kvpilot.engine.cpu_build import build_library
+from kvpilot.engine.cpu_build import build_library, kernel_range
 
 logger = logging.getLogger("kvpilot.engine.attention.cpu_decode")
 
@@ -131,7 +131,9 @@ def attention_threads(lens: list[int], num_kv_heads: int) -> int:
 
 def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) -> None:
     """Calls fn(*head, 0, num_seqs, *tail, attention_threads(lens, num_kv_heads))."""
-    if fn(*head, 0, len(lens), *tail, attention_threads(lens, num_kv_heads)):
+    with kernel_range("attention_decode"):
+        code = fn(*head, 0, len(lens), *tail, attention_threads(lens, num_kv_heads))
+    if code:
         raise RuntimeError("CPU decode kernel: out of memory for the score buffer")
 
 

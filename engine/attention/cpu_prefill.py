@@ -18,6 +18,7 @@ import ctypes
 import torch
 
 from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.cpu_build import kernel_range
 
 
 def _fn():
@@ -74,10 +75,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                          f"{q.stride()}, cache {tuple(k_cache.shape)} {k_cache.dtype}, tables "
                          f"{tuple(block_tables.shape)} {block_tables.dtype}, query_start "
                          f"{tuple(query_start.shape)} {query_start.dtype}, seq_lens {tuple(seq_lens.shape)}")
-    code = fn(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-              block_tables.data_ptr(), block_tables.shape[1], query_start.data_ptr(), seq_lens.data_ptr(),
-              num_seqs, out.data_ptr(), out.stride(0), num_heads, num_kv_heads, head_dim, block_size,
-              scale, torch.get_num_threads())
+    with kernel_range("attention_prefill"):
+        code = fn(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                  block_tables.data_ptr(), block_tables.shape[1], query_start.data_ptr(), seq_lens.data_ptr(),
+                  num_seqs, out.data_ptr(), out.stride(0), num_heads, num_kv_heads, head_dim, block_size,
+                  scale, torch.get_num_threads())
     if code:
         raise RuntimeError(f"paged_prefill_attention: the kernel failed ({'out of memory' if code == -1 else code})")
     return out

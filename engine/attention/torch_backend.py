@@ -12,8 +12,10 @@ to its own new K/V without a gather.
 In float32 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
 layer run in one call of that kernel instead (no gather, no mask, K/V read in place);
 through `forward_qkv` the same call also applies RoPE and writes the new K/V
-(cpu_decode.FusedDecode), so a decode-only layer's attention is one C call. The buckets
-are the fallback and the path for other dtypes and devices.
+(cpu_decode.FusedDecode), so a decode-only layer's attention is one C call. Likewise all
+prefill/extend chunks of a layer attend in one call of attention/cpu_prefill.py's kernel
+(AVX2 builds), reading K/V in place. The buckets and per-chunk SDPA are the fallback and
+the path for other dtypes and devices.
 
 The plan (buckets, block ids, masks) depends only on the step's metadata, so it is built
 once per step, in the first layer, and kept in `meta.backend_state`. Gathers write into a
@@ -155,7 +157,8 @@ class TorchAttentionBackend(AttentionBackend):
         plan = meta.backend_state.get(_PLAN_KEY)
         if plan is None:
             fused = self.use_cpu_kernel and meta.num_decodes > 0 and cpu_decode.supports(query, k_cache)
-            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused)
+            chunks_in_c = self._prefill(meta, query, k_cache) is not None
+            plan = meta.backend_state[_PLAN_KEY] = self._plan(meta, k_cache, fused, chunks_in_c)
         return plan
 
     def _prefill(self, meta: AttentionMetadata, query, k_cache) -> cpu_prefill.PrefillBatch | None:
@@ -196,8 +199,8 @@ class TorchAttentionBackend(AttentionBackend):
             out[s:e] = o[0].transpose(0, 1)
 
     @staticmethod
-    def _plan(meta: AttentionMetadata, k_cache: torch.Tensor,
-              fused: bool = False) -> tuple[list[_Gather], list[_Gather]]:
+    def _plan(meta: AttentionMetadata, k_cache: torch.Tensor, fused: bool = False,
+              chunks_in_c: bool = False) -> tuple[list[_Gather], list[_Gather]]:
         block_size = k_cache.shape[1]
         block_bytes = k_cache[0].numel() * k_cache.element_size()
         tables = meta.block_tables.to(torch.int64)
@@ -211,7 +214,7 @@ class TorchAttentionBackend(AttentionBackend):
             decodes.append(_Gather(s, e, nb, tables[s:e, :nb].reshape(-1), mask[:, None, None, :]))
         extends = []
         starts = meta.query_start_loc_cpu
-        for i in range(nd, meta.num_seqs):
+        for i in range(meta.num_seqs if chunks_in_c else nd, meta.num_seqs):  # no masks for the C kernel
             s, e = starts[i], starts[i + 1]
             seq_len, q_len = meta.seq_lens_cpu[i], e - s
             if seq_len == q_len:

@@ -35,7 +35,7 @@ import torch
 
 from kvpilot.engine.attention import cpu_decode
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
-from kvpilot.engine.cpu_build import build_library
+from kvpilot.engine.cpu_build import build_library, kernel_range
 from kvpilot.engine.layers import cpu_ops, gguf_kernel
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.cpu_decode_stack_c import SOURCE
@@ -208,9 +208,10 @@ class DecodeStack:
         if residual.dtype != torch.float32 or not residual.is_contiguous():
             return None
         hidden = torch.empty(m, self.hidden)
-        code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
-                       slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
-                       torch.get_num_threads(), cpu_decode.attention_threads(meta.seq_lens_cpu, self.num_kv_heads))
+        with kernel_range("decode_stack"):
+            code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
+                           slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
+                           torch.get_num_threads(), cpu_decode.attention_threads(meta.seq_lens_cpu, self.num_kv_heads))
         if code:
             raise RuntimeError(f"decode stack: a kernel failed with code {code} (-1, -2: out of memory)")
         return hidden

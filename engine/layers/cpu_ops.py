@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from kvpilot.engine.attention import cpu_decode
+from kvpilot.engine.cpu_build import kernel_range
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -48,8 +49,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         raise ValueError(f"rms_norm: bad shapes/dtypes x {tuple(x.shape)}, weight {tuple(weight.shape)} "
                          f"{weight.dtype}, residual {None if residual is None else tuple(residual.shape)}")
     out = x if residual is not None else torch.empty_like(x)
-    lib().kvp_rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-                           out.data_ptr(), rows, hidden, eps)
+    with kernel_range("rms_norm"):
+        lib().kvp_rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                               out.data_ptr(), rows, hidden, eps)
     return out
 
 
@@ -58,5 +60,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     silu(gate) * up [rows, d], a new tensor."""
     rows, two_d = x.shape
     out = torch.empty(rows, two_d // 2, dtype=x.dtype)
-    lib().kvp_silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, two_d // 2)
+    with kernel_range("silu_mul"):
+        lib().kvp_silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, two_d // 2)
     return out

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import torch
 
-from kvpilot.engine.cpu_build import build_library
+from kvpilot.engine.cpu_build import build_library, kernel_range
 from kvpilot.engine.layers.gguf_matmul_c import SOURCE
 
 logger = logging.getLogger("kvpilot.engine.layers.gguf_kernel")
@@ -134,8 +134,9 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features:
         out = torch.empty(m, out_features, dtype=torch.float32)
     elif out.shape != (m, out_features) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"gguf_matmul: out must be [{m}, {out_features}] float32 contiguous")
-    code = lib.kvp_gguf_matmul(qtype, blocks.data_ptr(), out_features, k, x.data_ptr(), x.stride(0), m,
-                               out.data_ptr(), out_features, torch.get_num_threads(), activations == "q8_1")
+    with kernel_range("gguf_matmul"):
+        code = lib.kvp_gguf_matmul(qtype, blocks.data_ptr(), out_features, k, x.data_ptr(), x.stride(0), m,
+                                   out.data_ptr(), out_features, torch.get_num_threads(), activations == "q8_1")
     if code:
         raise RuntimeError(f"gguf_matmul: the kernel failed ({'out of memory' if code == -2 else code})")
     return out
