@@ -32,11 +32,14 @@ from kvpilot.engine.settings import BY_NAME
 
 
 def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256, size: int = 2048,
-                               repeats: int = 5) -> float:
-    """Best-of-`repeats` GFLOP/s of an [m, size] x [size, size]^T matmul in `dtype` on this
-    CPU, through the engine's own linear path (layers/linear.py: oneDNN-prepacked weights,
-    F.linear where packing is unavailable), so the peak is the one the engine can reach; a plain
-    torch bf16 matmul on a CPU without native bf16 is a slow fallback it never runs."""
+                               repeats: int = 5, min_time_s: float = 1.0) -> float:
+    """Best GFLOP/s of an [m, size] x [size, size]^T matmul in `dtype` on this CPU over at least
+    `repeats` timed calls and `min_time_s` seconds, through the engine's own linear path
+    (layers/linear.py: oneDNN-prepacked weights, F.linear where packing is unavailable), so the
+    peak is the one the engine can reach; a plain torch bf16 matmul on a CPU without native bf16
+    is a slow fallback it never runs. The time floor keeps a VM's short stall from reading as the
+    peak: five calls (~85 ms in float32 on a 2-core AVX2 EPYC) once measured 70 GFLOP/s where the
+    run before measured 126."""
     from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
 
     layer = RowParallelLinear(size, size, dtype)
@@ -45,11 +48,12 @@ def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256
     x = torch.randn(m, size, dtype=dtype)
     with torch.inference_mode():
         layer.matmul(x)
-        best = float("inf")
-        for _ in range(repeats):
+        best, calls, start = float("inf"), 0, time.perf_counter()
+        while calls < repeats or time.perf_counter() - start < min_time_s:
             t = time.perf_counter()
             layer.matmul(x)
             best = min(best, time.perf_counter() - t)
+            calls += 1
     return 2 * m * size * size / best / 1e9
 
 
