@@ -86,11 +86,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel can serve a layer's prefill/extend chunks: float32 on CPU, a contiguous
-    cache, head_dim contiguous in the query and a multiple of 16, and the kernel built."""
-    return (query.dtype == torch.float32 and k_cache.dtype == torch.float32 and query.device.type == "cpu"
-            and k_cache.is_contiguous() and query.stride(-1) == 1 and query.shape[-1] % 16 == 0
-            and available())
+    """Whether the kernel can serve a layer's prefill/extend chunks: what the decode kernel needs
+    (`cpu_decode.supports`: float32 on CPU, a contiguous cache, head_dim contiguous, the library
+    built), head_dim a multiple of 16, and the library's AVX2 build."""
+    return cpu_decode.supports(query, k_cache) and query.shape[-1] % 16 == 0 and available()
 
 
 class PrefillBatch:

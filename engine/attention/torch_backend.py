@@ -214,7 +214,7 @@ class TorchAttentionBackend(AttentionBackend):
             decodes.append(_Gather(s, e, nb, tables[s:e, :nb].reshape(-1), mask[:, None, None, :]))
         extends = []
         starts = meta.query_start_loc_cpu
-        for i in range(meta.num_seqs if chunks_in_c else nd, meta.num_seqs):  # no masks for the C kernel
+        for i in () if chunks_in_c else range(nd, meta.num_seqs):  # the C kernel needs no masks
             s, e = starts[i], starts[i + 1]
             seq_len, q_len = meta.seq_lens_cpu[i], e - s
             if seq_len == q_len:

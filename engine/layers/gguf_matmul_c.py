@@ -2,9 +2,9 @@
 
 `kvp_gguf_matmul` computes y = x W^T for W in Q4_1 or Q8_0 blocks of 32 (ggml-common.h
 layouts) and splits the rows over torch's OpenMP threads. With float32 activations it
-dequantizes each block in AVX2 registers (a scalar loop where the compiler does not target
-AVX2 and FMA) with float32 accumulation: into a panel that every activation row reuses
-(gguf_tiled_c.py), or, in a scalar build, one activation row at a time here. With 8-bit activations it runs the
+dequantizes the blocks with float32 accumulation: in an AVX2 build into a panel that every
+activation row reuses (gguf_tiled_c.py), in a build without AVX2 and FMA one block and
+activation row at a time here. With 8-bit activations it runs the
 integer dot products of gguf_q8_c.py; the thread split and the exported entry points are in
 gguf_entry_c.py. Kept in their own modules so the wrapper stays short.
 """
@@ -93,53 +93,19 @@ static void *scratch(size_t bytes) { return scratch_slot(0, bytes); }
 """
 
 _FLOAT_ROWS = r"""
-/* rows [n0, n1) of y for activation rows [m0, m0 + mm), float32 activations */
+/* rows [n0, n1) of y for activation rows [m0, m0 + mm), float32 activations, one block at a time:
+   the path of builds without AVX2 (an AVX2 build's float32 calls take gguf_tiled_c.py's panels;
+   tests reach this loop there through kvp_gguf_set_tiled_min_m). */
 static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm) {
     const int64_t nb = j->k / 32, bs = j->qtype == 3 ? 20 : 34;
     for (int64_t r = n0; r < n1; ++r) {
         const uint8_t *row = j->w + r * nb * bs;
-        float tail[MAXM] = {0};
-#ifdef KVP_AVX2
-        __m256 acc[MAXM];
-        for (int64_t i = 0; i < mm; ++i) acc[i] = _mm256_setzero_ps();
-        const __m128i low4 = _mm_set1_epi8(0x0f);
-#else
-        float acc[MAXM] = {0};
-#endif
+        float tail[MAXM] = {0}, acc[MAXM] = {0};
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t *blk = row + b * bs;
             uint16_t dh, mh;
             memcpy(&dh, blk, 2);
             const float d = f16_to_f32(dh);
-#ifdef KVP_AVX2
-            __m256 q0, q1, q2, q3;
-            if (j->qtype == 3) {
-                memcpy(&mh, blk + 2, 2);
-                const float mn = f16_to_f32(mh);
-                for (int64_t i = 0; i < mm; ++i) tail[i] += mn * j->xsum[(m0 + i) * nb + b];
-                const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
-                const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-                q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-                q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-                q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-                q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-            } else {
-                const uint8_t *qs = blk + 2;
-                q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs)));
-                q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8))));
-                q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16))));
-                q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 24))));
-            }
-            const __m256 dv = _mm256_set1_ps(d);
-            for (int64_t i = 0; i < mm; ++i) {
-                const float *x = j->x + (m0 + i) * j->x_stride + b * 32;
-                __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), q0);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), q1, t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q2, t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q3, t);
-                acc[i] = _mm256_fmadd_ps(dv, t, acc[i]);
-            }
-#else
             float q[32];
             if (j->qtype == 3) {
                 memcpy(&mh, blk + 2, 2);
@@ -155,15 +121,8 @@ static void rows(const job_t *j, int64_t n0, int64_t n1, int64_t m0, int64_t mm)
                 for (int t = 0; t < 32; ++t) s += x[t] * q[t];
                 acc[i] += d * s;
             }
-#endif
         }
-        for (int64_t i = 0; i < mm; ++i) {
-#ifdef KVP_AVX2
-            j->y[(m0 + i) * j->y_stride + r] = hsum8(acc[i]) + tail[i];
-#else
-            j->y[(m0 + i) * j->y_stride + r] = acc[i] + tail[i];
-#endif
-        }
+        for (int64_t i = 0; i < mm; ++i) j->y[(m0 + i) * j->y_stride + r] = acc[i] + tail[i];
     }
 }
 

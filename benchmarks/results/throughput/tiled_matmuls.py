@@ -1,6 +1,7 @@
 """The 121 matmuls of one SmolLM2 decode step (30 x qkv [960,576], o [576,576], gate_up [3072,576],
 down [576,1536] in Q4_1; the LM head [49152,576] in Q8_0), float32 activations and results, by rows M:
-the GGUF kernel's row path (one activation row at a time), its tiled path (gguf_tiled_c.py: rows
+the GGUF kernel's row path (one activation row at a time; since the ninth session the portable
+scalar loop, the AVX2 row kernel of section 12's table is gone), its tiled path (gguf_tiled_c.py: rows
 dequantized once into a panel, register tiles of 3 x 4) and oneDNN's packed dense float32 weights
 (the engine's path above GGUF_MAX_TOKENS). Each weight distinct, so every pass streams them from
 memory; the three interleaved pass by pass, best of PASSES. torch threads from TH (default torch's).
