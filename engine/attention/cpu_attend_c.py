@@ -15,42 +15,43 @@ Flash-Decoding (2023).
 """
 
 SOURCE = r"""
-/* Software prefetch of n floats from p (one hint per 64-byte line). The cache blocks of a
+/* Software prefetch of n elements from p (one hint per 64-byte line). The cache blocks of a
    sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
    each token row of a block asks for the same row of the block two ahead in its table. */
-static inline void prefetch_floats(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+static inline void prefetch_row(const kvp_t *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(kvp_t)) __builtin_prefetch(p + i, 0, 3);
 }
 
 /* Prefetches token row i of the item's block two after block b (whose first token is t0;
    from block 0 also of block 1), where the item has them: one block of rows is processed
    faster than a scattered block arrives from memory. */
-static inline void prefetch_ahead(const float *cache, const int32_t *table, int64_t b, int64_t i, int64_t t0,
+static inline void prefetch_ahead(const kvp_t *cache, const int32_t *table, int64_t b, int64_t i, int64_t t0,
                                   int64_t len, int64_t block_size, int64_t row) {
     for (int64_t a = b == 0 ? 1 : 2; a <= 2; ++a)
-        if (t0 + a * block_size < len) prefetch_floats(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
+        if (t0 + a * block_size < len) prefetch_row(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
 }
 
-/* Attention of one query row (num_heads heads at q + h*q_stride_head, head_dim contiguous) over
+/* Attention of one float query row (num_heads heads at q + h*q_stride_head, head_dim contiguous) over
    the len tokens whose blocks are table[0..], softmax not normalized: mx[h] = max_t s_ht,
    l[h] = sum_t e^(s_ht - mx[h]), acc[h][:] = sum_t e^(s_ht - mx[h]) V_t, for
    s_ht = q_h . K_t * scale. scores: num_heads*len floats (scratch). */
-static void attend_part(const float *q, int64_t q_stride_head, const float *k_cache, const float *v_cache,
+static void attend_part(const float *q, int64_t q_stride_head, const kvp_t *k_cache, const kvp_t *v_cache,
                         const int32_t *table, int64_t len, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_dim, int64_t block_size, float scale, float *scores, float *acc, float *mx,
                         float *l) {
     const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim, block_floats = block_size * row;
+    const int64_t row = num_kv_heads * head_dim, block_elems = block_size * row;
     for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *k = k_cache + (int64_t)table[b] * block_floats;
+        const kvp_t *k = k_cache + (int64_t)table[b] * block_elems;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
         for (; t < end; ++t, k += row) {
             prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
-                const float *qh = q + h * q_stride_head, *kh = k + (h / group) * head_dim;
+                const float *qh = q + h * q_stride_head;
+                const kvp_t *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
                 #pragma omp simd reduction(+:dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
+                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kvp_ld(kh[d]);
                 scores[h * len + t] = dot * scale;
             }
         }
@@ -66,15 +67,16 @@ static void attend_part(const float *q, int64_t q_stride_head, const float *k_ca
     }
     for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
     for (int64_t b = 0, t = 0; t < len; ++b) {
-        const float *v = v_cache + (int64_t)table[b] * block_floats;
+        const kvp_t *v = v_cache + (int64_t)table[b] * block_elems;
         const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
         for (; t < end; ++t, v += row) {
             prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
-                const float p = scores[h * len + t], *vh = v + (h / group) * head_dim;
+                const float p = scores[h * len + t];
+                const kvp_t *vh = v + (h / group) * head_dim;
                 float *a = acc + h * head_dim;
                 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * kvp_ld(vh[d]);
             }
         }
     }
@@ -83,10 +85,11 @@ static void attend_part(const float *q, int64_t q_stride_head, const float *k_ca
 /* out[h][:] from a sequence's parts items (each acc[num_heads*head_dim], mx[num_heads],
    l[num_heads], stride floats apart): sum_i e^(mx_i - M) acc_i / sum_i e^(mx_i - M) l_i. */
 static void merge_parts(const float *partial, int64_t parts, int64_t stride, int64_t num_heads, int64_t head_dim,
-                        float *out) {
+                        kvp_t *out) {
     const int64_t hh = num_heads * head_dim;
+    float o[head_dim];
     for (int64_t h = 0; h < num_heads; ++h) {
-        float m = -FLT_MAX, sum = 0.f, *o = out + h * head_dim;
+        float m = -FLT_MAX, sum = 0.f;
         for (int64_t i = 0; i < parts; ++i) m = partial[i * stride + hh + h] > m ? partial[i * stride + hh + h] : m;
         for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.f;
         for (int64_t i = 0; i < parts; ++i) {
@@ -96,7 +99,7 @@ static void merge_parts(const float *partial, int64_t parts, int64_t stride, int
             for (int64_t d = 0; d < head_dim; ++d) o[d] += w * a[d];
         }
         const float inv = 1.f / sum;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+        for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = kvp_st(o[d] * inv);
     }
 }
 
@@ -115,30 +118,45 @@ static int64_t partition_tokens(const int32_t *lens, int64_t n, int64_t threads,
 
 /* The fused path's per-row RoPE and cache write (kvp_rope_cache_decode_f32). */
 typedef struct {
-    const float *qkv, *cos, *sin;
+    const kvp_t *qkv, *cos, *sin;
     int64_t qkv_stride, rope_stride;
     const int64_t *slots;
-    float *k_cache, *v_cache;
+    kvp_t *k_cache, *v_cache;
 } kvp_rope_args;
 
 /* A layer's decode attention: one query row per sequence, the paged caches, the output. */
 typedef struct {
-    const float *q;
+    const kvp_t *q;
     int64_t q_stride_seq, q_stride_head;
-    const float *k_cache, *v_cache;
+    const kvp_t *k_cache, *v_cache;
     const int32_t *tables;
     int64_t max_blocks;
     const int32_t *lens;
-    float *out;
+    kvp_t *out;
     int64_t seq_begin, seq_end, num_heads, num_kv_heads, head_dim, block_size;
     float scale;
 } kvp_attn_args;
 
 static void rope_row(const kvp_rope_args *r, int64_t s, const kvp_attn_args *a, float *qrot);
 
+/* Row s's query heads as floats (the bf16 build's attention reads float queries). */
+static void q_to_float(const kvp_attn_args *a, int64_t s, float *dst) {
+    for (int64_t h = 0; h < a->num_heads; ++h) {
+        const kvp_t *src = a->q + (a->seq_begin + s) * a->q_stride_seq + h * a->q_stride_head;
+        for (int64_t d = 0; d < a->head_dim; ++d) dst[h * a->head_dim + d] = kvp_ld(src[d]);
+    }
+}
+
+#ifdef KVP_BF16
+#define KVP_Q_AS_IS 0  /* queries are converted to float first */
+#else
+#define KVP_Q_AS_IS 1
+#endif
+
 /* Rows [seq_begin, seq_end) of a layer's decode attention over num_threads OpenMP threads: with
-   rope, first each row's RoPE and cache write (its q rotated into a scratch), then the work
-   items, then each sequence's merge. Returns 0, or -1 if out of memory. */
+   rope, first each row's RoPE and cache write (its q rotated into a float scratch; in the bf16
+   build q is converted there without rope), then the work items, then each sequence's merge.
+   Returns 0, or -1 if out of memory. */
 static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_threads) {
     const int64_t n = a.seq_end - a.seq_begin, hh = a.num_heads * a.head_dim, stride = hh + 2 * a.num_heads;
     if (n <= 0) return 0;
@@ -149,8 +167,9 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
     first[0] = 0;
     for (int64_t s = 0; s < n; ++s) first[s + 1] = first[s] + (lens[s] + part - 1) / part;
     int64_t *item_seq = malloc(sizeof(int64_t) * first[n]);
-    float *partial = malloc(sizeof(float) * first[n] * stride), *qrot = rope ? malloc(sizeof(float) * n * hh) : NULL;
-    int failed = !item_seq || !partial || (rope && !qrot);
+    const int conv = rope || !KVP_Q_AS_IS;
+    float *partial = malloc(sizeof(float) * first[n] * stride), *qrot = conv ? malloc(sizeof(float) * n * hh) : NULL;
+    int failed = !item_seq || !partial || (conv && !qrot);
     for (int64_t s = 0; !failed && s < n; ++s)
         for (int64_t i = first[s]; i < first[s + 1]; ++i) item_seq[i] = s;
     if (!failed) {
@@ -158,18 +177,22 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
         {
         float *scores = malloc(sizeof(float) * a.num_heads * part);
         failed = !scores;
-        if (rope) {  /* the same on every thread, so all of them meet this loop or none */
+        if (conv) {  /* the same on every thread, so all of them meet this loop or none */
             #pragma omp for schedule(static)
-            for (int64_t s = 0; s < n; ++s) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
+            for (int64_t s = 0; s < n; ++s) {
+                if (rope) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
+                else q_to_float(&a, s, qrot + s * hh);
+            }
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < first[n]; ++i) {
             const int64_t s = item_seq[i], begin = (i - first[s]) * part;
             const int64_t len = lens[s] - begin < part ? lens[s] - begin : part;
-            const float *q = rope ? qrot + s * hh : a.q + (a.seq_begin + s) * a.q_stride_seq;
+            /* in the bf16 build conv is always set: the cast is never taken there */
+            const float *q = conv ? qrot + s * hh : (const float *)(const void *)(a.q + (a.seq_begin + s) * a.q_stride_seq);
             float *p = partial + i * stride;
             if (!failed)
-                attend_part(q, rope ? a.head_dim : a.q_stride_head, a.k_cache, a.v_cache,
+                attend_part(q, conv ? a.head_dim : a.q_stride_head, a.k_cache, a.v_cache,
                             a.tables + (a.seq_begin + s) * a.max_blocks + begin / a.block_size, len, a.num_heads,
                             a.num_kv_heads, a.head_dim, a.block_size, a.scale, scores, p, p + hh, p + hh + a.num_heads);
         }

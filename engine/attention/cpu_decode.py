@@ -1,5 +1,6 @@
 """A fused paged decode-attention kernel for CPU in plain C, built with the system's C
-compiler at first use and called through ctypes; float32 only.
+compiler at first use and called through ctypes; float32, and bfloat16 from a second build of
+the same source (bf16 storage, float32 math: cpu_kernels_source.py).
 
 Why: the pure-torch decode path gathers every sequence's K/V blocks into a dense
 workspace (two copies per layer), then runs SDPA with a boolean length mask that SDPA
@@ -60,14 +61,30 @@ _FLAG_SETS = (
 )
 
 
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel library, or None (logged once) where it cannot be built or
+# The dtypes the library is built for, with the suffix of their exported names.
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def kernel_name(base: str, dtype: torch.dtype) -> str:
+    """The exported name of kernel `base` (e.g. "kvp_paged_decode") for `dtype` (a key of SUFFIX)."""
+    return f"{base}_{SUFFIX[dtype]}"
+
+
+@lru_cache(maxsize=2)
+def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
+    """The compiled kernel library for `dtype` (float32, or bfloat16: the same source built with
+    -DKVP_BF16), or None (logged once) where it cannot be built, the dtype has no build, or
     KVPILOT_CPU_KERNELS=0 disables it (engine/cpu_build.py)."""
-    lib = build_library("paged_decode", _SOURCE, _FLAG_SETS, logger, "the torch path")
+    if dtype not in SUFFIX:
+        return None
+    if dtype == torch.float32:
+        lib = build_library("paged_decode", _SOURCE, _FLAG_SETS, logger, "the torch path")
+    else:
+        flag_sets = tuple((["-DKVP_BF16", *cf], lf) for cf, lf in _FLAG_SETS)
+        lib = build_library("paged_decode_bf16", _SOURCE, flag_sets, logger, "the torch path")
     if lib is None:
         return None
-    fn = lib.kvp_paged_decode_f32
+    fn = getattr(lib, kernel_name("kvp_paged_decode", dtype))
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -77,10 +94,10 @@ def load() -> ctypes.CDLL | None:
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel can serve this layer: float32 on CPU, contiguous caches, a
-    contiguous head_dim in the query, and the library built."""
-    return (query.dtype == torch.float32 and k_cache.dtype == torch.float32 and query.device.type == "cpu"
-            and k_cache.is_contiguous() and query.stride(-1) == 1 and load() is not None)
+    """Whether the kernel can serve this layer: float32 or bfloat16 on CPU (query and cache
+    alike), contiguous caches, a contiguous head_dim in the query, and the library built."""
+    return (query.dtype in SUFFIX and k_cache.dtype == query.dtype and query.device.type == "cpu"
+            and k_cache.is_contiguous() and query.stride(-1) == 1 and load(query.dtype) is not None)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -88,30 +105,31 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            out: torch.Tensor, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV cache, in place.
 
-    q:            [num_seqs, num_heads, head_dim] float32 (head_dim contiguous; rows may be strided)
-    k_cache:      [num_blocks, block_size, num_kv_heads, head_dim] float32, contiguous (v_cache likewise)
+    q:            [num_seqs, num_heads, head_dim] float32 or bfloat16 (head_dim contiguous; rows may
+                  be strided); the caches and out have its dtype (math in float32 either way)
+    k_cache:      [num_blocks, block_size, num_kv_heads, head_dim], contiguous (v_cache likewise)
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
     seq_lens:     [num_seqs] int32, tokens in the cache including the new one (>= 1)
-    out:          [num_seqs, num_heads, head_dim] float32, contiguous; written and returned
+    out:          [num_seqs, num_heads, head_dim], contiguous; written and returned
     Raises ValueError on mismatched shapes or dtypes, RuntimeError when the kernel is not
     built (check `supports` first) or runs out of memory."""
-    lib = load()
+    lib = load(q.dtype)
     if lib is None:
-        raise RuntimeError("the CPU decode kernel is not available")
+        raise RuntimeError(f"the CPU decode kernel is not available for {q.dtype}")
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if (kd != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads
             or out.shape != q.shape or not out.is_contiguous() or block_tables.dtype != torch.int32
             or seq_lens.dtype != torch.int32 or seq_lens.shape != (num_seqs,)
             or block_tables.shape[0] != num_seqs or not block_tables.is_contiguous()
-            or not (q.dtype == out.dtype == k_cache.dtype == v_cache.dtype == torch.float32)
+            or not (q.dtype == out.dtype == k_cache.dtype == v_cache.dtype) or q.dtype not in SUFFIX
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.stride(-1) != 1):
         raise ValueError(f"paged_decode_attention: bad shapes/dtypes q {tuple(q.shape)} {q.dtype}, "
                          f"cache {tuple(k_cache.shape)} {k_cache.dtype}, tables {tuple(block_tables.shape)} "
                          f"{block_tables.dtype}, seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}")
     if num_seqs == 0:
         return out
-    fn = lib.kvp_paged_decode_f32
+    fn = getattr(lib, kernel_name("kvp_paged_decode", q.dtype))
     common = (q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
               block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), out.data_ptr())
     tail = (num_heads, num_kv_heads, head_dim, block_size, scale)
@@ -139,12 +157,13 @@ def _run_rows(fn, head: tuple, tail: tuple, lens: list[int], num_kv_heads: int) 
 
 class FusedDecode:
     """The decode side of every attention layer of one step, one C call per layer
-    (`kvp_rope_cache_decode_f32`): per decode row, RoPE (rotate-half) of q and k with the
+    (`kvp_rope_cache_decode_f32` / `_bf16`): per decode row, RoPE (rotate-half) of q and k with the
     row's cos/sin, the rotated k and the v stored at the row's cache slot, then attention
     over the sequence's paged K/V. Built once per step from its metadata (validated here);
     each layer then passes its qkv, caches and output.
 
-    cos, sin:     [num_seqs, 1 or nothing, head_dim / 2] float32, head_dim / 2 contiguous
+    cos, sin:     [num_seqs, 1 or nothing, head_dim / 2] float32 or bfloat16, head_dim / 2
+                  contiguous; their dtype is the step's (qkv and the caches have it too)
     slots:        [num_seqs] int64, contiguous: flat cache slot of each row's new token
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
     seq_lens:     [num_seqs] int32 (>= 1, the new token included), contiguous
@@ -153,14 +172,15 @@ class FusedDecode:
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, seq_lens_cpu: list[int], num_heads: int, scale: float) -> None:
-        lib = load()
+        self.dtype = cos.dtype
+        lib = load(self.dtype)
         if lib is None:
-            raise RuntimeError("the CPU decode kernel is not available")
-        self.fn = _bind_fused(lib)
+            raise RuntimeError(f"the CPU decode kernel is not available for {self.dtype}")
+        self.fn = _bind_fused(lib, self.dtype)
         n = len(seq_lens_cpu)
         cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
         if (cos.shape != sin.shape or cos.shape[0] != n or cos.stride() != sin.stride() or cos.stride(-1) != 1
-                or cos.dtype != torch.float32 or sin.dtype != torch.float32
+                or sin.dtype != cos.dtype
                 or slots.dtype != torch.int64 or slots.shape != (n,) or not slots.is_contiguous()
                 or block_tables.dtype != torch.int32 or block_tables.shape[0] != n
                 or not block_tables.is_contiguous() or seq_lens.dtype != torch.int32
@@ -174,19 +194,19 @@ class FusedDecode:
         self.lens, self.num_heads, self.half, self.scale = seq_lens_cpu, num_heads, cos.shape[1], scale
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """qkv [num_seqs, num_heads + 2 num_kv_heads, head_dim] float32 (the fused projection;
-        head_dim contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] float32
-        contiguous (written at the slots) -> attention output [num_seqs, num_heads, head_dim]."""
+        """qkv [num_seqs, num_heads + 2 num_kv_heads, head_dim] (the fused projection; head_dim
+        contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] contiguous, all in
+        the step's dtype (written at the slots) -> attention output [num_seqs, num_heads, head_dim]."""
         n, heads, head_dim = qkv.shape
         _, block_size, num_kv_heads, kd = k_cache.shape
         if (n != len(self.lens) or kd != head_dim or head_dim != 2 * self.half or v_cache.shape != k_cache.shape
                 or heads != self.num_heads + 2 * num_kv_heads or self.num_heads % num_kv_heads
-                or qkv.stride(1) != head_dim or qkv.stride(2) != 1 or qkv.dtype != torch.float32
+                or qkv.stride(1) != head_dim or qkv.stride(2) != 1
                 or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32):
+                or not (qkv.dtype == k_cache.dtype == v_cache.dtype == self.dtype)):
             raise ValueError(f"FusedDecode: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
                              f"{tuple(k_cache.shape)} {k_cache.dtype}")
-        out = torch.empty(n, self.num_heads, head_dim)
+        out = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
         if n:
             head = (qkv.data_ptr(), qkv.stride(0), *self.meta_ptrs, k_cache.data_ptr(), v_cache.data_ptr(),
                     *self.table_ptrs, out.data_ptr())
@@ -195,8 +215,8 @@ class FusedDecode:
         return out
 
 
-def _bind_fused(lib: ctypes.CDLL):
-    fn = lib.kvp_rope_cache_decode_f32
+def _bind_fused(lib: ctypes.CDLL, dtype: torch.dtype):
+    fn = getattr(lib, kernel_name("kvp_rope_cache_decode", dtype))
     if fn.argtypes is None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         fn.restype = ctypes.c_int

@@ -1,4 +1,4 @@
-"""Prefill/extend attention on CPU in one C call per layer (float32, AVX2 builds).
+"""Prefill/extend attention on CPU in one C call per layer (float32 or bfloat16, AVX2 builds).
 
 The torch path runs one `scaled_dot_product_attention` per chunk, on torch's CPU flash
 attention (MKL GEMMs over [query block x key block] tiles), after gathering the cached
@@ -21,13 +21,13 @@ from kvpilot.engine.attention import cpu_decode
 from kvpilot.engine.cpu_build import kernel_range
 
 
-def _fn():
-    """kvp_paged_prefill_f32 of cpu_decode.load()'s library with its argtypes, or None where the
-    library or its AVX2 build is missing."""
-    lib = cpu_decode.load()
+def _fn(dtype: torch.dtype = torch.float32):
+    """kvp_paged_prefill_f32 / _bf16 of cpu_decode.load(dtype)'s library with its argtypes, or None
+    where the library or its AVX2 build is missing."""
+    lib = cpu_decode.load(dtype)
     if lib is None or not lib.kvp_prefill_simd():
         return None
-    fn = lib.kvp_paged_prefill_f32
+    fn = getattr(lib, cpu_decode.kernel_name("kvp_paged_prefill", dtype))
     if fn.argtypes is None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         fn.restype = ctypes.c_int
@@ -35,9 +35,9 @@ def _fn():
     return fn
 
 
-def available() -> bool:
-    """Whether the kernel is built (the CPU kernel library with AVX2 and FMA)."""
-    return _fn() is not None
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the kernel is built for `dtype` (the CPU kernel library with AVX2 and FMA)."""
+    return _fn(dtype) is not None
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -45,26 +45,27 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             scale: float, out: torch.Tensor) -> torch.Tensor:
     """Causal attention of prefill/extend chunks over their sequences' paged K/V, into `out`.
 
-    q:            [num_tokens, num_heads, head_dim] float32, head_dim contiguous (rows and heads
-                  may be strided, e.g. a view of the fused qkv projection)
-    k_cache:      [num_blocks, block_size, num_kv_heads, head_dim] float32, contiguous, holding
+    q:            [num_tokens, num_heads, head_dim] float32 or bfloat16 (the caches and out alike;
+                  math in float32), head_dim contiguous (rows and heads may be strided, e.g. a
+                  view of the fused qkv projection)
+    k_cache:      [num_blocks, block_size, num_kv_heads, head_dim], contiguous, holding
                   every chunk's own K/V already (v_cache likewise)
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
     query_start:  [num_seqs + 1] int32: chunk s is rows [query_start[s], query_start[s + 1]) of q
     seq_lens:     [num_seqs] int32: tokens of sequence s in the cache, its chunk included; the
                   chunk's queries sit at its last positions and attend to keys at or before them
-    out:          [num_tokens, num_heads, head_dim] float32, last two dims contiguous
+    out:          [num_tokens, num_heads, head_dim], last two dims contiguous
     Uses torch.get_num_threads() threads. Raises ValueError on bad shapes, dtypes or a head_dim
     not a multiple of 16, RuntimeError when the kernel is not built (check `available()`) or
     runs out of memory."""
-    fn = _fn()
+    fn = _fn(q.dtype) if q.dtype in cpu_decode.SUFFIX else None
     if fn is None:
-        raise RuntimeError("the CPU prefill attention kernel is not available")
+        raise RuntimeError(f"the CPU prefill attention kernel is not available for {q.dtype}")
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     num_seqs = seq_lens.shape[0]
     if (kd != head_dim or head_dim % 16 or num_heads % num_kv_heads or v_cache.shape != k_cache.shape
-            or not (q.dtype == out.dtype == k_cache.dtype == v_cache.dtype == torch.float32)
+            or not (q.dtype == out.dtype == k_cache.dtype == v_cache.dtype)
             or q.stride(-1) != 1 or out.shape != q.shape or out.stride(2) != 1 or out.stride(1) != head_dim
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or block_tables.dtype != torch.int32 or not block_tables.is_contiguous()
@@ -87,9 +88,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel can serve a layer's prefill/extend chunks: what the decode kernel needs
-    (`cpu_decode.supports`: float32 on CPU, a contiguous cache, head_dim contiguous, the library
-    built), head_dim a multiple of 16, and the library's AVX2 build."""
-    return cpu_decode.supports(query, k_cache) and query.shape[-1] % 16 == 0 and available()
+    (`cpu_decode.supports`: float32 or bfloat16 on CPU, a contiguous cache, head_dim contiguous,
+    the library built), head_dim a multiple of 16, and the library's AVX2 build."""
+    return cpu_decode.supports(query, k_cache) and query.shape[-1] % 16 == 0 and available(query.dtype)
 
 
 class PrefillBatch:

@@ -1,7 +1,8 @@
 """The C source of the CPU prefill/extend attention (spliced into the kernel library of
 attention/cpu_kernels_source.py; attention/cpu_prefill.py calls it).
 
-`kvp_paged_prefill_f32` runs the causal attention of every prefill or extend chunk of a layer
+`kvp_paged_prefill_f32` (`_bf16` in the bf16 build: K/V, q and out stored as bf16, widened
+to float32 as they are loaded) runs the causal attention of every prefill or extend chunk of a layer
 in one call, reading K/V in place from the paged cache through each sequence's block table
 (the chunk's own K/V already written there), as vLLM's CPU backend and its Triton
 `context_attention_fwd` do. It is FlashAttention's loop (Dao et al., NeurIPS 2022: tiles of
@@ -31,21 +32,24 @@ PREFILL_SOURCE = r"""
 #define PF_BK 64  /* keys per softmax tile */
 
 typedef struct {
-    const float *q; int64_t q_stride_token, q_stride_head;
-    const float *k_cache, *v_cache;
+    const kvp_t *q; int64_t q_stride_token, q_stride_head;
+    const kvp_t *k_cache, *v_cache;
     const int32_t *tables; int64_t max_blocks;
     const int32_t *query_start, *seq_lens;
-    float *out; int64_t out_stride_token;
+    kvp_t *out; int64_t out_stride_token;
     int64_t num_heads, num_kv_heads, head_dim, block_size;
     float scale;
 } kvp_prefill_args;
 
 typedef struct { int64_t cost; int32_t seq, kv_head, q0, q1; } pf_item;
 
-static inline float pf_hsum(__m256 a) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+/* 8 consecutive stored values as floats (bf16: zero-extend to 32 bits, shift into the top half). */
+static inline __m256 pf_load8(const kvp_t *p) {
+#ifdef KVP_BF16
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+#else
+    return _mm256_loadu_ps(p);
+#endif
 }
 
 /* s[i * sst + j] = q_i . k_j for 6 query rows i and 16 keys j: kt is the tile's keys transposed,
@@ -81,14 +85,14 @@ static void pf_qk_6x16(const float *const *qp, const float *kt, int64_t d, float
 
 /* acc[i * ast + c + t] += sum_j p[i * pst + j] * v_j[c + t] for 6 rows i, 16 dims t, j < nk: 12
    accumulators, 2 V vectors and a broadcast fit the 16 ymm registers (3 rows x 32 dims did not). */
-static void pf_pv_6x16(const float *p, int64_t pst, const float *const *vp, int64_t nk, float *acc, int64_t ast,
+static void pf_pv_6x16(const float *p, int64_t pst, const kvp_t *const *vp, int64_t nk, float *acc, int64_t ast,
                        int64_t c) {
     float *o = acc + c;
 #define PF_LD(i) a##i = _mm256_loadu_ps(o + i * ast), b##i = _mm256_loadu_ps(o + i * ast + 8)
     __m256 PF_LD(0), PF_LD(1), PF_LD(2), PF_LD(3), PF_LD(4), PF_LD(5);
 #undef PF_LD
     for (int64_t j = 0; j < nk; ++j) {
-        const __m256 v0 = _mm256_loadu_ps(vp[j] + c), v1 = _mm256_loadu_ps(vp[j] + c + 8);
+        const __m256 v0 = pf_load8(vp[j] + c), v1 = pf_load8(vp[j] + c + 8);
         __m256 x;
 #define PF_ROW(i) x = _mm256_broadcast_ss(p + i * pst + j); a##i = _mm256_fmadd_ps(x, v0, a##i); \
                   b##i = _mm256_fmadd_ps(x, v1, b##i);
@@ -102,14 +106,14 @@ static void pf_pv_6x16(const float *p, int64_t pst, const float *const *vp, int6
 
 /* kt[c * PF_BK + j] = k_j[c] for j < nk (8 keys at a time through an 8 x 8 register transpose),
    c < d; keys [nk, nk rounded up to 16) get zeros. */
-static void pf_pack_kt(const float *const *kp, int64_t nk, int64_t d, float *kt) {
+static void pf_pack_kt(const kvp_t *const *kp, int64_t nk, int64_t d, float *kt) {
     int64_t j = 0;
     for (; j + 8 <= nk; j += 8)
         for (int64_t c = 0; c < d; c += 8) {
-            __m256 r0 = _mm256_loadu_ps(kp[j] + c), r1 = _mm256_loadu_ps(kp[j + 1] + c),
-                   r2 = _mm256_loadu_ps(kp[j + 2] + c), r3 = _mm256_loadu_ps(kp[j + 3] + c),
-                   r4 = _mm256_loadu_ps(kp[j + 4] + c), r5 = _mm256_loadu_ps(kp[j + 5] + c),
-                   r6 = _mm256_loadu_ps(kp[j + 6] + c), r7 = _mm256_loadu_ps(kp[j + 7] + c);
+            __m256 r0 = pf_load8(kp[j] + c), r1 = pf_load8(kp[j + 1] + c),
+                   r2 = pf_load8(kp[j + 2] + c), r3 = pf_load8(kp[j + 3] + c),
+                   r4 = pf_load8(kp[j + 4] + c), r5 = pf_load8(kp[j + 5] + c),
+                   r6 = pf_load8(kp[j + 6] + c), r7 = pf_load8(kp[j + 7] + c);
             const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
                          t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
                          t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
@@ -131,7 +135,7 @@ static void pf_pack_kt(const float *const *kp, int64_t nk, int64_t d, float *kt)
     const int64_t end = (nk + 15) / 16 * 16;
     if (j < end)
         for (int64_t c = 0; c < d; ++c)
-            for (int64_t jj = j; jj < end; ++jj) kt[c * PF_BK + jj] = jj < nk ? kp[jj][c] : 0.f;
+            for (int64_t jj = j; jj < end; ++jj) kt[c * PF_BK + jj] = jj < nk ? kvp_ld(kp[jj][c]) : 0.f;
 }
 
 /* The online softmax step of row r over a tile's n scores s[0, n) of which the first nvalid are
@@ -161,19 +165,26 @@ static void pf_softmax_row(float *s, int64_t n, int64_t nvalid, float scale, flo
 }
 
 /* One work item: rows r = i * group + g2 (query position i of the item, head kv_head * group + g2),
-   padded to a multiple of 6 with copies of row 0 whose scores are zeroed and output dropped.
-   ws: this thread's workspace (pf_ws_floats), ptrs: its pointer table (pf_ptr_count). */
-static void pf_run_item(const kvp_prefill_args *a, const pf_item *it, float *ws, const float **ptrs) {
+   padded to a multiple of 6 with copies of row 0 whose scores are zeroed and output dropped; the
+   rows' queries are first copied as floats into the workspace.
+   ws: this thread's workspace (ws_floats), qp: padded query pointers, kvp: 2 * PF_BK K/V row pointers. */
+static void pf_run_item(const kvp_prefill_args *a, const pf_item *it, float *ws, const float **qp,
+                        const kvp_t **kvp) {
     const int64_t d = a->head_dim, group = a->num_heads / a->num_kv_heads, s = it->seq;
     const int64_t start = a->query_start[s], q_len = a->query_start[s + 1] - start;
     const int64_t first_pos = a->seq_lens[s] - q_len, rows = (it->q1 - it->q0) * group, padded = (rows + 5) / 6 * 6;
     const int64_t row_kv = a->num_kv_heads * d, bs = a->block_size;
     const int32_t *table = a->tables + s * a->max_blocks;
     float *acc = ws, *sc = acc + padded * d, *m = sc + padded * PF_BK, *l = m + padded, *kt = l + padded;
-    const float **qp = ptrs, **kp = qp + padded, **vp = kp + PF_BK;
-    for (int64_t r = 0; r < padded; ++r)
-        qp[r] = r >= rows ? qp[0] : a->q + (start + it->q0 + r / group) * a->q_stride_token
-                                    + (it->kv_head * group + r % group) * a->q_stride_head;
+    float *qf = kt + d * PF_BK;
+    const kvp_t **kp = kvp, **vp = kvp + PF_BK;
+    for (int64_t r = 0; r < padded; ++r) {
+        if (r >= rows) { qp[r] = qp[0]; continue; }
+        const kvp_t *src = a->q + (start + it->q0 + r / group) * a->q_stride_token
+                           + (it->kv_head * group + r % group) * a->q_stride_head;
+        for (int64_t t = 0; t < d; ++t) qf[r * d + t] = kvp_ld(src[t]);
+        qp[r] = qf + r * d;
+    }
     memset(acc, 0, sizeof(float) * padded * d);
     for (int64_t r = 0; r < rows; ++r) { m[r] = -FLT_MAX; l[r] = 0.f; }
     const int64_t kend = first_pos + it->q1;  /* keys [0, kend): up to the item's last query */
@@ -196,9 +207,9 @@ static void pf_run_item(const kvp_prefill_args *a, const pf_item *it, float *ws,
             for (int64_t c = 0; c < d; c += 16) pf_pv_6x16(sc + r0 * PF_BK, PF_BK, vp, nk, acc + r0 * d, d, c);
     }
     for (int64_t r = 0; r < rows; ++r) {
-        float *o = a->out + (start + it->q0 + r / group) * a->out_stride_token + (it->kv_head * group + r % group) * d;
+        kvp_t *o = a->out + (start + it->q0 + r / group) * a->out_stride_token + (it->kv_head * group + r % group) * d;
         const float inv = 1.f / l[r];
-        for (int64_t t = 0; t < d; ++t) o[t] = acc[r * d + t] * inv;
+        for (int64_t t = 0; t < d; ++t) o[t] = kvp_st(acc[r * d + t] * inv);
     }
 }
 
@@ -208,7 +219,7 @@ static int pf_cost_desc(const void *x, const void *y) {
 }
 #endif
 
-/* 1 where this build has the AVX2 prefill kernel, else 0 (kvp_paged_prefill_f32 returns -3). */
+/* 1 where this build has the AVX2 prefill kernel, else 0 (kvp_paged_prefill_* returns -3). */
 int kvp_prefill_simd(void) {
 #if defined(__AVX2__) && defined(__FMA__)
     return 1;
@@ -222,16 +233,16 @@ int kvp_prefill_simd(void) {
    positions seq_lens[s] - chunk length ... seq_lens[s] - 1; it attends to the seq_lens[s]
    tokens of its sequence in the cache (its own K/V included, written before the call), each
    query to the keys at or before its position.
-   q: row t at q + t * q_stride_token, head h at + h * q_stride_head, head_dim contiguous floats.
+   q: row t at q + t * q_stride_token, head h at + h * q_stride_head, head_dim contiguous values.
    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] contiguous.
    tables: [num_seqs, max_blocks] int32; query_start: [num_seqs + 1] int32; seq_lens: [num_seqs]
    int32. out: row t at out + t * out_stride_token, heads contiguous. head_dim a multiple of 16,
    num_heads a multiple of num_kv_heads. Returns 0, -1 out of memory, -2 bad arguments, -3 no
    AVX2 build. */
-int kvp_paged_prefill_f32(const float *q, int64_t q_stride_token, int64_t q_stride_head,
-                          const float *k_cache, const float *v_cache, const int32_t *tables, int64_t max_blocks,
+int KVP_FN(kvp_paged_prefill)(const kvp_t *q, int64_t q_stride_token, int64_t q_stride_head,
+                          const kvp_t *k_cache, const kvp_t *v_cache, const int32_t *tables, int64_t max_blocks,
                           const int32_t *query_start, const int32_t *seq_lens, int64_t num_seqs,
-                          float *out, int64_t out_stride_token, int64_t num_heads, int64_t num_kv_heads,
+                          kvp_t *out, int64_t out_stride_token, int64_t num_heads, int64_t num_kv_heads,
                           int64_t head_dim, int64_t block_size, float scale, int64_t num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (head_dim % 16 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1) return -2;
@@ -255,21 +266,23 @@ int kvp_paged_prefill_f32(const float *q, int64_t q_stride_token, int64_t q_stri
                                 query_start, seq_lens, out, out_stride_token, num_heads, num_kv_heads,
                                 head_dim, block_size, scale};
     const int64_t padded = (PF_BQ * (num_heads / num_kv_heads) + 5) / 6 * 6;
-    const size_t ws_floats = padded * (head_dim + PF_BK + 2) + head_dim * PF_BK, ptr_count = padded + 2 * PF_BK;
+    const size_t ws_floats = padded * (2 * head_dim + PF_BK + 2) + head_dim * PF_BK;
     int err = 0;
     #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && n_items > 1)
     {
         float *ws = malloc(sizeof(float) * ws_floats);
-        const float **ptrs = malloc(sizeof(float *) * ptr_count);
-        if (!ws || !ptrs) {
+        const float **qp = malloc(sizeof(float *) * padded);
+        const kvp_t **kvp = malloc(sizeof(kvp_t *) * 2 * PF_BK);
+        if (!ws || !qp || !kvp) {
             #pragma omp atomic write
             err = -1;
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n_items; ++i)
-            if (ws && ptrs) pf_run_item(&a, &items[i], ws, ptrs);
+            if (ws && qp && kvp) pf_run_item(&a, &items[i], ws, qp, kvp);
         free(ws);
-        free(ptrs);
+        free(qp);
+        free(kvp);
     }
     free(items);
     return err;

@@ -9,7 +9,7 @@ length, longest first, so buckets are tight; any order is still correct.
 Prefill/extend chunks run one sequence at a time; a fresh prefill (nothing cached) attends
 to its own new K/V without a gather.
 
-In float32 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
+In float32 or bfloat16 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
 layer run in one call of that kernel instead (no gather, no mask, K/V read in place);
 through `forward_qkv` the same call also applies RoPE and writes the new K/V
 (cpu_decode.FusedDecode), so a decode-only layer's attention is one C call. Likewise all
@@ -120,7 +120,7 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def forward_qkv(self, qkv, rope, k_cache, v_cache, meta: AttentionMetadata, scale, num_heads):
-        """As the base class; where the C kernel serves the decodes (float32 CPU), one call
+        """As the base class; where the C kernel serves the decodes (float32/bf16 CPU), one call
         per layer rotates, stores and attends every decode row (cpu_decode.FusedDecode), and
         only the prefill/extend rows take the torch path."""
         fused = self._fused_decode(meta, qkv, k_cache, rope, num_heads, scale)
@@ -147,7 +147,7 @@ class TorchAttentionBackend(AttentionBackend):
         if _FUSED_KEY not in state:
             nd = meta.num_decodes
             ok = (self.use_cpu_kernel and self.fuse_rope_cache and nd > 0 and qkv.stride(-1) == 1
-                  and cpu_decode.supports(qkv[:, 0], k_cache) and rope[0].dtype == torch.float32)
+                  and cpu_decode.supports(qkv[:, 0], k_cache) and rope[0].dtype == qkv.dtype)
             state[_FUSED_KEY] = cpu_decode.FusedDecode(
                 rope[0][:nd], rope[1][:nd], meta.slot_mapping[:nd], meta.block_tables[:nd],
                 meta.seq_lens[:nd], meta.seq_lens_cpu[:nd], num_heads, scale) if ok else None
@@ -173,7 +173,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _extends(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale, out, offset: int):
         """Prefill/extend chunks; query/key/value/out hold the batch's rows from `offset` on.
-        Where the C kernel serves them (float32 CPU, attention/cpu_prefill.py), one call attends
+        Where the C kernel serves them (float32/bf16 CPU, attention/cpu_prefill.py), one call attends
         every chunk over the paged cache (their K/V are written already). Else one SDPA per chunk
         (g.start, g.end are rows of the whole batch), with 4-D [1, heads, q_len, head_dim]
         inputs (as HF's attention passes them): on CPU, torch 2.13 takes its flash-attention

@@ -1,5 +1,5 @@
 """SiLU-and-mul over the fused gate/up projection (vLLM's SiluAndMul): x [rows, 2 d] ->
-silu(x[:, :d]) * x[:, d:]; one C call on float32 CPU (layers/cpu_ops.py), torch elsewhere.
+silu(x[:, :d]) * x[:, d:]; one C call on float32 or bfloat16 CPU (layers/cpu_ops.py), torch elsewhere.
 Source: vLLM `vllm/model_executor/layers/activation.py`; Shazeer, GLU variants (2020).
 """
 

@@ -1,5 +1,6 @@
-"""RMSNorm (with vLLM's fused residual add) and SiLU-and-mul for float32 CPU rows, each one
-call of the C library built by attention/cpu_decode.py instead of 3-10 small torch ops.
+"""RMSNorm (with vLLM's fused residual add) and SiLU-and-mul for float32 or bfloat16 CPU rows,
+each one call of the C library built by attention/cpu_decode.py instead of 3-10 small torch ops
+(bf16: stored values widened to float32 for the math, rounded back as HF's Llama rounds them).
 
 `lib()` is None where the library is not built (no compiler, KVPILOT_CPU_KERNELS=0); the
 callers (layers/layernorm.py, layers/activation.py) then use their torch path.
@@ -19,47 +20,51 @@ from kvpilot.engine.cpu_build import kernel_range
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-def lib() -> ctypes.CDLL | None:
-    """The CPU kernel library with the argument types of its layer functions set, or None."""
-    lib = cpu_decode.load()
+def lib(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
+    """The CPU kernel library for `dtype` with the argument types of its layer functions set, or None."""
+    lib = cpu_decode.load(dtype)
     if lib is not None and not getattr(lib, "_kvp_layer_ops", False):
-        lib.kvp_rms_norm_f32.restype = None
-        lib.kvp_rms_norm_f32.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float]
-        lib.kvp_silu_mul_f32.restype = None
-        lib.kvp_silu_mul_f32.argtypes = [_P, _P, _I, _I]
-        lib._kvp_layer_ops = True
+        norm = getattr(lib, cpu_decode.kernel_name("kvp_rms_norm", dtype))
+        norm.restype = None
+        norm.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float]
+        silu = getattr(lib, cpu_decode.kernel_name("kvp_silu_mul", dtype))
+        silu.restype = None
+        silu.argtypes = [_P, _P, _I, _I]
+        lib._kvp_layer_ops = (norm, silu)
     return lib
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether x [rows, features] can go to the C ops: float32, CPU, contiguous, library built."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() and lib() is not None
+    """Whether x [rows, features] can go to the C ops: float32 or bfloat16, CPU, contiguous,
+    library built."""
+    return (x.dtype in cpu_decode.SUFFIX and x.device.type == "cpu" and x.is_contiguous()
+            and lib(x.dtype) is not None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 CPU rows x [rows, hidden], contiguous (check `usable`), weight [hidden].
+    """CPU rows x [rows, hidden], contiguous (check `usable`), weight [hidden] of x's dtype.
     Without residual: returns rms_norm(x) * weight, a new tensor. With residual [rows,
     hidden] (vLLM's fused_add_rms_norm, in place): residual += x, then x = rms_norm(residual)
     * weight; returns x. Raises ValueError on mismatched shapes or dtypes."""
     rows, hidden = x.shape
-    if (weight.shape != (hidden,) or weight.dtype != torch.float32 or not weight.is_contiguous()
-            or (residual is not None and (residual.shape != x.shape or residual.dtype != torch.float32
+    if (weight.shape != (hidden,) or weight.dtype != x.dtype or not weight.is_contiguous()
+            or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
                                           or not residual.is_contiguous()))):
         raise ValueError(f"rms_norm: bad shapes/dtypes x {tuple(x.shape)}, weight {tuple(weight.shape)} "
                          f"{weight.dtype}, residual {None if residual is None else tuple(residual.shape)}")
     out = x if residual is not None else torch.empty_like(x)
     with kernel_range("rms_norm"):
-        lib().kvp_rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-                               out.data_ptr(), rows, hidden, eps)
+        lib(x.dtype)._kvp_layer_ops[0](x.data_ptr(), None if residual is None else residual.data_ptr(),
+                                       weight.data_ptr(), out.data_ptr(), rows, hidden, eps)
     return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, 2 * d] float32 CPU contiguous (gate | up; check `usable`) ->
+    """x [rows, 2 * d] float32 or bfloat16 CPU contiguous (gate | up; check `usable`) ->
     silu(gate) * up [rows, d], a new tensor."""
     rows, two_d = x.shape
     out = torch.empty(rows, two_d // 2, dtype=x.dtype)
     with kernel_range("silu_mul"):
-        lib().kvp_silu_mul_f32(x.data_ptr(), out.data_ptr(), rows, two_d // 2)
+        lib(x.dtype)._kvp_layer_ops[1](x.data_ptr(), out.data_ptr(), rows, two_d // 2)
     return out

@@ -103,7 +103,7 @@ def test_forward_qkv_fuses_the_decodes_and_matches_the_unfused_path(kernel, seed
 
 
 def test_without_the_library_every_op_takes_its_torch_path(seed, monkeypatch):
-    monkeypatch.setattr(cpu_decode, "load", lambda: None)
+    monkeypatch.setattr(cpu_decode, "load", lambda *dtype: None)
     out, _, ref, state = _mixed_qkv_step(seed, use_cpu_kernel=True)
     assert state[torch_backend._FUSED_KEY] is None
     assert_close_to_ref(out, ref, torch.float32, seed)
@@ -153,7 +153,7 @@ def test_c_rms_norm_with_and_without_the_fused_residual_add(kernel, rows, hidden
         cpu_ops.rms_norm(x, w[:-1], 1e-5)
 
 
-def test_rms_norm_module_c_path_matches_torch_and_bf16_keeps_torch(kernel, seed):
+def test_rms_norm_module_c_path_matches_torch_and_bf16_takes_its_own_build(kernel, seed):
     torch.manual_seed(seed)
     norm = RMSNorm(64, 1e-6, torch.float32)
     norm.weight.data.normal_()
@@ -166,8 +166,9 @@ def test_rms_norm_module_c_path_matches_torch_and_bf16_keeps_torch(kernel, seed)
     assert got_res is res and torch.equal(res, want_res)
     bf = RMSNorm(64, 1e-6, torch.bfloat16)
     xb = torch.randn(2, 64, dtype=torch.bfloat16)
-    assert not cpu_ops.usable(xb)
-    torch.testing.assert_close(bf(xb), F.rms_norm(xb.float(), (64,), None, 1e-6).bfloat16())
+    assert cpu_ops.usable(xb)  # the bf16 build (tests/kernels/test_cpu_kernels_bf16.py)
+    assert torch.equal(bf(xb), F.rms_norm(xb.float(), (64,), None, 1e-6).bfloat16())
+    assert not cpu_ops.usable(xb.double())
 
 
 @pytest.mark.parametrize("rows", [3, 100])  # 100 x 1536: rows shared out over the OpenMP team

@@ -4,11 +4,11 @@
 `_Linear.matmul`: qkv, o, gate_up, down and the LM head), of the attention backend (KV write
 and paged attention), and of the model forward and `compute_logits`, plus the KV bytes the
 decode rows read (sum of context lengths x 2 x KV heads x head_dim x 4 bytes x layers).
-Prints a table, writes JSON. QUANT=gguf runs `--quantization gguf` with float32 activations;
+Prints a table, writes JSON. DTYPE=bfloat16 runs a bfloat16 engine (default float32). QUANT=gguf runs `--quantization gguf` with float32 activations;
 there the decode stack serves decode-only steps in one C call, so their linear and attention
 columns stay empty unless KVPILOT_DECODE_STACK=0.
 
-    [QUANT=gguf] .venv/bin/python benchmarks/results/throughput/offline_step_breakdown.py [num_prompts] [out.json]
+    [DTYPE=bfloat16] [QUANT=gguf] .venv/bin/python benchmarks/results/throughput/offline_step_breakdown.py [num_prompts] [out.json]
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def main() -> int:
     quant = os.environ.get("QUANT") or None
     if quant:
         os.environ.setdefault("KVPILOT_GGUF_ACTIVATIONS", "float32")
-    llm = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=2048, quantization=quant)
+    dtype = os.environ.get("DTYPE", "float32")
+    llm = LLM("smollm2-135m-instruct", dtype=dtype, max_model_len=2048, quantization=quant)
     eng, cfg = llm.engine, llm.engine.config.model
     acc: dict[str, float] = collections.defaultdict(float)
     linear._Linear.matmul = timed(acc, "matmul_s", linear._Linear.matmul)
@@ -58,7 +59,7 @@ def main() -> int:
     backend.forward_qkv = timed(acc, "attention_s", backend.forward_qkv)
     llama.LlamaForCausalLM.forward = timed(acc, "forward_s", llama.LlamaForCausalLM.forward)
     llama.LlamaForCausalLM.compute_logits = timed(acc, "logits_s", llama.LlamaForCausalLM.compute_logits)
-    kv_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    kv_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * cfg.num_layers * (2 if dtype == "bfloat16" else 4)
     reqs = sample_sharegpt_requests(llm.get_tokenizer(), n, seed=0)
     for i, r in enumerate(reqs):
         eng.add_request(str(i), r.prompt, SamplingParams(temperature=0, max_tokens=r.expected_output_len,
@@ -98,7 +99,7 @@ def main() -> int:
               f"| {per['step_s'] - per['forward_s'] - per.get('logits_s', 0):.1f} "
               f"| {_gbps(rows[name]['kv_read_gb_per_s'])} |")
     with open(out, "w") as f:
-        json.dump({"cpu": detect_cpu().as_dict(), "torch_threads": torch.get_num_threads(), "num_prompts": n,
+        json.dump({"cpu": detect_cpu().as_dict(), "torch_threads": torch.get_num_threads(), "num_prompts": n, "dtype": dtype,
                    "quantization": quant, "gguf_activations": os.environ.get("KVPILOT_GGUF_ACTIVATIONS"),
                    "loadavg_1min": load, "buckets": rows}, f, indent=1)
     return 0
