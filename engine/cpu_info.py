@@ -103,6 +103,13 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
         f"bf16 matmuls run on a slow path there and batched decode is faster in float32"))
 
 
+def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
+    """Whether engine/layers/bf16_gemm.py's kernel (`vdpbf16ps`) runs on this CPU: AVX512F with
+    AVX512_BF16. A bfloat16 engine there keeps that kernel's packed copy of each weight, so its
+    embedding / LM-head weights are held three times (plain, oneDNN's, the kernel's)."""
+    return {"avx512f", "avx512_bf16"} <= cpu.flags
+
+
 def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:
     """`--dtype auto`: on CUDA bfloat16 (vLLM's default for bf16 checkpoints), on CPU
     `choose_cpu_dtype` of this machine (or `cpu`)."""

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from kvpilot.engine.config import (CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, dtype_name,
                                    element_bytes)
-from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu, has_bf16_matmul_kernel
 from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re-exported)
     KVCachePlan,
     RankMemory,
@@ -107,8 +107,10 @@ class Hardware:
         (VLLM_CPU_KVCACHE_SPACE of this environment, 4 GiB when unset).
 
     A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
-    and LM-head weights (engine/layers/linear.py), so its weights count twice; in float32
-    the packed copies replace the plain ones, and only the embedding / LM-head weights count twice.
+    and LM-head weights (engine/layers/linear.py), so its weights count twice (where this
+    machine's CPU has AVX512_BF16, layers/bf16_gemm.py's copy replaces the plain linear weights
+    and adds a third copy of the embedding / LM head); in float32 the packed copies replace the
+    plain ones, and only the embedding / LM-head weights count twice.
     """
 
     device_memory_bytes: int
@@ -194,7 +196,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
                                   f"exceeds the {hardware.num_devices} available device(s)")
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
     gguf = hardware.quantization == "gguf" and hardware.shared_memory and dtype_name(model.dtype) == "float32"
-    vocab = hardware.shared_memory and dtype_name(model.dtype) == "float32"
+    vocab = hardware.shared_memory and (dtype_name(model.dtype) == "float32" or (
+        packed and has_bf16_matmul_kernel(detect_cpu())))
     ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf, vocab)
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"

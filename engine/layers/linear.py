@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.layers import bf16_gemm
 from kvpilot.engine.layers.gguf_kernel import gguf_matmul
 
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
@@ -37,12 +38,15 @@ def gguf_max_tokens(activations: str) -> int:
 
 
 class _Linear(nn.Module):
-    """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed`; with
+    """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed` (and in bf16, where
+    layers/bf16_gemm.py's kernel runs, its copy `bf16_packed` for decode-sized matmuls); with
     `--quantization gguf`, also the GGUF blocks `qweight` [out, in / 32 * block bytes]
     uint8 of type `qtype` and the kernel's activation format `qactivations`
     (layers/gguf_quant.py)."""
 
     packed: torch.Tensor | None = None
+    bf16_packed: torch.Tensor | None = None
+    packed_out_features: int = 0  # rows of the weight bf16_packed was packed from
     qweight: torch.Tensor | None = None
     qtype: int = 0
     qactivations: str = "q8_1"
@@ -64,6 +68,9 @@ class _Linear(nn.Module):
         if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= self.qmax_tokens
                 and x.dtype == torch.float32 and x.stride(1) == 1):
             return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
+        if (self.bf16_packed is not None and x.dim() == 2 and x.shape[0] <= bf16_gemm.BF16_GEMM_MAX_TOKENS
+                and x.dtype == torch.bfloat16 and x.stride(1) == 1):
+            return bf16_gemm.matmul(x, self.bf16_packed, self.packed_out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.weight)
@@ -78,11 +85,16 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
     matmul reproduces F.linear on a random input (bf16 within 2e-2, fp32 within 1e-4 of
     the output's scale), so a CPU or build without the op keeps the plain path.
 
-    In float32 the plain weight of a linear layer is dropped once packed (an empty
-    tensor: nothing reads it again, and a stray F.linear on it fails loudly), so the
-    packed copy replaces it; an embedding keeps its plain weight for the lookup and
-    packs a copy for the (tied) LM head. In bfloat16 both copies stay (the feasibility
-    model counts them twice)."""
+    In bfloat16, where layers/bf16_gemm.py's AVX512_BF16 kernel is built, every layer (the
+    LM head too) also gets that kernel's copy (checked the same way), which serves matmuls of
+    up to BF16_GEMM_MAX_TOKENS rows.
+
+    In float32, and in bfloat16 once the kernel's copy exists, the plain weight of a linear
+    layer is dropped (an empty tensor: nothing reads it again, and a stray F.linear on it
+    fails loudly), so the packed copies replace it; an embedding keeps its plain weight for
+    the lookup and packs a copy for the (tied) LM head (two with the bf16 kernel). Otherwise in
+    bfloat16 plain and packed copies stay. Either way a bfloat16 linear layer holds two copies
+    (tuner/feasibility.py counts them twice, and an embedding thrice with the kernel)."""
     extra = 0
     for module in model.modules():
         if not isinstance(module, _Linear) or module.packed is not None:
@@ -102,9 +114,26 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
             return extra
         module.packed = packed
         extra += packed.numel() * packed.element_size()
-        if w.dtype == torch.float32 and not isinstance(module, VocabParallelEmbedding):
+        vocab = isinstance(module, VocabParallelEmbedding)
+        if _pack_bf16_gemm(module, x, want, tol):
+            extra += module.bf16_packed.numel() * module.bf16_packed.element_size()
+        if (w.dtype == torch.float32 or module.bf16_packed is not None) and not vocab:
             module.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
     return extra
+
+
+def _pack_bf16_gemm(module: _Linear, x: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    """Gives a bf16 layer layers/bf16_gemm.py's packed copy where the kernel is built and its
+    product of x matches `want` (F.linear's) within tol of want's scale."""
+    w = module.weight
+    if not (bf16_gemm.supports(w) and bf16_gemm.available()):
+        return False
+    packed = bf16_gemm.pack(w.detach())
+    got = bf16_gemm.matmul(x, packed, w.shape[0])
+    if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max().item()):
+        return False
+    module.bf16_packed, module.packed_out_features = packed, w.shape[0]
+    return True
 
 
 def _shard(size: int, what: str) -> int:

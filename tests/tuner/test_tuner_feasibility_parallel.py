@@ -11,6 +11,7 @@ import torch
 from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
 from kvpilot.engine.parallel_layout import rank_vocab_params
+from kvpilot.tuner import feasibility
 from kvpilot.tuner.feasibility import Hardware, check, estimate_rank_memory, resolve_model
 from kvpilot.tuner.settings import EngineSettings
 
@@ -137,3 +138,15 @@ def test_float32_on_cpu_counts_every_embedding_and_lm_head_weight_twice():
     plain = estimate_rank_memory(BASE, fp32, pp2)
     packed = estimate_rank_memory(BASE, fp32, pp2, packed_vocab=True)
     assert [b.weights_bytes - a.weights_bytes for a, b in zip(plain, packed)] == [shard * 4, shard * 4]
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["no-avx512-bf16", "avx512-bf16"])
+def test_a_bf16_cpu_engine_holds_a_third_vocab_copy_where_the_bf16_kernel_runs(monkeypatch, kernel):
+    # engine/layers/linear.py: with layers/bf16_gemm.py's kernel (AVX512F + AVX512_BF16) the kernel's
+    # copy replaces each linear layer's plain weight, and the embedding / LM head keeps its plain
+    # weight (the lookup), oneDNN's copy and the kernel's
+    monkeypatch.setattr(feasibility, "has_bf16_matmul_kernel", lambda cpu: kernel)
+    got = check(BASE, SMOL, Hardware(2 * GiB, shared_memory=True, dtype=torch.bfloat16))
+    (one,) = estimate_rank_memory(BASE, SMOL, ParallelConfig(1, 1))
+    vocab = rank_vocab_params(SMOL, ParallelConfig(1, 1), 0) * 2 if kernel else 0
+    assert got.num_blocks == (GiB - 2 * one.weights_bytes - vocab - one.activation_bytes) // one.block_bytes

@@ -1,0 +1,80 @@
+"""The small-M bfloat16 matmul (engine/layers/bf16_gemm.py): its packed layout, its product
+against a float64 reference and oneDNN's (F.linear), on any CPU (builds without AVX512_BF16
+run the same layout in plain C; the engine uses the kernel only where `available()`), and the
+linear layers' choice between it and oneDNN by row count."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
+from kvpilot.engine.layers import bf16_gemm
+from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def lib():
+    lib = bf16_gemm.load()
+    if lib is None:
+        pytest.fail("the bf16 matmul library did not build here (a C compiler is part of `make install`)")
+    assert bf16_gemm.available() == has_bf16_matmul_kernel(detect_cpu())
+    return lib
+
+
+def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
+    w = torch.arange(128 * 6, dtype=torch.float32).reshape(128, 6).to(BF16)
+    packed = bf16_gemm.pack(w).view(2, 3, 4, 16, 2)  # [group][pair][vector][lane][element]
+    for g, p, j, i, e in [(0, 0, 0, 0, 0), (1, 2, 3, 15, 1), (0, 1, 2, 7, 1), (1, 0, 1, 3, 0)]:
+        assert packed[g, p, j, i, e] == w[64 * g + 16 * j + i, 2 * p + e]
+    with pytest.raises(ValueError, match="N % 64"):
+        bf16_gemm.pack(torch.zeros(100, 6, dtype=BF16))
+    with pytest.raises(ValueError, match="K even"):
+        bf16_gemm.pack(torch.zeros(64, 5, dtype=BF16))
+
+
+@pytest.mark.parametrize("n,k", [(64, 2), (960, 576), (576, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 32])  # every tail of the 6-row tiles
+def test_product_matches_float64_and_onednn(lib, m, n, k, seed):
+    torch.manual_seed(seed)
+    w, x = torch.randn(n, k).to(BF16), torch.randn(m, k).to(BF16)
+    got = bf16_gemm.matmul(x, bf16_gemm.pack(w), n)
+    ref = x.double() @ w.double().T  # the bf16 products are exact; the sums lose only float32 bits
+    assert got.dtype == BF16 and got.shape == (m, n)
+    torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-6 * ref.abs().max().item())
+    # oneDNN computes the same exact products in another order: a few values round one step apart
+    want = F.linear(x, w)
+    assert (got != want).float().mean() < 0.02
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * ref.abs().max().item())
+
+
+def test_rows_may_be_a_strided_view_and_bad_inputs_are_refused(lib, seed):
+    torch.manual_seed(seed)
+    w, big = torch.randn(128, 64).to(BF16), torch.randn(4, 200).to(BF16)
+    x = big[:, 10:74]  # row stride 200
+    torch.testing.assert_close(bf16_gemm.matmul(x, bf16_gemm.pack(w), 128).float(),
+                               bf16_gemm.matmul(x.contiguous(), bf16_gemm.pack(w), 128).float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="bad shapes/dtypes"):
+        bf16_gemm.matmul(x.float(), bf16_gemm.pack(w), 128)
+    with pytest.raises(ValueError, match="bad shapes/dtypes"):
+        bf16_gemm.matmul(x, bf16_gemm.pack(w), 64)
+
+
+def test_linear_layers_take_the_kernel_up_to_its_row_limit_and_onednn_above(lib, seed, monkeypatch):
+    if not bf16_gemm.available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no AVX512_BF16 here: the engine keeps oneDNN (or F.linear) and packs no kernel copy")
+    torch.manual_seed(seed)
+    layer = RowParallelLinear(192, 128, BF16)
+    layer.weight.data.copy_(torch.randn(128, 192).to(BF16))
+    plain = layer.weight.detach().clone()
+    pack_weights_for_cpu(layer)
+    assert layer.bf16_packed is not None and layer.weight.numel() == 0
+    calls = []
+    kernel = bf16_gemm.matmul
+    monkeypatch.setattr(bf16_gemm, "matmul", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    limit = bf16_gemm.BF16_GEMM_MAX_TOKENS
+    for m in (1, limit, limit + 1, 130):
+        x = torch.randn(m, 192).to(BF16)
+        torch.testing.assert_close(layer(x).float(), F.linear(x, plain).float(), rtol=2**-7, atol=1e-2)
+    assert calls == [1, limit]
