@@ -97,7 +97,7 @@ def single_request_tok_s(fn, num_tokens: int) -> float:
 PROFILE_GROUPS = {
     "decode stack (all layers in one C call)": ("kvpilot::decode_stack",),
     "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
-                                        "mkldnn::_linear_pointwise", "kvpilot::gguf_matmul"),
+                                        "mkldnn::_linear_pointwise", "kvpilot::gguf_matmul", "kvpilot::bf16_matmul"),
     "attention (SDPA, C kernels)": ("aten::_scaled_dot_product", "aten::scaled_dot_product",
                                     "kvpilot::attention"),
     "KV gather/scatter (paged cache)": ("aten::index", "aten::index_copy_", "aten::index_select",

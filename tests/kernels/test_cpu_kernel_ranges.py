@@ -3,6 +3,9 @@
 without the ranges a step run by the C decode stack was reported as 98 % "python, scheduling and
 other"."""
 
+import pathlib
+import re
+
 import torch
 from paged_cases import HEADS, make_paged_batch
 
@@ -33,10 +36,15 @@ def test_a_recording_profiler_sees_the_c_kernels_with_their_time():
 
 
 def test_every_kernel_range_falls_in_a_breakdown_group():
-    names = ("decode_stack", "gguf_matmul", "attention_decode", "attention_prefill", "rms_norm", "silu_mul")
+    # every range the engine opens (kernel_range("...") anywhere under engine/), so a new kernel
+    # cannot land in "python, scheduling and other" unnoticed
+    engine = pathlib.Path(cpu_decode.__file__).resolve().parents[1]
+    names = {m for f in engine.rglob("*.py") for m in re.findall(r'kernel_range\("(\w+)"\)', f.read_text())}
+    assert {"decode_stack", "gguf_matmul", "bf16_matmul", "attention_decode", "rms_norm"} <= names
     groups = {n: profile_group(f"kvpilot::{n}") for n in names}
+    assert None not in groups.values(), groups
     assert groups["decode_stack"].startswith("decode stack")
-    assert groups["gguf_matmul"].startswith("matmul")
+    assert groups["gguf_matmul"].startswith("matmul") and groups["bf16_matmul"].startswith("matmul")
     assert groups["attention_decode"] == groups["attention_prefill"] == "attention (SDPA, C kernels)"
     assert groups["rms_norm"] == groups["silu_mul"] == "elementwise (norm, RoPE, SiLU, residual)"
     assert set(groups.values()) <= set(PROFILE_GROUPS)
