@@ -11,8 +11,9 @@ bf16 values of each operand. The lanes are output columns: the weight is packed 
 columns (4 vectors of 16) and pairs of k, `wp[g][p][j][i][e] = w[64 g + 16 j + i][2 p + e]`, so
 that one k-pair of a group is 256 contiguous bytes, and each row's pair (x[m][2p], x[m][2p+1]) is
 broadcast as one 32-bit value. A register tile is up to 6 rows x 64 columns (24 accumulators, 4
-weight vectors, a broadcast: 29 of the 32 zmm registers), the groups shared out over the OpenMP
-team; a group's packed weight (K x 128 bytes) stays in L2 while the tiles of later rows read it.
+weight vectors, a broadcast: 29 of the 32 zmm registers); the (group, row tile) pairs are shared
+out over the OpenMP team, and a group's packed weight (K x 128 bytes) stays in L2 while the
+tiles of later rows read it.
 This is the shape of oneDNN's and BLIS's micro-kernels (Van Zee and van de Geijn, ACM TOMS 2015)
 with the bf16 dot-product instruction (Intel SDM, VDPBF16PS). Builds without AVX512_BF16 get the
 same layout in plain float32 C (`kvp_bf16_gemm_simd()` is 0 there and the engine keeps oneDNN;
@@ -105,11 +106,17 @@ int kvp_bf16_gemm_simd(void) {
 }
 
 /* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) . w^T for wp packed from w [n, k] as above
-   (k even, n a multiple of 64), all bf16; the n / 64 column groups over num_threads threads. */
+   (k even, n a multiple of 64), all bf16. The work items are (column group, 6-row tile) pairs,
+   a group's tiles consecutive, shared out in contiguous runs over num_threads threads: a small
+   weight (576 outputs: 9 groups) splits evenly, and a group split between two threads is read
+   from memory once and from the shared L3 by the other. */
 void kvp_bf16_gemm(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16_t *y, int64_t ldy, int64_t m,
                    int64_t n, int64_t k, int64_t num_threads) {
-    const int64_t groups = n / 64, pairs = k / 2;
-    #pragma omp parallel for schedule(static) num_threads((int)num_threads) if (num_threads > 1 && groups > 1)
-    for (int64_t g = 0; g < groups; ++g) group_rows(x, ldx, wp + g * 64 * k, pairs, y + g * 64, ldy, m);
+    const int64_t groups = n / 64, pairs = k / 2, tiles = (m + 5) / 6, items = groups * tiles;
+    #pragma omp parallel for schedule(static) num_threads((int)num_threads) if (num_threads > 1 && items > 1)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t g = it / tiles, r0 = 6 * (it % tiles), rows = m - r0 < 6 ? m - r0 : 6;
+        group_rows(x + r0 * ldx, ldx, wp + g * 64 * k, pairs, y + r0 * ldy + g * 64, ldy, rows);
+    }
 }
 """
