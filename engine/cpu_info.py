@@ -104,10 +104,12 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
 
 
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
-    """Whether engine/layers/bf16_gemm.py's kernel (`vdpbf16ps`) runs on this CPU: AVX512F with
-    AVX512_BF16. A bfloat16 engine there keeps that kernel's packed copy of each weight, so its
-    embedding / LM-head weights are held three times (plain, oneDNN's, the kernel's)."""
-    return {"avx512f", "avx512_bf16"} <= cpu.flags
+    """Whether a bfloat16 engine runs engine/layers/bf16_gemm.py's kernel (`vdpbf16ps`) on this
+    CPU: AVX512F with AVX512_BF16 and no AMX (where AMX tiles exist oneDNN uses them, and the
+    kernel was measured only against oneDNN's AVX512_BF16 path, on a Zen 4 EPYC). There the engine
+    keeps the kernel's packed copy of each weight, so its embedding / LM-head weights are held
+    three times (plain, oneDNN's, the kernel's)."""
+    return {"avx512f", "avx512_bf16"} <= cpu.flags and "amx_bf16" not in cpu.flags
 
 
 def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:

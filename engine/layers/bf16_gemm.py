@@ -8,7 +8,7 @@ copy of each weight (`pack`: the same bytes in `vdpbf16ps` order, kept beside on
 still serves prefill-sized matmuls) once per call, its row tiles reusing each 64-column group
 from L2. Arithmetic: exact bf16 products, float32 sums, one rounding to bf16 (as oneDNN's).
 
-Needs a C compiler and a CPU with AVX512_BF16 (`available()`); elsewhere, or with
+Needs a C compiler and a CPU with AVX512_BF16 and no AMX (`available()`); elsewhere, or with
 `KVPILOT_CPU_KERNELS=0`, the engine keeps oneDNN. Built by engine/cpu_build.py.
 Source: Intel SDM (VDPBF16PS); the packing is BLIS's (Van Zee and van de Geijn, 2015).
 """
@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 
 from kvpilot.engine.cpu_build import build_library, kernel_range
+from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
 from kvpilot.engine.layers.bf16_gemm_c import SOURCE
 
 logger = logging.getLogger("kvpilot.engine.layers.bf16_gemm")
@@ -47,9 +48,10 @@ def load() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """Whether the AVX512_BF16 kernel is built here (what the engine requires to use it)."""
+    """Whether the engine uses the kernel here: its AVX512_BF16 build, on a CPU without AMX
+    (cpu_info.has_bf16_matmul_kernel: with AMX, oneDNN's tiles serve)."""
     lib = load()
-    return lib is not None and bool(lib.kvp_bf16_gemm_simd())
+    return lib is not None and bool(lib.kvp_bf16_gemm_simd()) and has_bf16_matmul_kernel(detect_cpu())
 
 
 def supports(weight: torch.Tensor) -> bool:
