@@ -31,11 +31,11 @@ static inline void prefetch_ahead(const kvp_t *cache, const int32_t *table, int6
         if (t0 + a * block_size < len) prefetch_row(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
 }
 
-/* Attention of one float query row (num_heads heads at q + h*q_stride_head, head_dim contiguous) over
+/* Attention of one float query row (num_heads heads of head_dim, contiguous) over
    the len tokens whose blocks are table[0..], softmax not normalized: mx[h] = max_t s_ht,
    l[h] = sum_t e^(s_ht - mx[h]), acc[h][:] = sum_t e^(s_ht - mx[h]) V_t, for
    s_ht = q_h . K_t * scale. scores: num_heads*len floats (scratch). */
-static void attend_part(const float *q, int64_t q_stride_head, const kvp_t *k_cache, const kvp_t *v_cache,
+static void attend_part(const float *q, const kvp_t *k_cache, const kvp_t *v_cache,
                         const int32_t *table, int64_t len, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_dim, int64_t block_size, float scale, float *scores, float *acc, float *mx,
                         float *l) {
@@ -47,7 +47,7 @@ static void attend_part(const float *q, int64_t q_stride_head, const kvp_t *k_ca
         for (; t < end; ++t, k += row) {
             prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
-                const float *qh = q + h * q_stride_head;
+                const float *qh = q + h * head_dim;
                 const kvp_t *kh = k + (h / group) * head_dim;
                 float dot = 0.f;
                 #pragma omp simd reduction(+:dot)
@@ -139,7 +139,7 @@ typedef struct {
 
 static void rope_row(const kvp_rope_args *r, int64_t s, const kvp_attn_args *a, float *qrot);
 
-/* Row s's query heads as floats (the bf16 build's attention reads float queries). */
+/* Row s's query heads as floats (without rope; attend_part reads float queries). */
 static void q_to_float(const kvp_attn_args *a, int64_t s, float *dst) {
     for (int64_t h = 0; h < a->num_heads; ++h) {
         const kvp_t *src = a->q + (a->seq_begin + s) * a->q_stride_seq + h * a->q_stride_head;
@@ -147,15 +147,9 @@ static void q_to_float(const kvp_attn_args *a, int64_t s, float *dst) {
     }
 }
 
-#ifdef KVP_BF16
-#define KVP_Q_AS_IS 0  /* queries are converted to float first */
-#else
-#define KVP_Q_AS_IS 1
-#endif
-
 /* Rows [seq_begin, seq_end) of a layer's decode attention over num_threads OpenMP threads: with
-   rope, first each row's RoPE and cache write (its q rotated into a float scratch; in the bf16
-   build q is converted there without rope), then the work items, then each sequence's merge.
+   rope, first each row's RoPE and cache write (its q rotated into a float scratch; without,
+   its q copied there as floats), then the work items, then each sequence's merge.
    Returns 0, or -1 if out of memory. */
 static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_threads) {
     const int64_t n = a.seq_end - a.seq_begin, hh = a.num_heads * a.head_dim, stride = hh + 2 * a.num_heads;
@@ -167,9 +161,8 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
     first[0] = 0;
     for (int64_t s = 0; s < n; ++s) first[s + 1] = first[s] + (lens[s] + part - 1) / part;
     int64_t *item_seq = malloc(sizeof(int64_t) * first[n]);
-    const int conv = rope || !KVP_Q_AS_IS;
-    float *partial = malloc(sizeof(float) * first[n] * stride), *qrot = conv ? malloc(sizeof(float) * n * hh) : NULL;
-    int failed = !item_seq || !partial || (conv && !qrot);
+    float *partial = malloc(sizeof(float) * first[n] * stride), *qrot = malloc(sizeof(float) * n * hh);
+    int failed = !item_seq || !partial || !qrot;
     for (int64_t s = 0; !failed && s < n; ++s)
         for (int64_t i = first[s]; i < first[s + 1]; ++i) item_seq[i] = s;
     if (!failed) {
@@ -177,22 +170,18 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
         {
         float *scores = malloc(sizeof(float) * a.num_heads * part);
         failed = !scores;
-        if (conv) {  /* the same on every thread, so all of them meet this loop or none */
-            #pragma omp for schedule(static)
-            for (int64_t s = 0; s < n; ++s) {
-                if (rope) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
-                else q_to_float(&a, s, qrot + s * hh);
-            }
+        #pragma omp for schedule(static)
+        for (int64_t s = 0; s < n; ++s) {
+            if (rope) rope_row(rope, a.seq_begin + s, &a, qrot + s * hh);
+            else q_to_float(&a, s, qrot + s * hh);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < first[n]; ++i) {
             const int64_t s = item_seq[i], begin = (i - first[s]) * part;
             const int64_t len = lens[s] - begin < part ? lens[s] - begin : part;
-            /* in the bf16 build conv is always set: the cast is never taken there */
-            const float *q = conv ? qrot + s * hh : (const float *)(const void *)(a.q + (a.seq_begin + s) * a.q_stride_seq);
             float *p = partial + i * stride;
             if (!failed)
-                attend_part(q, conv ? a.head_dim : a.q_stride_head, a.k_cache, a.v_cache,
+                attend_part(qrot + s * hh, a.k_cache, a.v_cache,
                             a.tables + (a.seq_begin + s) * a.max_blocks + begin / a.block_size, len, a.num_heads,
                             a.num_kv_heads, a.head_dim, a.block_size, a.scale, scores, p, p + hh, p + hh + a.num_heads);
         }

@@ -23,6 +23,7 @@ rotate_half RoPE, c10/util/BFloat16.h for the rounding.
 
 from kvpilot.engine.attention.cpu_attend_c import SOURCE as ATTEND_SOURCE
 from kvpilot.engine.attention.cpu_prefill_c import PREFILL_SOURCE
+from kvpilot.engine.layers.bf16_gemm_c import BF16_CONVERT_SOURCE
 
 SOURCE = r"""
 #include <float.h>
@@ -33,21 +34,11 @@ SOURCE = r"""
 
 /* kvp_t: the stored element (activations, norm weights, KV cache); math is float32. */
 #ifdef KVP_BF16
+""" + BF16_CONVERT_SOURCE + r"""
 typedef uint16_t kvp_t;  /* bfloat16: the upper half of a float32 */
 #define KVP_FN(name) name##_bf16
-static inline float kvp_ld(kvp_t x) {
-    const uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-/* Round to nearest even (c10/util/BFloat16.h round_to_nearest_even); NaN stays a quiet NaN. */
-static inline kvp_t kvp_st(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (kvp_t)((u >> 16) | 0x40u);
-    return (kvp_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+static inline float kvp_ld(kvp_t x) { return bf16_ld(x); }
+static inline kvp_t kvp_st(float f) { return bf16_st(f); }
 #else
 typedef float kvp_t;
 #define KVP_FN(name) name##_f32

@@ -20,10 +20,10 @@ same layout in plain float32 C (`kvp_bf16_gemm_simd()` is 0 there and the engine
 tests use it to check the layout on any CPU).
 """
 
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-
+# bfloat16 <-> float32 in plain C, shared with the attention library's bf16 build
+# (attention/cpu_kernels_source.py). Needs <stdint.h> and <string.h>.
+BF16_CONVERT_SOURCE = r"""
+/* bf16 bits -> float: the upper half of a float32. */
 static inline float bf16_ld(uint16_t x) {
     const uint32_t u = (uint32_t)x << 16;
     float f;
@@ -31,12 +31,20 @@ static inline float bf16_ld(uint16_t x) {
     return f;
 }
 
-static inline uint16_t bf16_st(float f) {  /* round to nearest even; NaN stays a quiet NaN */
+/* float -> bf16 bits, round to nearest even (c10/util/BFloat16.h round_to_nearest_even); NaN
+   stays a quiet NaN. */
+static inline uint16_t bf16_st(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+""" + BF16_CONVERT_SOURCE + r"""
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>

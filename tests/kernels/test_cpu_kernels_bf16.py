@@ -98,9 +98,19 @@ def test_fused_decode_stores_rounded_rotations_and_attends_over_them(kernel, see
     assert_close_to_ref(out, ref, BF16, seed)
 
 
-@pytest.mark.skipif(not AVX2, reason="the prefill kernel is the AVX2 build's (torch SDPA elsewhere)")
 @pytest.mark.parametrize("head_dim,block_size", [(64, 16), (16, 5)])
 def test_prefill_attention_is_the_float32_kernels_result_rounded(kernel, head_dim, block_size, seed):
+    # the prefill kernel is the AVX2 + FMA build's; elsewhere it refuses and the backend keeps
+    # torch's SDPA (test_backend_serves_a_bf16_steps_decodes_and_chunks_in_c checks that path)
+    assert cpu_prefill.available(BF16) == AVX2
+    if not AVX2:
+        with pytest.raises(RuntimeError, match="not available"):
+            cpu_prefill.paged_prefill_attention(torch.zeros(1, 9, 64, dtype=BF16), *(torch.zeros(1, 16, 3, 64,
+                                                dtype=BF16),) * 2, torch.zeros(1, 1, dtype=torch.int32),
+                                                torch.tensor([0, 1], dtype=torch.int32),
+                                                torch.tensor([1], dtype=torch.int32), 1.0,
+                                                torch.empty(1, 9, 64, dtype=BF16))
+        return
     rng = random.Random(seed)
     query_lens = [rng.choice([1, 16, 17, 65, rng.randint(1, 150)]) for _ in range(4)]
     cached = [rng.choice([0, 1, rng.randint(0, 140)]) for _ in query_lens]
