@@ -17,6 +17,7 @@ import torch
 from kvpilot.engine import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.layers import cpu_decode_stack
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
 from kvpilot.engine.memory import PeakMemoryProbe, estimate_activation_bytes
@@ -46,6 +47,8 @@ class ModelRunner:
         self.packed_weights_bytes = pack_weights_for_cpu(self.model) if self.device.type == "cpu" else 0
         self.packed_weights_bytes += maybe_quantize(self.model, config.quantization, config.quantized_weights_path,
                                                     self.device, self.dtype)
+        if self.device.type == "cpu":
+            cpu_decode_stack.attach(self.model)
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

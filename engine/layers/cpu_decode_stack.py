@@ -1,23 +1,26 @@
-"""One C call for all decoder layers of a small decode-only step on the float32 CPU
-`--quantization gguf` path (the C glue: layers/cpu_decode_stack_c.py).
+"""One C call for all decoder layers of a small decode-only step on CPU: the float32
+`--quantization gguf` path and the bfloat16 path where layers/bf16_gemm.py's kernel serves
+(the C glue: layers/cpu_decode_stack_c.py, built once per dtype).
 
 Why: at batch 1 a SmolLM2 decode step is 121 GGUF matmuls of ~60 us each, and the Python
 around them (module calls, wrapper checks, tensor allocations, ctypes argument
 conversion: 8 kernel calls per layer) took about as long again; between two matmuls that
 stream weights through the caches the interpreter's own state is cold, so each Python
-operation costs more than it does in a micro-benchmark. `DecodeStack` validates every
-layer's weights and caches once, keeps their pointers in C structs, and runs a step's
-layers with one ctypes call that calls the same C functions the modules call (the GGUF
-matmul, the fused RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the
-same buffers' contents, so its outputs are bit-identical to the module path.
+operation costs more than it does in a micro-benchmark. In bf16 on a Zen 4 EPYC the same
+Python took ~7 ms of a ~39 ms 16-row step. `DecodeStack` validates every layer's weights and
+caches once, keeps their pointers in C structs, and runs a step's layers with one ctypes call
+that calls the same C functions the modules call (the GGUF or bf16 matmul, the fused
+RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the same buffers' contents,
+so its outputs are bit-identical to the module path.
 
 It serves a step only where the module path would run those same kernels: tensor and
-pipeline parallel size 1, every layer's four linear layers quantized, float32 CPU, the
-torch attention backend with its fused C decode, the C norm and activation switched on,
-every row a decode, at most as many rows as the layers' matmuls read the blocks for
-(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones); its attention
-takes as many threads as the module path's (`cpu_decode.attention_threads`), from the same
-OpenMP team.
+pipeline parallel size 1, the torch attention backend with its fused C decode, the C norm and
+activation switched on, every row a decode, and either float32 with every layer's four linear
+layers quantized, at most as many rows as the layers' matmuls read the blocks for
+(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones), or bfloat16 with
+every layer's linear layers packed for the bf16 kernel, at most `BF16_GEMM_MAX_TOKENS` rows.
+Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
+from the same OpenMP team.
 Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
 (every step through the modules, as before it existed: comparisons). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
@@ -36,7 +39,7 @@ import torch
 from kvpilot.engine.attention import cpu_decode
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
 from kvpilot.engine.cpu_build import build_library, kernel_range
-from kvpilot.engine.layers import cpu_ops, gguf_kernel
+from kvpilot.engine.layers import bf16_gemm, cpu_ops, gguf_kernel
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.cpu_decode_stack_c import SOURCE
 from kvpilot.engine.layers.layernorm import RMSNorm
@@ -64,16 +67,28 @@ class _Model(ctypes.Structure):
                 ("cos_table", _P), ("sin_table", _P)]
 
 
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The glue library, or None (logged once) where it or the kernels it calls cannot be
-    built, or KVPILOT_CPU_KERNELS=0."""
-    if gguf_kernel.load() is None or cpu_ops.lib() is None:
+_ARGTYPES = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int, ctypes.c_int]
+
+
+@lru_cache(maxsize=2)
+def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
+    """The glue library for `dtype` (float32: over the GGUF matmul; bfloat16: over the bf16
+    kernel, built with -DKVP_BF16), or None (logged once) where it or the kernels it calls
+    cannot be built or run here, or KVPILOT_CPU_KERNELS=0."""
+    if dtype == torch.float32:
+        if gguf_kernel.load() is None or cpu_ops.lib() is None:
+            return None
+        lib = build_library("decode_stack", SOURCE, ((["-O2"], []),), logger, "the per-module decode path")
+    elif dtype == torch.bfloat16:
+        if not bf16_gemm.available() or cpu_ops.lib(dtype) is None:
+            return None
+        lib = build_library("decode_stack_bf16", SOURCE, ((["-O2", "-DKVP_BF16"], []),), logger,
+                            "the per-module decode path")
+    else:
         return None
-    lib = build_library("decode_stack", SOURCE, ((["-O2"], []),), logger, "the per-module decode path")
     if lib is not None:
         lib.kvp_decode_stack.restype = ctypes.c_int
-        lib.kvp_decode_stack.argtypes = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int, ctypes.c_int]
+        lib.kvp_decode_stack.argtypes = _ARGTYPES
     return lib
 
 
@@ -81,7 +96,17 @@ def _fn_ptr(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(lib[name], _P).value  # lib[name]: a fresh handle, whatever wraps lib.name
 
 
+def _kernels(dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """Addresses of the matmul, RMSNorm, SiLU*mul and fused decode functions the glue calls for `dtype`."""
+    clib = cpu_ops.lib(dtype)
+    matmul = (_fn_ptr(gguf_kernel.load(), "kvp_gguf_matmul") if dtype == torch.float32
+              else _fn_ptr(bf16_gemm.load(), "kvp_bf16_gemm"))
+    return (matmul, *(_fn_ptr(clib, cpu_decode.kernel_name(base, dtype))
+                      for base in ("kvp_rms_norm", "kvp_silu_mul", "kvp_rope_cache_decode")))
+
+
 def _qlinear(module, n: int, k: int) -> _QLinear | None:
+    """float32: the layer's GGUF blocks, or None where it has none of the right shape."""
     w = getattr(module, "qweight", None)
     if (w is None or module.qtype not in gguf_kernel.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
             or tuple(w.shape) != (n, k // gguf_kernel.BLOCK_WEIGHTS * gguf_kernel.BLOCK_BYTES[module.qtype])
@@ -90,9 +115,41 @@ def _qlinear(module, n: int, k: int) -> _QLinear | None:
     return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
 
 
-def _norm_ok(norm, hidden: int) -> bool:
+def _plinear(module, n: int, k: int) -> _QLinear | None:
+    """bfloat16: the layer's copy packed for the bf16 kernel, or None where it has none for [n, k]."""
+    w = getattr(module, "bf16_packed", None)
+    if (w is None or module.packed_out_features != n or w.dtype != torch.bfloat16 or not w.is_contiguous()
+            or w.numel() != n * k):
+        return None
+    return _QLinear(w.data_ptr(), n, k, 0, 0)
+
+
+_LINEAR = {torch.float32: (_qlinear, "qweight"), torch.bfloat16: (_plinear, "bf16_packed")}
+
+
+def _norm_ok(norm, hidden: int, dtype: torch.dtype) -> bool:
     w = norm.weight
-    return w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() and tuple(w.shape) == (hidden,)
+    return w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous() and tuple(w.shape) == (hidden,)
+
+
+def _layer(layer, cfg) -> tuple[_Layer, tuple] | None:
+    """One decoder layer's struct and the tensors it points into, or None where the stack
+    cannot run it in cfg.dtype."""
+    linear, weight_name = _LINEAR[cfg.dtype]
+    attn, mlp = layer.self_attn, layer.mlp
+    q_n = attn.num_heads * attn.head_dim
+    parts = (linear(attn.qkv_proj, (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim, cfg.hidden_size),
+             linear(attn.o_proj, cfg.hidden_size, q_n),
+             linear(mlp.gate_up_proj, 2 * cfg.intermediate_size, cfg.hidden_size),
+             linear(mlp.down_proj, cfg.hidden_size, cfg.intermediate_size))
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size, cfg.dtype) for n in norms)
+            or not isinstance(attn.backend, TorchAttentionBackend) or attn.head_dim % 2):
+        return None
+    tensors = (norms[0].weight, norms[1].weight,
+               *(getattr(mod, weight_name) for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+    return _Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps, norms[1].eps,
+                  *parts, None, None), tensors
 
 
 class DecodeStack:
@@ -105,7 +162,7 @@ class DecodeStack:
 
     def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple[_Layer, tuple]]) -> None:
         cfg = model.config
-        clib = cpu_ops.lib()
+        self.dtype = cfg.dtype
         self.lib, self.fn = lib, lib.kvp_decode_stack
         self.model = model
         self.backend = model.layers[model.start_layer].self_attn.backend
@@ -115,54 +172,39 @@ class DecodeStack:
         self.hidden, self.intermediate = cfg.hidden_size, cfg.intermediate_size
         rope = model.rotary_emb
         self.max_positions = rope.cos.shape[0]
-        self.md = _Model(_fn_ptr(gguf_kernel.load(), "kvp_gguf_matmul"), _fn_ptr(clib, "kvp_rms_norm_f32"),
-                         _fn_ptr(clib, "kvp_silu_mul_f32"), _fn_ptr(clib, "kvp_rope_cache_decode_f32"),
-                         self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, 0, self.intermediate,
-                         attn.scale, model.norm.weight.data_ptr(), model.norm.eps,
-                         rope.cos.data_ptr(), rope.sin.data_ptr())
+        # the module path's rope.cos_sin rounds the float32 table's rows to the step dtype: so does this copy
+        cos, sin = rope.cos.to(self.dtype).contiguous(), rope.sin.to(self.dtype).contiguous()
+        self.md = _Model(*_kernels(self.dtype), self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, 0,
+                         self.intermediate, attn.scale, model.norm.weight.data_ptr(), model.norm.eps,
+                         cos.data_ptr(), sin.data_ptr())
         self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
-        self.keep = [rope.cos, rope.sin, model.norm.weight] + [t for _, ts in layers for t in ts]
+        self.keep = [cos, sin, model.norm.weight] + [t for _, ts in layers for t in ts]
         self.caches_key: tuple | None = None
-        self.max_rows = min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None)
+        self.max_rows = (bf16_gemm.BF16_GEMM_MAX_TOKENS if self.dtype == torch.bfloat16 else
+                         min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None))
         self.work = torch.empty(self.max_rows * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
-                                                   + 3 * self.intermediate))
+                                                   + 3 * self.intermediate), dtype=self.dtype)
         self.args_tail = (ctypes.byref(self.md), ctypes.byref(self.layers), len(layers))
 
     @classmethod
     def build(cls, model) -> DecodeStack | None:
-        """A DecodeStack for `model` (a LlamaForCausalLM with the GGUF blocks attached), or
-        None where some layer would not run the C kernels (see the module docstring)."""
+        """A DecodeStack for `model` (a LlamaForCausalLM: float32 with the GGUF blocks attached,
+        or bfloat16 packed for the bf16 kernel), or None where some layer would not run the C
+        kernels (see the module docstring)."""
         from kvpilot.engine import parallel_state as ps
 
         if os.environ.get(DISABLE_ENV, "1") == "0":
             return None
+        cfg = model.config
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
-                or model.start_layer >= model.end_layer or model.config.dtype != torch.float32):
+                or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR):
             return None
-        lib = load()
+        lib = load(cfg.dtype)
         if lib is None:
             return None
-        cfg = model.config
-        layers = []
-        for i in range(model.start_layer, model.end_layer):
-            layer = model.layers[i]
-            attn, mlp = layer.self_attn, layer.mlp
-            q_n = attn.num_heads * attn.head_dim
-            parts = (_qlinear(attn.qkv_proj, (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim, cfg.hidden_size),
-                     _qlinear(attn.o_proj, cfg.hidden_size, q_n),
-                     _qlinear(mlp.gate_up_proj, 2 * cfg.intermediate_size, cfg.hidden_size),
-                     _qlinear(mlp.down_proj, cfg.hidden_size, cfg.intermediate_size))
-            norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size) for n in norms)
-                    or not isinstance(attn.backend, TorchAttentionBackend) or attn.head_dim % 2):
-                return None
-            tensors = (norms[0].weight, norms[1].weight, attn.qkv_proj.qweight, attn.o_proj.qweight,
-                       mlp.gate_up_proj.qweight, mlp.down_proj.qweight)
-            layers.append((_Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps, norms[1].eps,
-                                  *parts, None, None), tensors))
-        rope = model.rotary_emb
-        if (not _norm_ok(model.norm, cfg.hidden_size) or rope.cos.dtype != torch.float32
-                or not (rope.cos.is_contiguous() and rope.sin.is_contiguous())):
+        layers = [_layer(model.layers[i], cfg) for i in range(model.start_layer, model.end_layer)]
+        if (any(layer is None for layer in layers) or not _norm_ok(model.norm, cfg.hidden_size, cfg.dtype)
+                or not (model.rotary_emb.cos.is_contiguous() and model.rotary_emb.sin.is_contiguous())):
             return None
         return cls(model, lib, layers)
 
@@ -175,7 +217,7 @@ class DecodeStack:
             return False
         shape = None
         for (k, v), layer in zip(kv_caches, self.layers):
-            if (k.dtype != torch.float32 or v.dtype != torch.float32 or k.device.type != "cpu" or k.dim() != 4
+            if (k.dtype != self.dtype or v.dtype != self.dtype or k.device.type != "cpu" or k.dim() != 4
                     or not (k.is_contiguous() and v.is_contiguous()) or v.shape != k.shape
                     or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim) or shape not in (None, k.shape)):
                 self.caches_key = None
@@ -187,7 +229,7 @@ class DecodeStack:
         return True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list, meta) -> torch.Tensor | None:
-        """Hidden states [num_tokens, hidden] float32 after the final norm (a new tensor), as
+        """Hidden states [num_tokens, hidden] in the model's dtype after the final norm (a new tensor), as
         LlamaForCausalLM.forward returns them, or None where this step is not one the stack
         serves (the caller then runs the modules). Raises RuntimeError when a kernel runs
         out of memory."""
@@ -205,9 +247,9 @@ class DecodeStack:
                 or positions.device.type != "cpu" or not self._set_caches(kv_caches)):
             return None
         residual = self.model.embed_tokens(input_ids)
-        if residual.dtype != torch.float32 or not residual.is_contiguous():
+        if residual.dtype != self.dtype or not residual.is_contiguous():
             return None
-        hidden = torch.empty(m, self.hidden)
+        hidden = torch.empty(m, self.hidden, dtype=self.dtype)
         with kernel_range("decode_stack"):
             code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
                            slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
@@ -215,3 +257,15 @@ class DecodeStack:
         if code:
             raise RuntimeError(f"decode stack: a kernel failed with code {code} (-1, -2: out of memory)")
         return hidden
+
+
+def attach(model) -> None:
+    """Gives `model` its decode stack where one can serve it (`DecodeStack.build`) and logs which
+    path small decode steps take. Called by the model runner once weights are packed or quantized."""
+    model.decode_stack = DecodeStack.build(model)
+    if model.decode_stack is not None:
+        logger.info("%s decode steps of up to %d rows run all layers in one C call (layers/cpu_decode_stack.py)",
+                    model.config.dtype, model.decode_stack.max_rows)
+    else:
+        logger.info("decode steps run layer by layer (the C decode stack serves float32 with --quantization gguf "
+                    "and bfloat16 where the bf16 matmul kernel runs; %s=0 turns it off)", DISABLE_ENV)

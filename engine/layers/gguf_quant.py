@@ -159,10 +159,4 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
            else f"float32 activations ({gguf_kernel.ACTIVATIONS_ENV}=float32)")
     logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens, %s",
                 extra / 2**20, max_tokens, how)
-    from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
-
-    model.decode_stack = DecodeStack.build(model)
-    logger.info("--quantization gguf: decode steps of up to %d rows run %s", max_tokens,
-                "all layers in one C call (layers/cpu_decode_stack.py)" if model.decode_stack is not None
-                else "layer by layer (the C decode stack does not serve this model or KVPILOT_DECODE_STACK=0)")
     return extra

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpilot.engine import LLM, SamplingParams
+from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
+
+from kvpilot.engine import LLM
 from kvpilot.engine.attention import AttentionMetadata, cpu_decode
 from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
@@ -22,34 +24,6 @@ PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(10)]
 def llm():
     return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=16,
                num_gpu_blocks_override=128, swap_space=0)
-
-
-@pytest.fixture
-def served_rows(monkeypatch):
-    """Row counts of the steps the stack served (module steps are not listed)."""
-    rows: list[int] = []
-    forward = DecodeStack.forward
-
-    def spy(self, input_ids, *args):
-        out = forward(self, input_ids, *args)
-        if out is not None:
-            rows.append(input_ids.shape[0])
-        return out
-
-    monkeypatch.setattr(DecodeStack, "forward", spy)
-    return rows
-
-
-def generate(llm, prompts, stack: bool, max_tokens=(12, 7, 3)):
-    """Greedy tokens and top-3 logprobs per prompt, the stack on or off."""
-    DecodeStack.enabled = stack
-    try:
-        params = [SamplingParams(temperature=0, max_tokens=max_tokens[i % len(max_tokens)], ignore_eos=True,
-                                 logprobs=3) for i in range(len(prompts))]
-        outs = llm.generate(prompts, params)
-    finally:
-        DecodeStack.enabled = True
-    return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs]) for o in outs]
 
 
 @pytest.mark.slow

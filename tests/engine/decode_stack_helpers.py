@@ -1,0 +1,37 @@
+"""Helpers of the decode stack tests (test_cpu_decode_stack*.py): a fixture listing the row
+counts of the steps the stack served, and greedy generation with the stack on or off."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpilot.engine import SamplingParams
+from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
+
+
+@pytest.fixture
+def served_rows(monkeypatch):
+    """Row counts of the steps the stack served (module steps are not listed)."""
+    rows: list[int] = []
+    forward = DecodeStack.forward
+
+    def spy(self, input_ids, *args):
+        out = forward(self, input_ids, *args)
+        if out is not None:
+            rows.append(input_ids.shape[0])
+        return out
+
+    monkeypatch.setattr(DecodeStack, "forward", spy)
+    return rows
+
+
+def generate(llm, prompts, stack: bool, max_tokens=(12, 7, 3)):
+    """Greedy tokens and top-3 logprobs per prompt, the stack on or off."""
+    DecodeStack.enabled = stack
+    try:
+        params = [SamplingParams(temperature=0, max_tokens=max_tokens[i % len(max_tokens)], ignore_eos=True,
+                                 logprobs=3) for i in range(len(prompts))]
+        outs = llm.generate(prompts, params)
+    finally:
+        DecodeStack.enabled = True
+    return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs]) for o in outs]

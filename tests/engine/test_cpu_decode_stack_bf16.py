@@ -1,0 +1,78 @@
+"""The C decode stack in bfloat16 (engine/layers/cpu_decode_stack.py built with -DKVP_BF16) on the
+real SmolLM2: it serves decode steps of up to `BF16_GEMM_MAX_TOKENS` rows with tokens and
+logprobs bit-identical to the per-module path (the same bf16 matmul, norm, activation and fused
+attention functions in the same order), leaves larger and prefill steps to the modules, and is
+not built where a layer lacks the bf16 kernel's packed copy.
+
+The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16 and no AMX
+(`bf16_gemm.available`). Elsewhere the same library builds the same packed layout in plain C;
+these tests then let that build serve (both paths call it), so the stack's glue is checked on
+every CPU the suite runs on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
+
+from kvpilot.engine import LLM
+from kvpilot.engine.layers import bf16_gemm, cpu_decode_stack
+from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
+
+MODEL = "smollm2-135m-instruct"
+PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)]  # 6..26 tokens each
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with pytest.MonkeyPatch.context() as mp:
+        if not bf16_gemm.available():
+            if bf16_gemm.load() is None:
+                pytest.fail("the bf16 matmul library (plain C build) did not build: is there a C compiler?")
+            mp.setattr(bf16_gemm, "available", lambda: True)  # the portable build of the same layout
+        cpu_decode_stack.load.cache_clear()
+        try:
+            yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
+                      swap_space=0)
+        finally:
+            cpu_decode_stack.load.cache_clear()
+
+
+@pytest.mark.slow
+def test_bf16_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logprobs(llm, served_rows):
+    stack = llm.engine.runner.model.decode_stack
+    assert stack is not None and stack.dtype == torch.bfloat16, "the model runner attached no bf16 decode stack"
+    assert stack.max_rows == bf16_gemm.BF16_GEMM_MAX_TOKENS
+    want = generate(llm, PROMPTS[:3], stack=False)
+    assert served_rows == []
+    assert generate(llm, PROMPTS[:3], stack=True) == want
+    # 3 prompts finishing after 3, 7 and 12 tokens: steps of 3, then 2, then 1 rows
+    assert set(served_rows) == {1, 2, 3}
+
+
+@pytest.mark.slow
+def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, served_rows, monkeypatch):
+    # a lower limit stands in for BF16_GEMM_MAX_TOKENS = 32 (the linear layers read it at each call,
+    # the stack keeps it as max_rows): above it both paths run oneDNN's matmuls
+    stack = llm.engine.runner.model.decode_stack
+    monkeypatch.setattr(bf16_gemm, "BF16_GEMM_MAX_TOKENS", 4)
+    monkeypatch.setattr(stack, "max_rows", 4)
+    want = generate(llm, PROMPTS, stack=False, max_tokens=(3, 6))
+    assert generate(llm, PROMPTS, stack=True, max_tokens=(3, 6)) == want
+    # 6 decodes go to the modules; once the three 3-token prompts finish, 3 rows go to the stack
+    assert served_rows and set(served_rows) == {3}
+
+
+@pytest.mark.slow
+def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
+    model = llm.engine.runner.model
+    layer = model.layers[5].self_attn.o_proj
+    packed = layer.bf16_packed
+    layer.bf16_packed = None
+    try:
+        assert DecodeStack.build(model) is None
+    finally:
+        layer.bf16_packed = packed
+    assert DecodeStack.build(model) is not None
