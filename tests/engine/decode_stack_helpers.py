@@ -1,5 +1,6 @@
 """Helpers of the decode stack tests (test_cpu_decode_stack*.py): a fixture listing the row
-counts of the steps the stack served, and greedy generation with the stack on or off."""
+counts of the steps the stack served, greedy generation with the stack on or off, and a check
+that the stack needs a given weight copy."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ def generate(llm, prompts, stack: bool, max_tokens=(12, 7, 3)):
     finally:
         DecodeStack.enabled = True
     return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs]) for o in outs]
+
+
+def assert_no_stack_without(model, module, attr: str) -> None:
+    """With module.<attr> (a weight copy the stack reads) removed, DecodeStack.build gives None;
+    restored, it gives a stack again."""
+    weight = getattr(module, attr)
+    setattr(module, attr, None)
+    try:
+        assert DecodeStack.build(model) is None
+    finally:
+        setattr(module, attr, weight)
+    assert DecodeStack.build(model) is not None

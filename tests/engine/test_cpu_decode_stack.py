@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
+from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
 from kvpilot.engine import LLM
 from kvpilot.engine.attention import AttentionMetadata, cpu_decode
@@ -91,14 +91,7 @@ def test_the_stack_follows_kv_caches_that_moved(llm, served_rows):
 @pytest.mark.slow
 def test_a_layer_without_gguf_blocks_gets_no_stack(llm):
     model = llm.engine.runner.model
-    layer = model.layers[3].mlp.down_proj
-    blocks = layer.qweight
-    layer.qweight = None
-    try:
-        assert DecodeStack.build(model) is None
-    finally:
-        layer.qweight = blocks
-    assert DecodeStack.build(model) is not None
+    assert_no_stack_without(model, model.layers[3].mlp.down_proj, "qweight")
 
 
 @pytest.mark.slow

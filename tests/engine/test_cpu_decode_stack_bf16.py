@@ -15,11 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
+from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
 from kvpilot.engine import LLM
 from kvpilot.engine.layers import bf16_gemm, cpu_decode_stack
-from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)]  # 6..26 tokens each
@@ -68,11 +67,4 @@ def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, s
 @pytest.mark.slow
 def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
     model = llm.engine.runner.model
-    layer = model.layers[5].self_attn.o_proj
-    packed = layer.bf16_packed
-    layer.bf16_packed = None
-    try:
-        assert DecodeStack.build(model) is None
-    finally:
-        layer.bf16_packed = packed
-    assert DecodeStack.build(model) is not None
+    assert_no_stack_without(model, model.layers[5].self_attn.o_proj, "bf16_packed")
