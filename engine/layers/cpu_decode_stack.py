@@ -265,7 +265,7 @@ def attach(model) -> None:
     model.decode_stack = DecodeStack.build(model)
     if model.decode_stack is not None:
         logger.info("%s decode steps of up to %d rows run all layers in one C call (layers/cpu_decode_stack.py)",
-                    model.config.dtype, model.decode_stack.max_rows)
+                    str(model.config.dtype).removeprefix("torch."), model.decode_stack.max_rows)
     else:
         logger.info("decode steps run layer by layer (the C decode stack serves float32 with --quantization gguf "
                     "and bfloat16 where the bf16 matmul kernel runs; %s=0 turns it off)", DISABLE_ENV)

@@ -1,8 +1,9 @@
 """The C decode stack in bfloat16 (engine/layers/cpu_decode_stack.py built with -DKVP_BF16) on the
 real SmolLM2: it serves decode steps of up to `BF16_GEMM_MAX_TOKENS` rows with tokens and
 logprobs bit-identical to the per-module path (the same bf16 matmul, norm, activation and fused
-attention functions in the same order), leaves larger and prefill steps to the modules, and is
-not built where a layer lacks the bf16 kernel's packed copy.
+attention functions in the same order), leaves larger and prefill steps to the modules, is not
+built where a layer lacks the bf16 kernel's packed copy, and the start-up log says which path
+decode steps take.
 
 The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16 and no AMX
 (`bf16_gemm.available`). Elsewhere the same library builds the same packed layout in plain C;
@@ -68,3 +69,21 @@ def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, s
 def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
     model = llm.engine.runner.model
     assert_no_stack_without(model, model.layers[5].self_attn.o_proj, "bf16_packed")
+
+
+@pytest.mark.slow
+def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeypatch):
+    model = llm.engine.runner.model
+    caplog.set_level("INFO", logger="kvpilot.engine.layers.cpu_decode_stack")
+    try:
+        monkeypatch.setenv("KVPILOT_DECODE_STACK", "0")
+        cpu_decode_stack.attach(model)
+        assert model.decode_stack is None and "run layer by layer" in caplog.text
+        monkeypatch.delenv("KVPILOT_DECODE_STACK")
+        cpu_decode_stack.attach(model)
+        assert model.decode_stack is not None
+        rows = bf16_gemm.BF16_GEMM_MAX_TOKENS
+        assert f"bfloat16 decode steps of up to {rows} rows run all layers in one C call" in caplog.text
+    finally:
+        monkeypatch.delenv("KVPILOT_DECODE_STACK", raising=False)
+        cpu_decode_stack.attach(model)
