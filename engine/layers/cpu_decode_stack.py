@@ -199,14 +199,13 @@ class DecodeStack:
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
                 or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR):
             return None
-        lib = load(cfg.dtype)
-        if lib is None:
-            return None
+        # the layers first: a model without GGUF blocks or bf16 kernel copies builds no library
         layers = [_layer(model.layers[i], cfg) for i in range(model.start_layer, model.end_layer)]
         if (any(layer is None for layer in layers) or not _norm_ok(model.norm, cfg.hidden_size, cfg.dtype)
                 or not (model.rotary_emb.cos.is_contiguous() and model.rotary_emb.sin.is_contiguous())):
             return None
-        return cls(model, lib, layers)
+        lib = load(cfg.dtype)
+        return None if lib is None else cls(model, lib, layers)
 
     def _set_caches(self, kv_caches: list) -> bool:
         """Points the layer structs at this step's caches (validated when they change)."""

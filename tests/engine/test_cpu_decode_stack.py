@@ -13,6 +13,7 @@ from decode_stack_helpers import assert_no_stack_without, generate, served_rows 
 
 from kvpilot.engine import LLM
 from kvpilot.engine.attention import AttentionMetadata, cpu_decode
+from kvpilot.engine.layers import cpu_decode_stack
 from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
@@ -92,6 +93,23 @@ def test_the_stack_follows_kv_caches_that_moved(llm, served_rows):
 def test_a_layer_without_gguf_blocks_gets_no_stack(llm):
     model = llm.engine.runner.model
     assert_no_stack_without(model, model.layers[3].mlp.down_proj, "qweight")
+
+
+@pytest.mark.slow
+def test_a_model_without_gguf_blocks_builds_no_library(llm, monkeypatch):
+    # every CPU model goes through DecodeStack.build at start-up: a dense one (the float32 default on
+    # AVX2 CPUs) must not compile or load the GGUF and glue libraries it can never use
+    model = llm.engine.runner.model
+    loads = []
+    monkeypatch.setattr(cpu_decode_stack, "load", lambda dtype: loads.append(dtype))
+    blocks = {i: model.layers[i].self_attn.qkv_proj.qweight for i in range(model.start_layer, model.end_layer)}
+    try:
+        for i in blocks:
+            model.layers[i].self_attn.qkv_proj.qweight = None
+        assert DecodeStack.build(model) is None and loads == []
+    finally:
+        for i, b in blocks.items():
+            model.layers[i].self_attn.qkv_proj.qweight = b
 
 
 @pytest.mark.slow
