@@ -64,8 +64,11 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
         if err.get("type") == "json_invalid":
             return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
         field = ".".join(loc)
+        bound = _bound_text(err)
         if err.get("type") == "missing":
             parts.append(f"missing required field '{field}'")
+        elif bound and field:
+            parts.append(f"{field} must be {bound}, got {_shown(err.get('input'))}")
         elif field:
             parts.append(f"'{field}': {err.get('msg')}")
         else:
@@ -74,6 +77,26 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     if len(errors) > 5:
         parts.append(f"and {len(errors) - 5} more")
     return "invalid request: " + "; ".join(parts), param
+
+
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "less_than_equal": ("<=", "le"), "greater_than": (">", "gt"),
+           "less_than": ("<", "lt")}
+
+
+def _bound_text(err: dict) -> str | None:
+    """'>= 1', '<= 9223372036854775807', 'a finite number' for pydantic's bound errors."""
+    kind = err.get("type")
+    if kind == "finite_number":
+        return "a finite number"
+    if kind in _BOUNDS:
+        sign, key = _BOUNDS[kind]
+        return f"{sign} {err.get('ctx', {}).get(key)}"
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,7 +5,9 @@ drains: /health and new requests get 503, accepted requests run to completion (a
 --drain-timeout seconds, then they are aborted), and the process exits 0. SIGINT stops
 at once. Exit codes (kvpilot.engine.exit_codes, with a JSON line on stderr): 0 after a
 shutdown, 2 for bad flags or settings, 3 when the KV cache cannot hold one max_model_len
-sequence, 4 out of memory while loading, 1 for any other load failure."""
+sequence, 4 out of memory while loading, 1 for any other load failure, 5 when the engine
+loop died while serving (the process exits at once rather than answer 503 forever, as
+vLLM's server shuts down on EngineDeadError; one request's own error never does this)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.exit_codes import (
     EXIT_BAD_ARGS,
+    EXIT_ENGINE_DIED,
     EXIT_FAILED,
     EXIT_KV_CACHE_TOO_SMALL,
     EXIT_OUT_OF_MEMORY,
@@ -131,12 +134,20 @@ class DrainingServer(uvicorn.Server):
                                 show_hidden_for=self.state.show_hidden_metrics_for_version)
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
+        async_engine.on_dead = self._engine_died
         async_engine.start(asyncio.get_running_loop(), thread)
         self.state.tokenizer = engine.tokenizer
         self.state.engine = async_engine
         logger.info("engine loaded in %.1f s; serving %r (max_model_len %d) on http://%s:%d",
                     time.monotonic() - t0, self.state.served_model_name, self.state.max_model_len,
                     self.config.host, self.config.port)
+
+    def _engine_died(self, exc: BaseException) -> None:
+        """The engine loop stopped with its shared state unknown: its streams have their
+        errors; exit non-zero now, the reason on stderr, so the kubelet restarts the pod at
+        once instead of after its liveness probe's failures."""
+        self.exit_code = report_failure(EXIT_ENGINE_DIED, f"the engine loop failed: {type(exc).__name__}: {exc}")
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame) -> None:
         if sig == signal.SIGTERM and not self.state.draining and not self.should_exit:
