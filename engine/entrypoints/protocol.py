@@ -89,6 +89,18 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
 
 
+def exact_integer_bounds(doc: dict, models: list[type[BaseModel]]) -> dict:
+    """FastAPI's OpenAPI model types minimum/maximum as floats, which turns int64's maximum
+    into 2**63 (9.223372036854776e+18); puts pydantic's exact properties of `models` back
+    into the document's components (in place; returns doc)."""
+    components = doc.get("components", {}).get("schemas", {})
+    for model in models:
+        if model.__name__ in components:
+            exact = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components[model.__name__]["properties"] = exact["properties"]
+    return doc
+
+
 def _live_field(setting: Setting) -> tuple[Any, Any]:
     kind = Literal[setting.choices] if setting.choices else setting.type  # type: ignore[valid-type]
     low = {"gt" if setting.exclusive_minimum else "ge": setting.minimum} if setting.minimum is not None else {}

@@ -136,3 +136,60 @@ def test_an_error_in_the_shared_step_propagates(llm, monkeypatch):
         engine.step()
     monkeypatch.undo()
     engine.abort_request("z")
+
+
+def test_the_server_loop_fails_one_stream_alone_and_dies_on_a_shared_error(llm, monkeypatch):
+    """The server's engine loop (AsyncLLMEngine): a request's own error reaches only its
+    stream (RequestError) and counts as vllm:request_success{finished_reason="error"}; an
+    error in the shared step fails every stream with EngineDeadError and calls on_dead."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError
+    from kvpilot.engine.entrypoints.metrics import EngineMetrics
+
+    engine = llm.engine
+    registry = CollectorRegistry()
+    bm = engine.block_manager
+    free_before = bm.num_free_blocks
+
+    def bad(*_):
+        raise ValueError("processor bug")
+
+    async def collect(loop_engine, request_id, prompt, params):
+        try:
+            return [o async for o in loop_engine.generate(request_id, prompt, params)][-1]
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            return exc
+
+    async def scenario():
+        loop_engine = AsyncLLMEngine(engine, EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks,
+                                                           registry=registry), log_stats=False)
+        died = asyncio.get_running_loop().create_future()
+        loop_engine.on_dead = died.set_result
+        loop_engine.start(asyncio.get_running_loop())
+        prompts, good = tiny_prompts(), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        outcomes = await asyncio.gather(
+            collect(loop_engine, "a", prompts[0], good),
+            collect(loop_engine, "bad", prompts[1], SamplingParams(max_tokens=5, logits_processors=[bad])),
+            collect(loop_engine, "c", prompts[2], good))
+        await asyncio.sleep(0.2)  # one idle turn publishes the state
+        free_after = loop_engine.state.num_free_blocks
+        monkeypatch.setattr(engine.runner, "execute", lambda *_: 1 / 0)
+        dead = await collect(loop_engine, "d", prompts[0], good)
+        cause = await asyncio.wait_for(died, 10)
+        monkeypatch.undo()
+        engine.abort_request("d")
+        return outcomes, free_after, dead, cause, loop_engine.is_running
+
+    outcomes, free_after, dead, cause, running = asyncio.run(scenario())
+    assert outcomes[0].outputs[0].finish_reason == "length" and outcomes[2].outputs[0].finish_reason == "length"
+    assert isinstance(outcomes[1], RequestError) and "ValueError: processor bug" in str(outcomes[1])
+    assert free_after == free_before
+    errors = registry.get_sample_value("vllm:request_success_total",
+                                       {"model_name": engine.config.served_model_name, "engine": "0",
+                                        "finished_reason": "error"})
+    assert errors == 1
+    assert isinstance(dead, EngineDeadError) and "ZeroDivisionError" in str(dead)
+    assert isinstance(cause, ZeroDivisionError) and not running
