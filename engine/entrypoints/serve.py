@@ -27,8 +27,15 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
+from kvpilot.engine.entrypoints.cli_args import (
+    ADMIN_TOKEN_ENV,
+    API_KEY_ENV,
+    KEEP_ALIVE_ENV,
+    PROFILER_DIR_ENV,
+    make_serve_parser,
+)
 from kvpilot.engine.entrypoints.engine_thread import EngineThread
+from kvpilot.engine.entrypoints.http_protocol import guarded_h11_protocol
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
@@ -179,6 +186,29 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def check_http_limits(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Exit 2 for a slow-client limit out of range (cli_args.add_http_limit_args)."""
+    if ns.timeout_keep_alive is None:
+        try:
+            ns.timeout_keep_alive = int(os.environ.get(KEEP_ALIVE_ENV, "5"))
+        except ValueError:
+            parser.error(f"${KEEP_ALIVE_ENV} must be a whole number of seconds, got {os.environ[KEEP_ALIVE_ENV]!r}")
+    for flag, value, low in (("--request-read-timeout-s", ns.request_read_timeout_s, 0),
+                             ("--timeout-keep-alive", ns.timeout_keep_alive, 1),
+                             ("--limit-concurrency", ns.limit_concurrency, 1),
+                             ("--h11-max-incomplete-event-size", ns.h11_max_incomplete_event_size, 1024),
+                             ("--h11-max-header-count", ns.h11_max_header_count, 1)):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
+
+
+def http_limits(ns: argparse.Namespace) -> dict:
+    """uvicorn.Config arguments for the slow-client limits (engine/entrypoints/http_protocol.py)."""
+    return {"http": guarded_h11_protocol(ns.request_read_timeout_s or None, ns.h11_max_header_count),
+            "timeout_keep_alive": ns.timeout_keep_alive, "limit_concurrency": ns.limit_concurrency,
+            "h11_max_incomplete_event_size": ns.h11_max_incomplete_event_size}
+
+
 def main(argv: list[str]) -> int:
     parser = make_parser()
     ns = parser.parse_args(argv)
@@ -189,6 +219,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--drain-timeout must be >= 0, got {ns.drain_timeout}")
     if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
+    check_http_limits(parser, ns)
     api_key, admin_token = resolve_secrets(parser, ns)
     try:
         check_version(ns.show_hidden_metrics_for_version)
@@ -220,7 +251,7 @@ def main(argv: list[str]) -> int:
                     state.profiler_dir)
     config = uvicorn.Config(build_app(state), host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                             access_log=not ns.disable_uvicorn_access_log, timeout_graceful_shutdown=5,
-                            lifespan="off")
+                            lifespan="off", **http_limits(ns))
     server = DrainingServer(config, state, engine_config, ns)
     try:
         server.run()
