@@ -96,7 +96,8 @@ def alive(client: httpx.Client, result: LivenessResult, canary: bool) -> str | N
     return None
 
 
-def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: float = 60.0) -> LivenessResult:
+def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: float = 60.0,
+             progress: bool = False) -> LivenessResult:
     """Sends the cases one at a time with a liveness check after each; stops after an
     engine death that the server does not recover from within 30 s."""
     result = LivenessResult()
@@ -108,6 +109,9 @@ def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: 
             result.kinds[case.kind] += 1
             send(client, case, result, timeout_s)
             why = alive(client, result, canary=(i + 1) % canary_every == 0)
+            if progress and (i + 1) % 100 == 0:
+                print(f"{i + 1}/{len(cases)} sent, {len(result.engine_deaths)} engine deaths, "
+                      f"{time.monotonic() - t0:.0f} s", flush=True)
             if why is not None:
                 result.engine_deaths.append(f"after {case.method} {case.path} [{case.kind}] "
                                             f"{(case.content() or b'')[:300]!r}: {why}")
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     before = loadavg()
     with ServerProcess(command, Path("/tmp") / f"kvpilot-fuzz-liveness-{os.getpid()}.log") as server:
         cases = fuzz_cases(httpx.get(f"{server.base_url}/openapi.json").json(), a.requests, seed=a.seed)
-        result = run_fuzz(server.base_url, cases, canary_every=a.canary_every)
+        result = run_fuzz(server.base_url, cases, canary_every=a.canary_every, progress=True)
         blocks, running = leaked_blocks(server.base_url, NUM_BLOCKS)
         errors = metric(server.base_url, 'vllm:request_success_total{engine="0",finished_reason="error"')
         alive_at_end = server.proc.poll() is None
