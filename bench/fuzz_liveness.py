@@ -30,6 +30,7 @@ API_KEY = "fuzz-liveness-key"
 ADMIN_TOKEN = "fuzz-liveness-admin-token"
 CANARY = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2, "temperature": 0}
 NUM_BLOCKS = 64
+CANARY_ATTEMPTS = 3
 
 
 @dataclass
@@ -44,6 +45,7 @@ class LivenessResult:
     engine_deaths: list[str] = field(default_factory=list)  # the request after which liveness failed
     health_checks: int = 0
     canaries: int = 0
+    canary_retries: int = 0  # canaries asked again after a 408 (deadline) or 503 (busy)
     canary_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -86,8 +88,12 @@ def alive(client: httpx.Client, result: LivenessResult, canary: bool) -> str | N
             return f"/health {health.status_code} {health.text[:200]}"
         if canary:
             result.canaries += 1
-            t0 = time.monotonic()
-            r = client.post("/v1/chat/completions", json=CANARY, headers=headers_for("/v1"), timeout=60)
+            for attempt in range(CANARY_ATTEMPTS):  # 408/503: slow or busy, not dead; ask again
+                t0 = time.monotonic()
+                r = client.post("/v1/chat/completions", json=CANARY, headers=headers_for("/v1"), timeout=60)
+                if r.status_code not in (408, 503) or attempt == CANARY_ATTEMPTS - 1:
+                    break
+                result.canary_retries += 1
             if r.status_code != 200 or not isinstance(r.json()["choices"][0]["message"]["content"], str):
                 return f"canary {r.status_code} {r.text[:200]}"
             result.canary_s.append(time.monotonic() - t0)
@@ -133,7 +139,7 @@ def leaked_blocks(url: str, num_blocks: int) -> tuple[int, float]:
 
 def server_command(model: str, max_model_len: int) -> list[str]:
     return [*KVPILOT_SERVE, model, "--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--dtype", "float32",
-            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-queue-len", "16", "--request-deadline-s", "5",
+            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-queue-len", "16", "--request-deadline-s", "20",
             "--enable-admin-routes", "--disable-log-requests", "--disable-uvicorn-access-log"]
 
 
@@ -145,6 +151,7 @@ def summary(result: LivenessResult, blocks: int, running: float) -> dict:
             "server_errors": result.server_errors[:20], "num_server_errors": len(result.server_errors),
             "bad_error_shape": result.bad_error_shape[:20], "unanswered": result.unanswered[:20],
             "health_checks": result.health_checks, "canaries": result.canaries,
+            "canary_retries": result.canary_retries,
             "canary_p50_s": round(canary[len(canary) // 2], 3) if canary else None,
             "canary_max_s": round(canary[-1], 3) if canary else None,
             "kv_blocks_leaked": blocks, "running_after": running, "seconds": round(result.seconds, 1)}
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "fuzz_liveness.json").write_text(json.dumps(out, indent=1))
     for key in ("requests", "engine_deaths", "num_server_errors", "kv_blocks_leaked", "health_checks", "canaries",
-                "canary_p50_s", "seconds", "process_alive_at_end"):
+                "canary_retries", "canary_p50_s", "seconds", "process_alive_at_end"):
         print(f"{key:22} {out[key]}")
     print(f"{'unanswered':22} {len(result.unanswered)}")
     print(f"{'bad error shape':22} {len(result.bad_error_shape)}")

@@ -4,6 +4,7 @@ never FastAPI's raw 422 list), unknown routes and methods (404, 405) and crashes
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,14 @@ _TYPES = {
     500: "server_error",
     503: "service_unavailable_error",
 }
+
+
+class ErrorJSONResponse(JSONResponse):
+    """An error body as ASCII JSON: a message may quote what the client sent (a model name),
+    and text from JSON may hold lone surrogates (`"\\ud800"`), which UTF-8 cannot encode."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 class APIError(Exception):
@@ -49,7 +58,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code).model_dump(), status_code=status, headers=headers)
+    return ErrorJSONResponse(error_body(status, message, param, code).model_dump(), status_code=status,
+                             headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -102,7 +112,7 @@ def _shown(value: object) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
+        return ErrorJSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

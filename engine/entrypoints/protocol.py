@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
@@ -33,6 +33,29 @@ TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode_text(cls, value: Any) -> Any:
+        """Strings must be Unicode text: JSON's "\\ud800" escapes decode to lone surrogates,
+        which no tokenizer or UTF-8 response can take."""
+        if _has_surrogate(value):
+            raise ValueError("holds a lone UTF-16 surrogate (such as \\ud800), which is not Unicode text")
+        return value
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 class StreamOptions(_Request):

@@ -60,6 +60,9 @@ CASES = {
     "huge n": ("/v1/completions", {"prompt": "Hi", "n": 10**30}, 400, "n must be <= 16"),
     "logit_bias out of range": ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": -1e9}}, 400,
                                 "logit_bias.5 must be >= -100"),
+    "lone surrogate in a prompt": ("/v1/completions", b'{"prompt": "Hi \\ud800"}', 400, "lone UTF-16 surrogate"),
+    "lone surrogate in a model name": ("/v1/chat/completions", b'{"model": "\\udfff", "messages": '
+                                       b'[{"role": "user", "content": "Hi"}]}', 400, "lone UTF-16 surrogate"),
     "unknown model": ("/v1/completions", {"model": "gpt-9", "prompt": "Hi"}, 404, "The model `gpt-9` does not exist"),
     "unknown route": ("/v1/embeddings", {"input": "Hi"}, 404, "no route POST /v1/embeddings"),
 }
