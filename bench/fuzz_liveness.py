@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from kvpilot.bench.fuzz_cases import FuzzCase, fuzz_cases
-from kvpilot.bench.reliability import ERROR_KEYS
+from kvpilot.bench.reliability import openai_error_shape
 from kvpilot.bench.reliability_run import cpu_model, loadavg, metric, wait_idle
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
 
@@ -69,14 +69,9 @@ def send(client: httpx.Client, case: FuzzCase, result: LivenessResult, timeout_s
     result.statuses[r.status_code] += 1
     if r.status_code >= 500 and not (r.status_code == 503 and "retry-after" in r.headers):
         result.server_errors.append(f"{label} -> {r.status_code} {r.text[:200]}")
-    if r.status_code >= 400 and r.headers.get("content-type", "").startswith("application/json"):
-        try:
-            error = r.json()["error"]
-            ok = set(error) == ERROR_KEYS and isinstance(error["message"], str)
-        except (ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            result.bad_error_shape.append(f"{label} -> {r.status_code} {r.text[:200]}")
+    json_answer = r.headers.get("content-type", "").startswith("application/json")
+    if r.status_code >= 400 and json_answer and not openai_error_shape(r):
+        result.bad_error_shape.append(f"{label} -> {r.status_code} {r.text[:200]}")
 
 
 def alive(client: httpx.Client, result: LivenessResult, canary: bool) -> str | None:
