@@ -159,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--canary-every", type=int, default=1)
     p.add_argument("--seed", type=int, default=30)
     p.add_argument("--max-model-len", type=int, default=128)
+    p.add_argument("--max-size", type=int, default=1_000_000, help="largest hostile array or string")
     p.add_argument("--model", default="smollm2-135m-instruct")
     a = p.parse_args(argv)
     os.environ.update(VLLM_API_KEY=API_KEY, KVPILOT_ADMIN_TOKEN=ADMIN_TOKEN)
     command = server_command(a.model, a.max_model_len)
     before = loadavg()
     with ServerProcess(command, Path("/tmp") / f"kvpilot-fuzz-liveness-{os.getpid()}.log") as server:
-        cases = fuzz_cases(httpx.get(f"{server.base_url}/openapi.json").json(), a.requests, seed=a.seed)
+        cases = fuzz_cases(httpx.get(f"{server.base_url}/openapi.json").json(), a.requests, seed=a.seed,
+                           max_size=a.max_size)
         result = run_fuzz(server.base_url, cases, canary_every=a.canary_every, progress=True)
         blocks, running = leaked_blocks(server.base_url, NUM_BLOCKS)
         errors = metric(server.base_url, 'vllm:request_success_total{engine="0",finished_reason="error"')
