@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=128)
     p.add_argument("--max-size", type=int, default=1_000_000, help="largest hostile array or string")
     p.add_argument("--model", default="smollm2-135m-instruct")
+    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     os.environ.update(VLLM_API_KEY=API_KEY, KVPILOT_ADMIN_TOKEN=ADMIN_TOKEN)
     command = server_command(a.model, a.max_model_len)
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         alive_at_end = server.proc.poll() is None
     out = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before, "loadavg_after": loadavg(),
            **summary(result, blocks, running), "request_errors_counted": errors, "process_alive_at_end": alive_at_end,
-           "command": "python -m kvpilot.bench.fuzz_liveness " + " ".join(argv or [])}
+           "command": "python -m kvpilot.bench.fuzz_liveness " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "fuzz_liveness.json").write_text(json.dumps(out, indent=1))
     for key in ("requests", "engine_deaths", "num_server_errors", "kv_blocks_leaked", "health_checks", "canaries",

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import resource
+import sys
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=1000)
     p.add_argument("--read-timeout-s", type=float, default=10.0, help="the server's --request-read-timeout-s")
     p.add_argument("--model", default="smollm2-135m-instruct")
+    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     nofile = raise_open_file_limit(2 * a.connections + 512)
     os.environ["VLLM_API_KEY"] = API_KEY
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                                              wait_s=a.read_timeout_s + 60))
     summary = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before,
                "loadavg_after": loadavg(), "open_file_limit": nofile, **result.summary(),
-               "command": "python -m kvpilot.bench.slow_clients " + " ".join(argv or [])}
+               "command": "python -m kvpilot.bench.slow_clients " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "slow_clients.json").write_text(json.dumps(summary, indent=1))
     print(f"{'connections stalled/idle':28} {a.connections}/{a.connections // 10} (read timeout {a.read_timeout_s:g} s)")
