@@ -14,8 +14,8 @@ import asyncio
 import json
 import os
 import resource
-import sys
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
