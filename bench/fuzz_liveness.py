@@ -26,6 +26,7 @@ from kvpilot.bench.fuzz_cases import FuzzCase, fuzz_cases
 from kvpilot.bench.reliability import openai_error_shape
 from kvpilot.bench.reliability_run import cpu_model, loadavg, metric, wait_idle
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.engine.settings import LIVE_SETTINGS
 
 API_KEY = "fuzz-liveness-key"
 ADMIN_TOKEN = "fuzz-liveness-admin-token"
@@ -43,6 +44,7 @@ class LivenessResult:
     server_errors: list[str] = field(default_factory=list)  # 5xx other than 503 with Retry-After
     bad_error_shape: list[str] = field(default_factory=list)  # 4xx/5xx JSON not in OpenAI's shape
     unanswered: list[str] = field(default_factory=list)
+    connection_errors: list[str] = field(default_factory=list)  # the request's connection failed
     engine_deaths: list[str] = field(default_factory=list)  # the request after which liveness failed
     health_checks: int = 0
     canaries: int = 0
@@ -67,6 +69,9 @@ def send(client: httpx.Client, case: FuzzCase, result: LivenessResult, timeout_s
     except httpx.TimeoutException:
         result.unanswered.append(label)
         return
+    except httpx.TransportError as exc:  # the liveness check after it tells whether the server is still there
+        result.connection_errors.append(f"{label}: {type(exc).__name__}")
+        return
     result.statuses[r.status_code] += 1
     if r.status_code >= 500 and not (r.status_code == 503 and "retry-after" in r.headers):
         result.server_errors.append(f"{label} -> {r.status_code} {r.text[:200]}")
@@ -76,17 +81,26 @@ def send(client: httpx.Client, case: FuzzCase, result: LivenessResult, timeout_s
 
 
 def alive(client: httpx.Client, result: LivenessResult, canary: bool) -> str | None:
-    """None when /health is 200 and (if asked) the canary chat completes; else why not."""
+    """None when /health is 200 and (if asked) the canary chat completes; else why not.
+    /health goes over a new connection each time, as the kubelet's probe does."""
     try:
         result.health_checks += 1
-        health = client.get("/health", timeout=10)
+        base = str(client.base_url).rstrip("/")
+        health = httpx.get(f"{base}/health", timeout=10)
         if health.status_code != 200:
             return f"/health {health.status_code} {health.text[:200]}"
         if canary:
             result.canaries += 1
-            for attempt in range(CANARY_ATTEMPTS):  # 408/503: slow or busy, not dead; ask again
+            for attempt in range(CANARY_ATTEMPTS):  # 408/503 or a dropped keep-alive: not dead; ask again
                 t0 = time.monotonic()
-                r = client.post("/v1/chat/completions", json=CANARY, headers=headers_for("/v1"), timeout=60)
+                try:
+                    r = httpx.post(f"{base}/v1/chat/completions", json=CANARY,
+                                   headers=headers_for("/v1"), timeout=60)
+                except httpx.TransportError:
+                    if attempt == CANARY_ATTEMPTS - 1:
+                        raise
+                    result.canary_retries += 1
+                    continue
                 if r.status_code not in (408, 503) or attempt == CANARY_ATTEMPTS - 1:
                     break
                 result.canary_retries += 1
@@ -105,11 +119,18 @@ def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: 
     result = LivenessResult()
     t0 = time.monotonic()
     with httpx.Client(base_url=url) as client:
+        admin = headers_for("/admin/")
+        scheduler = client.get("/admin/scheduler_config", headers=admin).json()
+        live = {k: scheduler[k] for k in LIVE_SETTINGS}
         for i, case in enumerate(cases):
             result.sent += 1
             result.routes[f"{case.method} {case.path}"] += 1
             result.kinds[case.kind] += 1
             send(client, case, result, timeout_s)
+            if case.method == "POST" and case.path == "/admin/scheduler_config":
+                # a valid change stands until here (max_num_batched_tokens 1 is legal, and slow); then
+                # the next requests get the server's own limits back
+                client.post("/admin/scheduler_config", json=live, headers=admin)
             why = alive(client, result, canary=(i + 1) % canary_every == 0)
             if progress and (i + 1) % 100 == 0:
                 print(f"{i + 1}/{len(cases)} sent, {len(result.engine_deaths)} engine deaths, "
@@ -146,6 +167,7 @@ def summary(result: LivenessResult, blocks: int, running: float) -> dict:
             "engine_deaths": len(result.engine_deaths), "engine_death_details": result.engine_deaths[:20],
             "server_errors": result.server_errors[:20], "num_server_errors": len(result.server_errors),
             "bad_error_shape": result.bad_error_shape[:20], "unanswered": result.unanswered[:20],
+            "connection_errors": result.connection_errors[:20], "num_connection_errors": len(result.connection_errors),
             "health_checks": result.health_checks, "canaries": result.canaries,
             "canary_retries": result.canary_retries,
             "canary_p50_s": round(canary[len(canary) // 2], 3) if canary else None,
