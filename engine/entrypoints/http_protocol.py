@@ -78,7 +78,11 @@ class GuardedH11Protocol(H11Protocol):
         """Part of a request has arrived and the rest has not: buffered bytes of its
         request line or headers, or its body still coming (h11's view of the client)."""
         state = self.conn.their_state
-        return state is h11.SEND_BODY or (state is h11.IDLE and bool(self.conn.trailing_data[0]))
+        if state is h11.SEND_BODY:
+            return True
+        # len() of h11's own buffer: `trailing_data` would copy up to 4 MiB on every packet
+        buffered = getattr(self.conn, "_receive_buffer", None)
+        return state is h11.IDLE and bool(len(buffered) if buffered is not None else self.conn.trailing_data[0])
 
     def _arm(self) -> None:
         if self.request_read_timeout_s is not None and self._read_timer is None:
