@@ -113,9 +113,10 @@ def alive(client: httpx.Client, result: LivenessResult, canary: bool) -> str | N
 
 
 def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: float = 60.0,
-             progress: bool = False) -> LivenessResult:
+             progress: bool = False, time_limit_s: float | None = None) -> LivenessResult:
     """Sends the cases one at a time with a liveness check after each; stops after an
-    engine death that the server does not recover from within 30 s."""
+    engine death that the server does not recover from within 30 s, or (when given)
+    once time_limit_s has passed (`sent` says how many went)."""
     result = LivenessResult()
     t0 = time.monotonic()
     with httpx.Client(base_url=url) as client:
@@ -123,6 +124,8 @@ def run_fuzz(url: str, cases: list[FuzzCase], canary_every: int = 1, timeout_s: 
         scheduler = client.get("/admin/scheduler_config", headers=admin).json()
         live = {k: scheduler[k] for k in LIVE_SETTINGS}
         for i, case in enumerate(cases):
+            if time_limit_s is not None and time.monotonic() - t0 > time_limit_s:
+                break
             result.sent += 1
             result.routes[f"{case.method} {case.path}"] += 1
             result.kinds[case.kind] += 1
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=30)
     p.add_argument("--max-model-len", type=int, default=128)
     p.add_argument("--max-size", type=int, default=1_000_000, help="largest hostile array or string")
+    p.add_argument("--time-limit-s", type=float, default=None, help="stop sending after this long")
     p.add_argument("--model", default="smollm2-135m-instruct")
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     with ServerProcess(command, Path("/tmp") / f"kvpilot-fuzz-liveness-{os.getpid()}.log") as server:
         cases = fuzz_cases(httpx.get(f"{server.base_url}/openapi.json").json(), a.requests, seed=a.seed,
                            max_size=a.max_size)
-        result = run_fuzz(server.base_url, cases, canary_every=a.canary_every, progress=True)
+        result = run_fuzz(server.base_url, cases, canary_every=a.canary_every, progress=True,
+                          time_limit_s=a.time_limit_s)
         blocks, running = leaked_blocks(server.base_url, NUM_BLOCKS)
         errors = metric(server.base_url, 'vllm:request_success_total{engine="0",finished_reason="error"')
         alive_at_end = server.proc.poll() is None

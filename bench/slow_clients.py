@@ -34,7 +34,7 @@ class SlowClientResult:
     stalled: int = 0  # connections opened that sent headers + 1 body byte
     idle: int = 0  # connections opened that sent nothing
     open_failures: int = 0
-    closed_after_s: list[float] = field(default_factory=list)  # stalled ones, from their last byte
+    closed_after_s: list[float] = field(default_factory=list)  # stalled ones, from their connect
     idle_closed_after_s: list[float] = field(default_factory=list)
     answered_408: int = 0
     still_open: int = 0  # not closed by the server within the wait
@@ -68,6 +68,7 @@ def raise_open_file_limit(wanted: int) -> int:
 
 
 async def _hold(host: str, port: int, request: bytes, result: SlowClientResult, wait_s: float) -> None:
+    opened = time.monotonic()  # the server's timer starts at the connection (its first request)
     try:
         reader, writer = await asyncio.open_connection(host, port)
     except OSError:
@@ -76,10 +77,9 @@ async def _hold(host: str, port: int, request: bytes, result: SlowClientResult, 
     if request:
         writer.write(request)
         await writer.drain()
-    sent = time.monotonic()
     try:
         data = await asyncio.wait_for(reader.read(), wait_s)  # until the server closes
-        closed = time.monotonic() - sent
+        closed = time.monotonic() - opened
         (result.closed_after_s if request else result.idle_closed_after_s).append(closed)
         result.answered_408 += data.startswith(b"HTTP/1.1 408")
     except (asyncio.TimeoutError, OSError):
