@@ -1,8 +1,9 @@
-"""The liveness fuzz in CI (issue 30): 2,000 generated requests over every route of the
-server's OpenAPI document (schemathesis, positive and negative, plus hostile values), each
-followed by /health (200) and, every CANARY_EVERY requests, a canary chat request that must
-complete; then the engine is idle with every KV block free. The benchmark
-`python -m kvpilot.bench.fuzz_liveness` runs the canary after every request."""
+"""The liveness fuzz in CI (issue 30), bounded for CI time: 600 generated requests over
+every route of the server's OpenAPI document (schemathesis, positive and negative, plus
+hostile values), each followed by /health (200) and, every CANARY_EVERY requests, a canary
+chat request that must complete; then the engine is idle with every KV block free. The
+benchmark `python -m kvpilot.bench.fuzz_liveness` sends 2,000 (its figures are in
+benchmarks/results/reliability/README.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from kvpilot.bench.server_process import KVPILOT_SERVE
 
 pytestmark = pytest.mark.slow
 
-REQUESTS = 2000
-CANARY_EVERY = 40
+REQUESTS = 600
+CANARY_EVERY = 30
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def fuzzed(tmp_path_factory):
     proc.stop()
 
 
-def test_2000_fuzzed_requests_over_every_route_leave_the_engine_alive_and_no_block_leaked(fuzzed):
+@pytest.mark.timeout(1800)  # a loaded 2-core machine; quiet, it takes a few minutes
+def test_fuzzed_requests_over_every_route_leave_the_engine_alive_and_no_block_leaked(fuzzed):
     openapi = httpx.get(f"{fuzzed.url}/openapi.json").json()
     cases = fuzz_cases(openapi, REQUESTS, seed=30, max_size=100_000)
     assert len(cases) == REQUESTS

@@ -21,7 +21,7 @@ from kvpilot.bench.slow_clients import API_KEY, raise_open_file_limit, stall_and
 
 pytestmark = pytest.mark.slow
 
-READ_TIMEOUT_S = 3
+READ_TIMEOUT_S = 5
 KEEP_ALIVE_S = 2
 LIMIT = 60
 
@@ -42,8 +42,9 @@ def test_stalled_and_idle_connections_are_closed_within_the_limit_while_the_serv
     result = asyncio.run(stall_and_probe(guarded.url, stalled=40, idle=5, wait_s=READ_TIMEOUT_S + 30))
     assert result.open_failures == 0 and result.still_open == 0
     assert len(result.closed_after_s) == 40 and result.answered_408 == 40
-    assert max(result.closed_after_s) < READ_TIMEOUT_S + 3 and min(result.closed_after_s) > READ_TIMEOUT_S - 0.5
-    assert len(result.idle_closed_after_s) == 5 and max(result.idle_closed_after_s) < READ_TIMEOUT_S + 3
+    # from each client's connect: the server's timer starts at the connection, so never before the limit
+    assert min(result.closed_after_s) >= READ_TIMEOUT_S - 0.1 and max(result.closed_after_s) < READ_TIMEOUT_S + 5
+    assert len(result.idle_closed_after_s) == 5 and max(result.idle_closed_after_s) < READ_TIMEOUT_S + 5
     assert result.health_failures == [] and result.chat_failures == []
     assert result.health_s and result.chat_s
     assert "Traceback" not in guarded.log()
@@ -67,14 +68,13 @@ def test_too_many_headers_are_refused(guarded):
 
 def test_past_the_concurrency_limit_new_requests_get_503_until_stalled_ones_are_closed(guarded):
     """uvicorn counts open connections when a request's headers arrive: LIMIT - 1 stalled
-    connections, opened one after another, hold every slot but the probe's own."""
+    connections hold every slot but the probe's own."""
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
     held = []
     for _ in range(LIMIT - 1):
         sock = socket.create_connection(("127.0.0.1", guarded.port))
         sock.sendall(head)
         held.append(sock)
-        time.sleep(0.01)
     try:
         time.sleep(0.5)
         r = httpx.get(f"{guarded.url}/health")
