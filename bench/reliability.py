@@ -36,6 +36,15 @@ class FuzzResult:
     bad_error_shape: list[str] = field(default_factory=list)    # 4xx not in OpenAI's shape
 
 
+def openai_error_shape(r: httpx.Response) -> bool:
+    """True when the body is OpenAI's `{"error": {message, type, param, code}}`."""
+    try:
+        error = r.json()["error"]
+        return set(error) == ERROR_KEYS and isinstance(error["message"], str)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def schema_strategy(schema: dict, components: dict, depth: int = 0):
     """A hypothesis strategy of JSON values for the subset of JSON Schema that pydantic's
     OpenAPI output uses ($ref, anyOf, enum/const, object, array, string, integer, number,
@@ -130,14 +139,8 @@ async def fuzz(url: str, headers: dict[str, str], requests: list[tuple[str, dict
                 if r.status_code >= 500:
                     result.server_errors.append(f"{route} {text} -> {r.status_code} {r.text[:300]}")
                     result.overloaded += r.status_code == 503 and "retry-after" in r.headers
-                elif r.status_code >= 400:
-                    try:
-                        error = r.json()["error"]
-                        ok = set(error) == ERROR_KEYS and isinstance(error["message"], str)
-                    except (ValueError, KeyError, TypeError):
-                        ok = False
-                    if not ok:
-                        result.bad_error_shape.append(f"{route} {text} -> {r.status_code} {r.text[:300]}")
+                elif r.status_code >= 400 and not openai_error_shape(r):
+                    result.bad_error_shape.append(f"{route} {text} -> {r.status_code} {r.text[:300]}")
                 elif body.get("stream") is True:
                     pass  # an SSE answer; its events were read with the body
 

@@ -7,6 +7,8 @@ stderr. Torch-free, so the tuner reads the codes from here.
     2  bad arguments: argparse's code, and any setting or rule of `kvpilot.engine.settings`
     3  the KV cache cannot hold one max_model_len sequence (KVCacheTooSmallError)
     4  out of memory while loading or profiling (torch.OutOfMemoryError, MemoryError)
+    5  the engine loop died while serving (an error in what all requests share: the model
+       step, the scheduler, the KV cache); errors of one request end that request only
 
 The JSON line is `{"kvpilot_failure": {"kind": ..., "exit_code": ..., "message": ...}}`,
 the last line the process writes; kind is one of KINDS. Exit codes above 128 (or negative
@@ -24,12 +26,14 @@ EXIT_FAILED = 1
 EXIT_BAD_ARGS = 2
 EXIT_KV_CACHE_TOO_SMALL = 3
 EXIT_OUT_OF_MEMORY = 4
+EXIT_ENGINE_DIED = 5
 
 KINDS = {
     EXIT_FAILED: "failed",
     EXIT_BAD_ARGS: "bad_args",
     EXIT_KV_CACHE_TOO_SMALL: "kv_cache_too_small",
     EXIT_OUT_OF_MEMORY: "out_of_memory",
+    EXIT_ENGINE_DIED: "engine_died",
 }
 FAILURE_KEY = "kvpilot_failure"
 

@@ -1,5 +1,11 @@
 """The engine: takes requests, runs scheduler steps on the model and returns outputs.
-One `step()` = schedule, execute, commit, detokenize, emit. Source: vLLM `LLMEngine`."""
+One `step()` = schedule, execute, commit, detokenize, emit. Source: vLLM `LLMEngine`.
+
+Errors are kept to the request they belong to: what runs for one request (its setup, its
+logits processors, detokenizing it, its stop strings, building its output) ends that
+request with finish_reason "error" (its KV blocks freed, `RequestOutput.error` saying why)
+and the step goes on. An error in what the batch shares (scheduling, the model, the KV
+cache, the scheduler's commit) leaves that state unknown and propagates out of `step()`."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from kvpilot.engine.detokenizer import IncrementalDetokenizer
 from kvpilot.engine.executor import create_executor, profile_rank_memory
 from kvpilot.engine.memory import GiB, KVCachePlan, check_fits, total_device_memory_bytes
 from kvpilot.engine.model_loader import load_tokenizer
-from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvpilot.engine.outputs import CompletionOutput, RequestError, RequestMetrics, RequestOutput
 from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
@@ -114,7 +120,9 @@ class LLMEngine:
         arrival_s: float | None = None,
     ) -> Sequence:
         """Validates and queues a request. Raises ValueError for an empty prompt, token ids
-        outside the vocabulary, or a prompt that leaves no room under max_model_len."""
+        outside the vocabulary, or a prompt that leaves no room under max_model_len, and
+        RequestError when its own setup (detokenizer, seeded generator) fails; either way
+        nothing of it is left in the engine."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
@@ -134,10 +142,17 @@ class LLMEngine:
                 f"to leave room for at least one output token"
             )
         seq = Sequence(request_id, token_ids, params, self.config.model.eos_token_ids, arrival_s)
+        try:
+            detok = (IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+                     if self.detokenize_incrementally or params.stop else None)
+            self.runner.sampler.add_request(request_id, params, seq.output_token_ids)
+        except Exception as exc:
+            self.runner.sampler.forget(request_id)
+            raise RequestError(f"request {request_id} could not be set up: {type(exc).__name__}: {exc}") from exc
         self.scheduler.add_request(seq)
         self._prompts[request_id] = text
-        if self.detokenize_incrementally or params.stop:
-            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        if detok is not None:
+            self._detok[request_id] = detok
         return seq
 
     def abort_request(self, request_id: str) -> bool:
@@ -173,22 +188,34 @@ class LLMEngine:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = t0
         sampled = self.runner.execute(sched_out)
+        failed = self.runner.sampler.take_errors()  # logits processors that raised, by request
         prompt_tokens = sum(n for s, n in sched_out.scheduled if s.num_computed_tokens < s.num_prompt_tokens)
         updated = self.scheduler.update_from_output(sched_out, sampled)
         now = time.monotonic()
-        outputs, finished = [], []
-        for seq in updated:
-            if seq.times.first_token_s is None:
-                seq.times.first_token_s = now
-            seq.times.last_token_s = now
-            new_text = self._detokenize(seq)
-            if seq.is_finished:
-                finished.append(seq)
-            outputs.append(self._make_output(seq, new_text))
+        outputs = [self._process(seq, now, failed.get(seq.request_id)) for seq in updated]
+        finished = [seq for seq in updated if seq.is_finished]
         self.last_step = StepStats(
             prompt_tokens, len(updated), len(sched_out.preempted), finished, now - t0
         )
         return outputs
+
+    def _process(self, seq: Sequence, now: float, error: BaseException | None) -> RequestOutput:
+        """The output of one sequence that got a token; the request's own failure (`error`
+        from its logits processors, or one raised here) ends it alone."""
+        try:
+            if error is not None:
+                raise error
+            if seq.times.first_token_s is None:
+                seq.times.first_token_s = now
+            seq.times.last_token_s = now
+            return self._make_output(seq, self._detokenize(seq))
+        except Exception as exc:
+            logger.exception("request %s failed and was ended; the engine goes on", seq.request_id)
+            self.scheduler.finish_request(seq, SequenceStatus.FINISHED_ERROR)  # frees its KV blocks
+            seq.status = SequenceStatus.FINISHED_ERROR  # even if it had just finished otherwise
+            seq.error = f"{type(exc).__name__}: {exc}"
+            seq.times.last_token_s = now
+            return self._make_output(seq, "")
 
     def _detokenize(self, seq: Sequence) -> str:
         detok = self._detok.get(seq.request_id)
@@ -237,6 +264,7 @@ class LLMEngine:
                                    t.finished_s, seq.num_preemptions, seq.num_cached_tokens),
             new_text=new_text,
             new_token_ids=seq.output_token_ids[-1:],
+            error=seq.error,
         )
         if finished:
             self._forget(seq.request_id)

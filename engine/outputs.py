@@ -11,7 +11,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None  # 'stop', 'length', 'abort' or None while running
+    finish_reason: str | None = None  # 'stop', 'length', 'abort', 'error' or None while running
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
 
@@ -39,3 +39,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     new_text: str = ""  # text added since the previous output of this request
     new_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # finish_reason 'error': what failed (the engine went on)
+
+
+class RequestError(RuntimeError):
+    """One request failed in the engine (its setup, its logits processors, detokenizing
+    it, its stop handling); it alone ended, and the engine goes on serving the others."""

@@ -25,20 +25,61 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
+    """Per-request state (a seeded request's generator, its logits processors' view of its
+    output) is set up by `add_request`, so that a request whose setup fails is refused on
+    its own; a logits processor that raises is recorded in `errors` (request id -> the
+    exception) for the engine to end that request, and the batch is sampled as usual."""
+
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
         self._request_generators: dict[str, torch.Generator] = {}
+        self._output_token_ids: dict[str, list[int]] = {}
+        self.errors: dict[str, BaseException] = {}
+
+    def add_request(self, request_id: str, params: SamplingParams, output_token_ids: list[int]) -> None:
+        """Builds the request's generator (seeded requests); `output_token_ids` is the live
+        list its logits processors see. Raises what torch raises for a seed it cannot take."""
+        if params.seed is not None:
+            self._request_generators[request_id] = torch.Generator().manual_seed(params.seed)
+        if params.logits_processors:
+            self._output_token_ids[request_id] = output_token_ids
 
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
+        self._output_token_ids.pop(request_id, None)
+        self.errors.pop(request_id, None)
+
+    def take_errors(self) -> dict[str, BaseException]:
+        """The requests whose logits processors raised since the last call."""
+        errors, self.errors = self.errors, {}
+        return errors
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
         if params.seed is None:
             return self.generator
         gen = self._request_generators.get(request_id)
-        if gen is None:
+        if gen is None:  # a request that did not pass add_request (the engine's warm-up)
             gen = self._request_generators[request_id] = torch.Generator().manual_seed(params.seed)
         return gen
+
+    def _apply_logits_processors(self, logits: torch.Tensor, request_ids: list[str],
+                                 params: list[SamplingParams]) -> None:
+        """Runs each row's processors on that row in place; a processor that raises (or
+        returns a row of another shape) leaves the row as it was and records the error."""
+        for row, (request_id, p) in enumerate(zip(request_ids, params)):
+            if not p.logits_processors or request_id in self.errors:
+                continue
+            output = self._output_token_ids.get(request_id, [])
+            try:
+                values = logits[row].clone()
+                for processor in p.logits_processors:
+                    values = processor(list(output), values)
+                if not isinstance(values, torch.Tensor) or values.shape != logits[row].shape:
+                    raise TypeError(f"a logits processor returned {type(values).__name__}, not a "
+                                    f"[{logits.shape[-1]}] tensor")
+                logits[row] = values
+            except Exception as exc:  # noqa: BLE001 - the request's own code: it ends that request only
+                self.errors[request_id] = exc
 
     def _exponential_noise(self, probs: torch.Tensor, rows: list[tuple[str, SamplingParams]]) -> torch.Tensor:
         """Exp(1) noise shaped like probs [rows, vocab] float32: -log(U), U ~ Uniform[0, 1)
@@ -62,6 +103,10 @@ class Sampler:
         Returns, per row, the token id and (when `params.logprobs` is set) a dict of
         logprobs: the chosen token's and the top-N tokens'."""
         logits = logits.float()
+        raw = logits  # logprobs come from the raw rows, as vLLM's do by default
+        if any(p.logits_processors for p in params):
+            logits = logits.clone()
+            self._apply_logits_processors(logits, request_ids, params)
         n = logits.shape[0]
         tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -80,7 +125,7 @@ class Sampler:
         want = [p.logprobs for p in params]
         if all(w is None for w in want):
             return [(t, None) for t in token_list]
-        logprobs = logits.log_softmax(dim=-1)
+        logprobs = raw.log_softmax(dim=-1)
         top_n = max(w or 0 for w in want)
         top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
         results = []

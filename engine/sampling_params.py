@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what torch.Generator.manual_seed takes
+
+# A logits processor (vLLM v0's per-request form): (output_token_ids, logits) -> logits, with
+# logits the request's row [vocab_size] float32. It may change the row in place.
+LogitsProcessor = Callable[[list[int], "object"], "object"]
 
 
 @dataclass
@@ -19,7 +26,11 @@ class SamplingParams:
     ignore_eos: keep going past the end-of-sequence token.
     logprobs: None for none; N >= 0 returns the chosen token's logprob and the N most
         likely tokens' logprobs at each position (from the model's raw distribution).
-    Raises ValueError on out-of-range values, naming the parameter.
+    logits_processors: callables applied in order to this request's logits row before
+        sampling (vLLM v0's `logits_processors`); one that raises ends this request only,
+        with finish_reason "error".
+    Raises ValueError on out-of-range values (seed outside int64, non-finite floats),
+    naming the parameter.
     """
 
     temperature: float = 1.0
@@ -33,14 +44,17 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
+        if self.seed is not None and not _INT64_MIN <= self.seed <= _INT64_MAX:
+            raise ValueError(f"seed must be within int64 [{_INT64_MIN}, {_INT64_MAX}], got {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0:

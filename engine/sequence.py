@@ -17,6 +17,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request's own code failed (vLLM's FinishReason.ERROR)
 
     @property
     def finished(self) -> bool:
@@ -24,6 +25,7 @@ class SequenceStatus(enum.Enum):
             SequenceStatus.FINISHED_STOPPED,
             SequenceStatus.FINISHED_LENGTH,
             SequenceStatus.FINISHED_ABORTED,
+            SequenceStatus.FINISHED_ERROR,
         )
 
 
@@ -68,6 +70,7 @@ class Sequence:
         self.logprobs: list[dict[int, float]] = []
         self.output_text = ""
         self.stop_reason: int | str | None = None
+        self.error: str | None = None  # why it ended with FINISHED_ERROR
         self.times = RequestTimes()
         if arrival_s is not None:
             self.times.arrival_s = arrival_s

@@ -31,6 +31,7 @@ from kvpilot.engine.entrypoints.protocol import (
     SchedulerConfigUpdate,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    exact_integer_bounds,
 )
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.entrypoints.serving_chat import OpenAIServingChat
@@ -114,6 +115,14 @@ def build_app(state: ServerState) -> FastAPI:
     add_openai_routes(app, state)
     if state.admin_token:
         add_control_routes(app, state)
+    generate_openapi = app.openapi
+
+    def openapi() -> dict:  # the request models' bounds exactly (seed's int64 maximum)
+        if app.openapi_schema is None:
+            exact_integer_bounds(generate_openapi(), [ChatCompletionRequest, CompletionRequest, DetokenizeRequest])
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

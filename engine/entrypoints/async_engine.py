@@ -6,6 +6,11 @@ step never blocks the event loop and the engine is only ever touched by its own 
     event loop                          engine thread
     generate() ── add ──> commands ──>  drain commands, step(), metrics
     RequestStream.queue <── call_soon_threadsafe(outputs of the step)
+
+A request that fails on its own (finish_reason "error", `LLMEngine`) raises RequestError in
+its stream only. An exception out of `step()` leaves the engine's shared state unknown: the
+loop stops, every stream raises EngineDeadError and `on_dead(exc)` is called on the event
+loop (the server exits then, as vLLM's does on EngineDeadError).
 Source: vLLM `AsyncLLMEngine` (v0) / `AsyncLLM` output handler (v1)."""
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.stat_loggers import SchedulerState, StatLoggerBase, StatLoggerManager
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.outputs import RequestOutput
+from kvpilot.engine.outputs import RequestError, RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("kvpilot.engine.async")
@@ -63,6 +68,7 @@ class AsyncLLMEngine:
                              if stat_loggers is None else stat_loggers)
         self.state = SchedulerState(num_free_blocks=engine.block_manager.num_free_blocks)
         self.errored: BaseException | None = None
+        self.on_dead: Callable[[BaseException], None] | None = None  # called on the event loop
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._pending_adds = 0
@@ -99,8 +105,9 @@ class AsyncLLMEngine:
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        arrival_s: float | None = None) -> AsyncIterator[RequestOutput]:
         """Streams the request's outputs; the last one has `finished` set. Raises ValueError
-        when the engine refuses the request, RequestAborted when it is aborted, and
-        EngineDeadError when the engine loop failed. Leaving early aborts the request."""
+        when the engine refuses the request, RequestError when it failed on its own,
+        RequestAborted when it is aborted, and EngineDeadError when the engine loop failed.
+        Leaving early aborts the request."""
         if self.errored is not None:
             raise EngineDeadError(f"the engine loop failed: {self.errored}")
         stream = RequestStream(request_id, params)
@@ -208,7 +215,9 @@ class AsyncLLMEngine:
         except BaseException as exc:
             logger.exception("the engine loop failed; failing every request")
             self.errored = exc
-            self._fail_all(EngineDeadError(f"the engine loop failed: {exc}"))
+            self._fail_all(EngineDeadError(f"the engine loop failed: {type(exc).__name__}: {exc}"))
+            if self.on_dead is not None and self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.on_dead, exc)
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -225,7 +234,7 @@ class AsyncLLMEngine:
     def _add(self, stream: RequestStream, prompt_token_ids: list[int], arrival_s: float) -> None:
         try:
             self.engine.add_request(stream.request_id, prompt_token_ids, stream.params, arrival_s=arrival_s)
-        except ValueError as exc:
+        except Exception as exc:  # ValueError (bad input) or RequestError: nothing of it is in the engine
             with self._lock:
                 self._pending_adds -= 1
             self._deliver_threadsafe([(stream, exc)])
@@ -251,7 +260,9 @@ class AsyncLLMEngine:
                 self._streams.pop(out.request_id, None)
                 self.stat_loggers.record_finished(out, stream.params.max_tokens if stream else None)
             if stream is not None:
-                batch.append((stream, out))
+                failed = out.finished and out.error is not None
+                batch.append((stream, RequestError(f"request {out.request_id} failed: {out.error}")
+                              if failed else out))
         if batch:
             self._deliver_threadsafe(batch)
 

@@ -12,12 +12,13 @@ import argparse
 
 from kvpilot.engine.settings import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS, Setting
 
-__all__ = ["ATTENTION_BACKENDS", "ArgsError", "add_engine_args", "add_server_args", "explicit_dests",
-           "make_serve_parser"]
+__all__ = ["ATTENTION_BACKENDS", "ArgsError", "add_engine_args", "add_http_limit_args", "add_server_args",
+           "explicit_dests", "make_serve_parser"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads the key from this variable too
+KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"  # vLLM's only knob for it (seconds, default 5)
 ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 
@@ -79,7 +80,27 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     add("--drain-timeout", type=float, default=30.0,
         help="on SIGTERM, seconds to let accepted requests finish before aborting them")
     add("--log-stats-interval", type=float, default=10.0, help="seconds between stats log lines")
+    add_http_limit_args(parser)
     add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
+    """Limits on slow and idle clients (engine/entrypoints/http_protocol.py): uvicorn's
+    and vLLM's names and defaults where they have them."""
+    add = parser.add_argument
+    add("--request-read-timeout-s", type=float, default=30.0,
+        help="close a connection whose request (headers and body) has not arrived in full this many seconds "
+             "after its first byte, or that sends nothing this long after opening (408 if part of a request came); "
+             "0 turns it off")
+    add("--timeout-keep-alive", type=int, default=None,
+        help=f"close an idle keep-alive connection after this many seconds (uvicorn's flag; default: ${KEEP_ALIVE_ENV} "
+             "as vLLM reads it, else 5)")
+    add("--limit-concurrency", type=int, default=None,
+        help="answer 503 to new requests once this many connections and tasks are open (uvicorn's flag; "
+             "stalled connections count until --request-read-timeout-s closes them)")
+    add("--h11-max-incomplete-event-size", type=int, default=4194304,
+        help="most bytes of an unfinished request line and headers (vLLM's flag and default)")
+    add("--h11-max-header-count", type=int, default=256, help="most headers in one request (vLLM's flag and default)")
 
 
 def make_serve_parser(raise_on_error: bool = False) -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ never FastAPI's raw 422 list), unknown routes and methods (404, 405) and crashes
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,14 @@ _TYPES = {
     500: "server_error",
     503: "service_unavailable_error",
 }
+
+
+class ErrorJSONResponse(JSONResponse):
+    """An error body as ASCII JSON: a message may quote what the client sent (a model name),
+    and text from JSON may hold lone surrogates (`"\\ud800"`), which UTF-8 cannot encode."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 class APIError(Exception):
@@ -49,7 +58,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code).model_dump(), status_code=status, headers=headers)
+    return ErrorJSONResponse(error_body(status, message, param, code).model_dump(), status_code=status,
+                             headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -64,8 +74,11 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
         if err.get("type") == "json_invalid":
             return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
         field = ".".join(loc)
+        bound = _bound_text(err)
         if err.get("type") == "missing":
             parts.append(f"missing required field '{field}'")
+        elif bound and field:
+            parts.append(f"{field} must be {bound}, got {_shown(err.get('input'))}")
         elif field:
             parts.append(f"'{field}': {err.get('msg')}")
         else:
@@ -76,10 +89,30 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts), param
 
 
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "less_than_equal": ("<=", "le"), "greater_than": (">", "gt"),
+           "less_than": ("<", "lt")}
+
+
+def _bound_text(err: dict) -> str | None:
+    """'>= 1', '<= 9223372036854775807', 'a finite number' for pydantic's bound errors."""
+    kind = err.get("type")
+    if kind == "finite_number":
+        return "a finite number"
+    if kind in _BOUNDS:
+        sign, key = _BOUNDS[kind]
+        return f"{sign} {err.get('ctx', {}).get(key)}"
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
+        return ErrorJSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,13 +21,13 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 128
 MAX_PROMPTS = 64
-MAX_LOGPROBS = 20
 DEADLINE_STATUS = 408
 
 
 def check_request_limits(req: _SamplingRequest) -> None:
-    """400 when a list field is longer than its cap or logprobs are out of range.
-    (min_tokens <= max_tokens <= max_model_len - prompt is checked with the prompt's length.)"""
+    """400 when a list field is longer than its cap. (Number bounds are the request models'
+    own, protocol.py; min_tokens <= max_tokens <= max_model_len - prompt is checked with
+    the prompt's length.)"""
     prompt = getattr(req, "prompt", None)  # completions: a batch is a list of texts or of id lists
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > MAX_PROMPTS:
         raise bad_request(f"prompt may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}", param="prompt")
@@ -41,10 +41,6 @@ def check_request_limits(req: _SamplingRequest) -> None:
     if req.stop_token_ids is not None and len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
                           f"{len(req.stop_token_ids)}", param="stop_token_ids")
-    for name in ("logprobs", "top_logprobs"):  # completions' logprobs, chat's top_logprobs (ints)
-        value = getattr(req, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_LOGPROBS:
-            raise bad_request(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
 
 
 class Admission:

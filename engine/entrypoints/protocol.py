@@ -2,20 +2,60 @@
 errors), with vLLM's extra sampling fields (top_k, min_tokens, ignore_eos, stop_token_ids,
 skip_special_tokens). Unknown request fields are ignored, as OpenAI and vLLM do. Types are
 strict, as OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not coerced.
+
+Every number has the bounds the engine can take, stated as JSON Schema minimum/maximum in
+/openapi.json and checked before anything reaches the engine (a 400 naming the field):
+vLLM's where vLLM has them (`seed` within int64, as vLLM's protocol; `n` >= 1; penalties in
+[-2, 2] and repetition_penalty > 0, top_p in (0, 1], temperature >= 0, max_tokens >= 1,
+min_tokens >= 0, top_k >= -1, logprobs <= 20, as vLLM's `SamplingParams._verify_args`;
+logit_bias in [-100, 100], as OpenAI's), and int32 for the other counts and token ids (the
+dtype of the engine's token tensors). Floats are finite: the JSON extensions NaN and
+Infinity, which Python's parser accepts, are a 400.
 Source: OpenAI API reference; vLLM `vllm/entrypoints/openai/protocol.py`."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # torch.iinfo(torch.long), vLLM's _LONG_INFO
+INT32_MAX = 2**31 - 1
+MAX_N = 16  # choices per prompt (kvpilot's cap; vLLM only asks n >= 1)
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's top_logprobs cap
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode_text(cls, value: Any) -> Any:
+        """Strings must be Unicode text: JSON's "\\ud800" escapes decode to lone surrogates,
+        which no tokenizer or UTF-8 response can take."""
+        if _has_surrogate(value):
+            raise ValueError("holds a lone UTF-16 surrogate (such as \\ud800), which is not Unicode text")
+        return value
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 class StreamOptions(_Request):
@@ -26,34 +66,34 @@ class _SamplingRequest(_Request):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_tokens: int = 0
-    n: int = 1
-    seed: int | None = None
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
+    n: int = Field(1, ge=1, le=MAX_N)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
 
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. prompt: text, token ids, or a batch of either."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
 
 
 class ChatMessage(_Request):
@@ -66,15 +106,29 @@ class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions. max_completion_tokens wins over max_tokens."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
 
 
-def _live_field(setting: Setting) -> tuple[Any, None]:
+def exact_integer_bounds(doc: dict, models: list[type[BaseModel]]) -> dict:
+    """FastAPI's OpenAPI model types minimum/maximum as floats, which turns int64's maximum
+    into 2**63 (9.223372036854776e+18); puts pydantic's exact properties of `models` back
+    into the document's components (in place; returns doc)."""
+    components = doc.get("components", {}).get("schemas", {})
+    for model in models:
+        if model.__name__ in components:
+            exact = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components[model.__name__]["properties"] = exact["properties"]
+    return doc
+
+
+def _live_field(setting: Setting) -> tuple[Any, Any]:
     kind = Literal[setting.choices] if setting.choices else setting.type  # type: ignore[valid-type]
-    return kind | None, None
+    low = {"gt" if setting.exclusive_minimum else "ge": setting.minimum} if setting.minimum is not None else {}
+    high = {"le": setting.maximum} if setting.maximum is not None else {}
+    return kind | None, Field(None, **low, **high)
 
 
 # POST /admin/scheduler_config: the live-changeable settings of `kvpilot.engine.settings`
@@ -230,7 +284,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):

@@ -5,7 +5,9 @@ drains: /health and new requests get 503, accepted requests run to completion (a
 --drain-timeout seconds, then they are aborted), and the process exits 0. SIGINT stops
 at once. Exit codes (kvpilot.engine.exit_codes, with a JSON line on stderr): 0 after a
 shutdown, 2 for bad flags or settings, 3 when the KV cache cannot hold one max_model_len
-sequence, 4 out of memory while loading, 1 for any other load failure."""
+sequence, 4 out of memory while loading, 1 for any other load failure, 5 when the engine
+loop died while serving (the process exits at once rather than answer 503 forever, as
+vLLM's server shuts down on EngineDeadError; one request's own error never does this)."""
 
 from __future__ import annotations
 
@@ -25,13 +27,21 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.cli_args import ADMIN_TOKEN_ENV, API_KEY_ENV, PROFILER_DIR_ENV, make_serve_parser
+from kvpilot.engine.entrypoints.cli_args import (
+    ADMIN_TOKEN_ENV,
+    API_KEY_ENV,
+    KEEP_ALIVE_ENV,
+    PROFILER_DIR_ENV,
+    make_serve_parser,
+)
 from kvpilot.engine.entrypoints.engine_thread import EngineThread
+from kvpilot.engine.entrypoints.http_protocol import guarded_h11_protocol
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
 from kvpilot.engine.entrypoints.metrics_hidden import check_version
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.exit_codes import (
     EXIT_BAD_ARGS,
+    EXIT_ENGINE_DIED,
     EXIT_FAILED,
     EXIT_KV_CACHE_TOO_SMALL,
     EXIT_OUT_OF_MEMORY,
@@ -131,12 +141,20 @@ class DrainingServer(uvicorn.Server):
                                 show_hidden_for=self.state.show_hidden_metrics_for_version)
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
+        async_engine.on_dead = self._engine_died
         async_engine.start(asyncio.get_running_loop(), thread)
         self.state.tokenizer = engine.tokenizer
         self.state.engine = async_engine
         logger.info("engine loaded in %.1f s; serving %r (max_model_len %d) on http://%s:%d",
                     time.monotonic() - t0, self.state.served_model_name, self.state.max_model_len,
                     self.config.host, self.config.port)
+
+    def _engine_died(self, exc: BaseException) -> None:
+        """The engine loop stopped with its shared state unknown: its streams have their
+        errors; exit non-zero now, the reason on stderr, so the kubelet restarts the pod at
+        once instead of after its liveness probe's failures."""
+        self.exit_code = report_failure(EXIT_ENGINE_DIED, f"the engine loop failed: {type(exc).__name__}: {exc}")
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame) -> None:
         if sig == signal.SIGTERM and not self.state.draining and not self.should_exit:
@@ -168,6 +186,29 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def check_http_limits(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Exit 2 for a slow-client limit out of range (cli_args.add_http_limit_args)."""
+    if ns.timeout_keep_alive is None:
+        try:
+            ns.timeout_keep_alive = int(os.environ.get(KEEP_ALIVE_ENV, "5"))
+        except ValueError:
+            parser.error(f"${KEEP_ALIVE_ENV} must be a whole number of seconds, got {os.environ[KEEP_ALIVE_ENV]!r}")
+    for flag, value, low in (("--request-read-timeout-s", ns.request_read_timeout_s, 0),
+                             ("--timeout-keep-alive", ns.timeout_keep_alive, 1),
+                             ("--limit-concurrency", ns.limit_concurrency, 1),
+                             ("--h11-max-incomplete-event-size", ns.h11_max_incomplete_event_size, 1024),
+                             ("--h11-max-header-count", ns.h11_max_header_count, 1)):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
+
+
+def http_limits(ns: argparse.Namespace) -> dict:
+    """uvicorn.Config arguments for the slow-client limits (engine/entrypoints/http_protocol.py)."""
+    return {"http": guarded_h11_protocol(ns.request_read_timeout_s or None, ns.h11_max_header_count),
+            "timeout_keep_alive": ns.timeout_keep_alive, "limit_concurrency": ns.limit_concurrency,
+            "h11_max_incomplete_event_size": ns.h11_max_incomplete_event_size}
+
+
 def main(argv: list[str]) -> int:
     parser = make_parser()
     ns = parser.parse_args(argv)
@@ -178,6 +219,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--drain-timeout must be >= 0, got {ns.drain_timeout}")
     if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
+    check_http_limits(parser, ns)
     api_key, admin_token = resolve_secrets(parser, ns)
     try:
         check_version(ns.show_hidden_metrics_for_version)
@@ -209,7 +251,7 @@ def main(argv: list[str]) -> int:
                     state.profiler_dir)
     config = uvicorn.Config(build_app(state), host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
                             access_log=not ns.disable_uvicorn_access_log, timeout_graceful_shutdown=5,
-                            lifespan="off")
+                            lifespan="off", **http_limits(ns))
     server = DrainingServer(config, state, engine_config, ns)
     try:
         server.run()

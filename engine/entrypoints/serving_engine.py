@@ -20,15 +20,13 @@ from pydantic import BaseModel
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
 from kvpilot.engine.entrypoints.limits import check_request_limits
-from kvpilot.engine.entrypoints.protocol import UsageInfo, _SamplingRequest
+from kvpilot.engine.entrypoints.protocol import INT64_MAX, INT64_MIN, UsageInfo, _SamplingRequest
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest, admit, merged_outputs
 from kvpilot.engine.entrypoints.serving_stream import collect_finals, sse, streaming_response
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("kvpilot.server")
-
-MAX_N = 16
 
 
 @dataclass
@@ -90,8 +88,6 @@ class OpenAIServing(ABC):
                               "leave them at 0, 0 and 1", param="presence_penalty")
         if req.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
-        if not 1 <= req.n <= MAX_N:
-            raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
         check_request_limits(req)
@@ -135,7 +131,7 @@ class OpenAIServing(ABC):
                          default_max_tokens: int | None, logprobs: int | None, index: int = 0) -> SamplingParams:
         """Builds the engine's sampling parameters for one prompt. 400 when max_tokens is not
         positive, when prompt + max_tokens exceeds max_model_len, or a value is out of range.
-        Sample `index` of a seeded request gets seed + index."""
+        Sample `index` of a seeded request gets seed + index, wrapped into int64."""
         limit = self.state.max_model_len
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
@@ -157,12 +153,13 @@ class OpenAIServing(ABC):
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=-1 if req.top_k is None else req.top_k,
-                seed=None if req.seed is None else req.seed + index, max_tokens=max_tokens,
+                seed=None if req.seed is None else _wrap_int64(req.seed + index), max_tokens=max_tokens,
                 min_tokens=req.min_tokens, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
             )
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+        except ValueError as exc:  # SamplingParams names the parameter first
+            name = str(exc).split(" ", 1)[0]
+            raise bad_request(str(exc), param=name if name in type(req).model_fields else None) from None
 
     async def _stream_events(self, ctx: ServeContext) -> AsyncIterator[str]:
         """The SSE events of a streaming request, without the final [DONE]."""
@@ -209,3 +206,9 @@ class OpenAIServing(ABC):
             subs = ctx.subs
             logger.info("Received request %s: %d prompt(s), prompt tokens %s, params: %s", ctx.request_id,
                         len(subs), [len(s.prompt_token_ids) for s in subs], subs[0].params)
+
+
+def _wrap_int64(value: int) -> int:
+    """value folded into [INT64_MIN, INT64_MAX] (two's complement), so seed + index stays a
+    seed torch takes when seed is near the top of the range."""
+    return (value - INT64_MIN) % (INT64_MAX - INT64_MIN + 1) + INT64_MIN

@@ -17,7 +17,7 @@ from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, RequestAbort
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
 from kvpilot.engine.entrypoints.limits import Admission
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest, merged_outputs
-from kvpilot.engine.outputs import RequestOutput
+from kvpilot.engine.outputs import RequestError, RequestOutput
 
 logger = logging.getLogger("kvpilot.server")
 
@@ -44,6 +44,8 @@ async def collect_finals(request: Request, state: ServerState, engine: AsyncLLME
         return await collect_unless_disconnected(request, _collect_finals(engine, subs))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
+    except RequestError as exc:  # it failed alone in the engine (logged there); the engine goes on
+        raise APIError(500, str(exc), code="request_failed") from None
     except RequestAborted as exc:
         if admission.timed_out:
             raise admission.deadline_error() from None
@@ -146,6 +148,9 @@ async def stream_events(request: Request, state: ServerState, engine: AsyncLLMEn
     except asyncio.CancelledError:  # Starlette's did
         _log_disconnect(subs)
         raise
+    except RequestError as exc:
+        yield sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": 500}})
+        yield "data: [DONE]\n\n"
     except (ValueError, APIError) as exc:
         message = exc.message if isinstance(exc, APIError) else str(exc)
         yield sse({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 400}})

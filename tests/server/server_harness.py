@@ -47,9 +47,10 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.health_codes: list[int] = []
         self.loading_request_codes: dict[str, int] = {}  # API calls made while /health was 503
+        self.command = [sys.executable, "-m", "kvpilot.cli.main", "serve"]  # what runs `serve`
 
     def start(self, timeout_s: float = 240.0) -> ServerProcess:
-        cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [*self.command, "--host", "127.0.0.1", "--port", str(self.port),
                "--log-stats-interval", "2", *self.flags]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)

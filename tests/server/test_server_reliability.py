@@ -29,7 +29,8 @@ def test_fuzzed_requests_get_no_5xx_and_every_4xx_in_openai_shape(limited):
     # one at a time: a single request never exceeds the queue (that is a 400), so any 5xx is a bug
     result = asyncio.run(fuzz(limited.url, HEADERS, requests, concurrency=1))
     assert result.server_errors == [] and result.unanswered == [] and result.bad_error_shape == []
-    assert result.statuses[400] > 0 and result.statuses[200] > 0, result.statuses  # both sides were reached
+    # both sides were reached: refused (400) and run by the engine (200, or 408 past the deadline on a busy machine)
+    assert result.statuses[400] > 0 and result.statuses[200] + result.statuses[408] > 0, result.statuses
     wait_until(lambda: idle(limited), 30, what="the engine idle after the fuzz")
 
 
