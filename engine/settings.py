@@ -9,11 +9,16 @@ generator read the same table the engine does. Derived from it:
 - the tuner's flags and `spec.engine` keys;
 - the CRD's `spec.engine` schema and CEL rules (`kvpilot crd`).
 
-Defaults are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config`). Two are derived:
-`max_model_len` is the model's context length, and `max_num_batched_tokens` is 2048 with
-chunked prefill and max(max_model_len, 2048) without (so any prompt fits one step). Where
+Defaults are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config`). Three are derived:
+`max_model_len` is the model's context length (`auto` / -1: the longest the KV cache holds),
+`max_num_seqs` is 256 and `max_num_batched_tokens` 2048 with chunked prefill and
+max(max_model_len, 2048) without (so any prompt fits one step); `--performance-mode
+throughput` doubles both limits where they are not given, as vLLM 0.17+ does. Where
 the deployment cannot see the model (the CRD, the operator, the tuner's base point), it
-uses `deploy_default`: a fixed `max_model_len` of 2048, and the budget derived from it.
+uses `deploy_default`: a fixed `max_model_len` of 2048, 256 sequences, and the budget
+derived from them. `search` is the tuner's default search range of a setting (`SEARCH_RANGES`:
+`kvpilot tune`'s flags, `SearchSpace`'s defaults, the in-cluster tuner and the user guide's
+table read it).
 Rules: see `RULES`; each is a Python check and the same check in CEL (Kubernetes'
 x-kubernetes-validations), which tests/engine/test_settings.py evaluates against each other.
 """
@@ -25,17 +30,59 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's SchedulerConfig.DEFAULT_MAX_NUM_SEQS
+AUTO_MAX_MODEL_LEN = -1  # `--max-model-len auto` / -1: the longest context the KV cache holds (vLLM)
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")  # vLLM's --performance-mode
 ATTENTION_BACKENDS = ("torch", "triton")  # kvpilot.engine.attention.BACKENDS (a test checks they agree)
 _UNSET = object()
 
 
-def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
+def _mode_factor(performance_mode: str) -> int:
+    return 2 if performance_mode == "throughput" else 1
+
+
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None,
+                                   performance_mode: str = "balanced") -> int | None:
     """The token budget when none is given: 2048 with chunked prefill, else
-    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults). None when
-    chunked prefill is off and max_model_len is not known yet."""
+    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults); the 2048
+    doubles with performance_mode 'throughput' (vLLM `EngineArgs`, 0.17+). None when
+    chunked prefill is off and max_model_len is not known yet (None or auto)."""
+    budget = DEFAULT_MAX_NUM_BATCHED_TOKENS * _mode_factor(performance_mode)
     if enable_chunked_prefill:
-        return DEFAULT_MAX_NUM_BATCHED_TOKENS
-    return None if max_model_len is None else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        return budget
+    return None if max_model_len is None or max_model_len < 0 else max(max_model_len, budget)
+
+
+def default_max_num_seqs(performance_mode: str = "balanced") -> int:
+    """The sequence cap when none is given: 256, doubled with performance_mode 'throughput'."""
+    return DEFAULT_MAX_NUM_SEQS * _mode_factor(performance_mode)
+
+
+_HUMAN_UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4,
+                "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def human_readable_int(text: str) -> int:
+    """'1k' -> 1000, '1K' -> 1024, '25.6k' -> 25600, '4G' -> 4 GiB, '512' -> 512 (vLLM's
+    `human_readable_int`: lower-case units decimal, upper-case binary). Raises ValueError."""
+    text = str(text).strip()
+    unit = _HUMAN_UNITS.get(text[-1:], None)
+    number = text[:-1] if unit else text
+    try:
+        value = float(number) * unit if unit else int(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer (units: k, m, g, t decimal; K, M, G, T binary)") from None
+    if unit and not float(value).is_integer():
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def human_readable_int_or_auto(text: str) -> int:
+    """`human_readable_int`, and 'auto' or '-1' -> AUTO_MAX_MODEL_LEN (vLLM's
+    `human_readable_int_or_auto`, the parser of --max-model-len)."""
+    if str(text).strip().lower() in ("auto", "-1"):
+        return AUTO_MAX_MODEL_LEN
+    return human_readable_int(text)
 
 
 @dataclass(frozen=True)
@@ -52,6 +99,9 @@ class Setting:
         depends on the loaded model (unset: `default`).
     server: a flag of the HTTP server, not of EngineArgs.
     crd_help: the CRD's description where it says more than help (unset: help).
+    special: values accepted outside the bounds (max_model_len's -1, "auto").
+    parse: the command line's parser of a value (unset: type).
+    search: the tuner's default search range (low, high), or None (not searched by default).
     """
 
     name: str
@@ -73,6 +123,9 @@ class Setting:
     deploy_default: Any = _UNSET
     server: bool = False
     crd_help: str | None = None
+    special: tuple[Any, ...] = ()
+    parse: Callable[[str], Any] | None = None
+    search: tuple[Any, Any] | None = None
 
     @property
     def deployed_default(self) -> Any:
@@ -81,7 +134,7 @@ class Setting:
     def problem(self, value: Any, name: str | None = None) -> str | None:
         """Why `value` is out of this setting's bounds or choices (named `name`), or None."""
         name = name or self.name
-        if value is None:
+        if value is None or (value in self.special and not isinstance(value, bool)):
             return None
         if self.choices is not None and value not in self.choices:
             allowed = self.choices_text or f"one of {list(self.choices)}"
@@ -98,7 +151,8 @@ class Setting:
         low, high = _num(self.minimum), _num(self.maximum) if self.maximum is not None else None
         if self.exclusive_minimum:
             return f"in ({low}, {high}]"
-        return f">= {low}" + (f" and <= {high}" if high is not None else "")
+        special = "".join(f" (or {_num(v)})" for v in self.special)
+        return f">= {low}" + (f" and <= {high}" if high is not None else "") + special
 
 
 def _num(value: float) -> str:
@@ -108,17 +162,39 @@ def _num(value: float) -> str:
 
 S = Setting
 SETTINGS: tuple[Setting, ...] = (
-    S("max_model_len", "--max-model-len", int, None, "longest sequence (prompt + output) in tokens "
-      "(default: the model's context length)", crd="maxModelLen", minimum=16, maximum=1048576, deploy_default=2048,
-      crd_help="longest sequence (prompt + output) in tokens. The engine's own default is the model's context "
+    S("max_model_len", "--max-model-len", int, None, "longest sequence (prompt + output) in tokens; 1k, 1K, "
+      "25.6k also parse; auto or -1: the model's context length if the KV cache holds it, else the longest it "
+      "holds (default: the model's context length)", crd="maxModelLen", minimum=16, maximum=1048576,
+      deploy_default=2048, special=(AUTO_MAX_MODEL_LEN,), parse=human_readable_int_or_auto, metavar="N|auto",
+      crd_help="longest sequence (prompt + output) in tokens; -1 (vLLM's auto) is the model's context length "
+      "if the KV cache holds it, else the longest it holds. The engine's own default is the model's context "
       "length; the CRD cannot read the model and fills 2048"),
-    S("max_num_seqs", "--max-num-seqs", int, 256, "most requests running at once", crd="maxNumSeqs", live=True,
-      minimum=1, maximum=4096),
+    S("max_num_seqs", "--max-num-seqs", int, None, "most requests running at once. Too many for the KV cache "
+      "cause preemptions (default: 256; 512 with --performance-mode throughput)", crd="maxNumSeqs", live=True,
+      minimum=1, maximum=4096, deploy_default=DEFAULT_MAX_NUM_SEQS, search=(2, 512),
+      crd_help="most requests running at once. Too many for the KV cache cause preemptions"),
     S("max_num_batched_tokens", "--max-num-batched-tokens", int, None, "per-step token budget. Small budgets "
       "favour inter-token latency, large ones time to first token and throughput (default: 2048 with chunked "
-      "prefill, else max(max_model_len, 2048))", crd="maxNumBatchedTokens", live=True, minimum=1, maximum=1048576),
+      "prefill, else max(max_model_len, 2048); the 2048 doubles with --performance-mode throughput)",
+      crd="maxNumBatchedTokens", live=True, minimum=1, maximum=1048576, search=(128, 8192)),
+    # issue 33: vLLM 0.17's runtime performance mode
+    S("performance_mode", "--performance-mode", str, "balanced", "balanced (the default limits), interactivity "
+      "(vLLM: fine-grained CUDA graphs and latency-oriented kernels for small batches; kvpilot's engine has no "
+      "CUDA graphs and runs as balanced) or throughput (the default max_num_seqs and max_num_batched_tokens "
+      "double where not given)", crd="performanceMode", choices=PERFORMANCE_MODES,
+      crd_help="vLLM's runtime performance mode: balanced, interactivity (vLLM: fine-grained CUDA graphs and "
+      "latency-oriented kernels for small batches; kvpilot's engine runs it as balanced) or throughput (the "
+      "engine's default max_num_seqs and max_num_batched_tokens double where the command line does not give "
+      "them; an InferenceService always gives them, so raise maxNumSeqs and maxNumBatchedTokens instead)"),
     S("gpu_memory_utilization", "--gpu-memory-utilization", float, 0.9, "fraction of device memory for weights, "
       "activations and KV cache", crd="gpuMemoryUtilization", minimum=0, maximum=1, exclusive_minimum=True),
+    # issue 33: vLLM 0.11's KV budget in bytes
+    S("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int, None, "bytes of KV cache per device (rank), "
+      "instead of what gpu_memory_utilization leaves (which it then ignores, as does VLLM_CPU_KVCACHE_SPACE on "
+      "CPU); 4G, 512M also parse", crd="kvCacheMemoryBytes", minimum=1, parse=human_readable_int,
+      metavar="BYTES",
+      crd_help="bytes of KV cache per device (rank), instead of what gpuMemoryUtilization leaves, which it then "
+      "ignores (as does VLLM_CPU_KVCACHE_SPACE on CPU). Unset: sized from gpuMemoryUtilization"),
     S("enable_chunked_prefill", "--enable-chunked-prefill", bool, True, "split long prompts to fit the token "
       "budget, decodes first", crd="enableChunkedPrefill", live=True),
     S("enable_prefix_caching", "--enable-prefix-caching", bool, False, "reuse KV blocks of shared prompt prefixes",
@@ -169,8 +245,12 @@ LIVE_SETTINGS: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.live)
 ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server)
 
 
+SEARCH_RANGES: dict[str, tuple[Any, Any]] = {s.name: s.search for s in SETTINGS if s.search is not None}
+
+
 def deploy_defaults() -> dict[str, Any]:
-    """The defaults the CRD, the operator and the tuner use, with the derived budget resolved."""
+    """The defaults the CRD, the operator and the tuner use, with the derived budget resolved
+    (balanced performance mode: the CRD fills the limits, so the mode never doubles them)."""
     values = {s.name: s.deployed_default for s in SETTINGS}
     values["max_num_batched_tokens"] = default_max_num_batched_tokens(
         values["enable_chunked_prefill"], values["max_model_len"])

@@ -118,7 +118,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     """The load each trial is measured under."""
     w = p.add_argument_group("workload")
     w.add_argument("--num-requests", type=int, default=32)
-    w.add_argument("--request-rate", type=float, default=math.inf, help="Poisson requests/s (default: all at once)")
+    w.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default: all at once)")
+    w.add_argument("--burstiness", type=float, default=1.0, help="arrival gaps' gamma shape, as vllm bench serve's: "
+                   "1 Poisson, below 1 burstier")
     w.add_argument("--max-concurrency", type=int, default=None)
     w.add_argument("--max-output-len", type=int, default=None, help="cap ShareGPT reply lengths (tokens)")
     w.add_argument("--max-prompt-len", type=int, default=None)
@@ -154,7 +156,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                               parallel=a.parallel, num_devices=a.num_devices, block_size=a.block_sizes,
                               enable_prefix_caching=a.prefix_caching)
         a.workload = Workload(dataset=a.trace or "sharegpt", num_requests=a.num_requests, request_rate=a.request_rate,
-                              max_concurrency=a.max_concurrency, max_output_len=a.max_output_len,
+                              burstiness=a.burstiness, max_concurrency=a.max_concurrency, max_output_len=a.max_output_len,
                               max_prompt_len=a.max_prompt_len, warmup_requests=a.warmup_requests, seed=a.seed)
     except ValueError as e:
         p.error(str(e))
