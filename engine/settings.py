@@ -37,12 +37,12 @@ ATTENTION_BACKENDS = ("torch", "triton")  # kvpilot.engine.attention.BACKENDS (a
 _UNSET = object()
 
 
-def _mode_factor(performance_mode: str) -> int:
+def _mode_factor(performance_mode: str | None) -> int:
     return 2 if performance_mode == "throughput" else 1
 
 
 def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None,
-                                   performance_mode: str = "balanced") -> int | None:
+                                   performance_mode: str | None = "balanced") -> int | None:
     """The token budget when none is given: 2048 with chunked prefill, else
     max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults); the 2048
     doubles with performance_mode 'throughput' (vLLM `EngineArgs`, 0.17+). None when
@@ -53,7 +53,7 @@ def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: 
     return None if max_model_len is None or max_model_len < 0 else max(max_model_len, budget)
 
 
-def default_max_num_seqs(performance_mode: str = "balanced") -> int:
+def default_max_num_seqs(performance_mode: str | None = "balanced") -> int:
     """The sequence cap when none is given: 256, doubled with performance_mode 'throughput'."""
     return DEFAULT_MAX_NUM_SEQS * _mode_factor(performance_mode)
 
@@ -181,11 +181,12 @@ SETTINGS: tuple[Setting, ...] = (
     S("performance_mode", "--performance-mode", str, "balanced", "balanced (the default limits), interactivity "
       "(vLLM: fine-grained CUDA graphs and latency-oriented kernels for small batches; kvpilot's engine has no "
       "CUDA graphs and runs as balanced) or throughput (the default max_num_seqs and max_num_batched_tokens "
-      "double where not given)", crd="performanceMode", choices=PERFORMANCE_MODES,
-      crd_help="vLLM's runtime performance mode: balanced, interactivity (vLLM: fine-grained CUDA graphs and "
-      "latency-oriented kernels for small batches; kvpilot's engine runs it as balanced) or throughput (the "
-      "engine's default max_num_seqs and max_num_batched_tokens double where the command line does not give "
-      "them; an InferenceService always gives them, so raise maxNumSeqs and maxNumBatchedTokens instead)"),
+      "double where not given)", crd="performanceMode", choices=PERFORMANCE_MODES, deploy_default=None,
+      crd_help="vLLM's runtime performance mode (vLLM 0.17 and later; unset renders no flag, so older vLLM "
+      "images start): balanced, interactivity (vLLM: fine-grained CUDA graphs and latency-oriented kernels for "
+      "small batches; kvpilot's engine runs it as balanced) or throughput (the engine's default max_num_seqs and "
+      "max_num_batched_tokens double where the command line does not give them; an InferenceService always "
+      "gives them, so raise maxNumSeqs and maxNumBatchedTokens instead)"),
     S("gpu_memory_utilization", "--gpu-memory-utilization", float, 0.9, "fraction of device memory for weights, "
       "activations and KV cache", crd="gpuMemoryUtilization", minimum=0, maximum=1, exclusive_minimum=True),
     # issue 33: vLLM 0.11's KV budget in bytes

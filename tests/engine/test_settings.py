@@ -101,7 +101,8 @@ def test_the_derived_budget_default_is_vllms(chunked, max_model_len, expected):
 def test_deploy_defaults_differ_from_the_engine_only_where_the_model_decides():
     deployed = settings.deploy_defaults()
     differs = {s.name for s in SETTINGS if deployed[s.name] != s.default}
-    assert differs == {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "show_hidden_metrics_for_version"}
+    assert differs == {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "show_hidden_metrics_for_version",
+                       "performance_mode"}  # unset in a spec: no flag, so vLLM images before 0.17 start
     assert deployed["max_num_batched_tokens"] == 2048 and deployed["max_num_seqs"] == 256
 
 
