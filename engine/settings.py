@@ -224,13 +224,15 @@ SETTINGS: tuple[Setting, ...] = (
     S("port", "--port", int, 8000, "the HTTP port the server listens on", crd="port", minimum=1024,
       maximum=65535, server=True),
     S("show_hidden_metrics_for_version", "--show-hidden-metrics-for-version", str, None,
-      "also export the Prometheus metrics that vLLM deprecated and hid after this version (0.8, 0.10 or 0.11), "
-      "so dashboards written for it keep working while they migrate", crd="showHiddenMetricsForVersion",
+      "also export every Prometheus metric that vLLM has deprecated and hidden since this version (0.8, 0.10, "
+      "0.11: all hidden from that release on, not only by the next one as in vLLM), so a dashboard written for "
+      "it keeps working while it migrates", crd="showHiddenMetricsForVersion",
       pattern=r"^([0-9]+\.[0-9]+)?$", max_length=16, metavar="X.Y", deploy_default="0.11", server=True,
-      crd_help="also export the Prometheus metrics that vLLM deprecated and hid after this version, so dashboards "
-      "written for it keep working while they migrate. 0.11 brings back vllm:time_per_output_token_seconds, 0.10 "
-      "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits, 0.8 vllm:num_requests_swapped; other "
-      "versions add nothing. An empty string renders no flag"),
+      crd_help="also export every Prometheus metric that vLLM has deprecated and hidden since this version, so a "
+      "dashboard written for it keeps working while it migrates (vLLM's own flag brings back only what the next "
+      "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
+      "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
+      "0.12 and later add nothing. An empty string renders no flag"),
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py)
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
       "blocks for matmuls of up to 8 tokens on CPU (64 with KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the "

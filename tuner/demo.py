@@ -10,12 +10,14 @@ or fewer requests at once (lower max_num_seqs or max_num_batched_tokens).
 The demo builds that situation from this machine's own measurements, so that it holds on
 every CPU kind (a fast AMX CPU and a slow AVX2 one differ by 10x in speed, not in tokens):
 1. `calibrate`: the engine with its defaults serves a few demo requests one at a time:
-   the unloaded TTFT, TPOT and request latency L on this machine.
+   the unloaded TTFT and TPOT on this machine. Replies are capped at the length one
+   request serves in about REQUEST_TARGET_S seconds alone (12 to 48 tokens), which gives the
+   request latency L; a slow or busy CPU gets shorter replies rather than a longer demo.
 2. The KV cache, in bytes (`--kv-cache-memory-bytes`, vLLM's KV budget): the window's
-   ShareGPT requests are sampled first, and the cache is sized to hold CACHE_REQUESTS of
-   their mean size (prompt + output tokens) at the KV bytes per token of the dtype the
-   engine picks on this CPU (bfloat16 with native bf16, float32 otherwise), and at least one
-   max_model_len request. The load is a burst of BURST requests arriving together (vLLM
+   ShareGPT requests are sampled first, and the cache is sized to hold CACHE_REQUESTS of the
+   longest (prompt + output tokens, in whole blocks) at the KV bytes per token of the dtype
+   the engine picks on this CPU (bfloat16 with native bf16, float32 otherwise), and at least
+   one max_model_len request. The load is a burst of BURST requests arriving together (vLLM
    bench serve's `--request-rate inf`): the defaults (256 sequences) admit all of them, their
    decodes outgrow the cache, and the newest are preempted, on any CPU, because that is
    counted in tokens, not seconds.
@@ -42,9 +44,10 @@ from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner import cli
 
 MODEL, MAX_MODEL_LEN = "smollm2-135m-instruct", 256
-MAX_PROMPT, MAX_OUTPUT = 128, 48
-BURST, CACHE_REQUESTS = 12, 3  # requests per window, arriving together; mean requests the KV cache holds
+MAX_PROMPT, MAX_OUTPUT, MIN_OUTPUT = 128, 48, 12
+BURST, CACHE_REQUESTS = 12, 3  # requests per window, arriving together; longest ones the KV cache holds
 WARMUP_REQUESTS = 1
+REQUEST_TARGET_S = 4.0  # output lengths are capped so that one request alone takes about this long here
 SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "1:256",
           "--chunked-prefill", "on"]
 
@@ -55,7 +58,18 @@ class Calibration:
 
     ttft_s: float
     tpot_s: float
-    latency_s: float
+
+    @property
+    def max_output_len(self) -> int:
+        """Output tokens per request: as many as fit REQUEST_TARGET_S on this machine, in
+        [MIN_OUTPUT, MAX_OUTPUT] (a slow or busy CPU gets shorter replies, not a longer demo)."""
+        fit = int((REQUEST_TARGET_S - self.ttft_s) / max(self.tpot_s, 1e-3))
+        return max(MIN_OUTPUT, min(MAX_OUTPUT, fit))
+
+    @property
+    def latency_s(self) -> float:
+        """One request of max_output_len tokens alone."""
+        return self.ttft_s + (self.max_output_len - 1) * self.tpot_s
 
     def slo_args(self) -> list[str]:
         """The demo's SLO flags (see the module doc)."""
@@ -80,14 +94,15 @@ class Cache:
         return self.num_blocks * self.block_size * self.token_bytes
 
 
-def workload_args(seed: int = 0) -> list[str]:
-    return ["--num-requests", str(BURST), "--request-rate", "inf", "--warmup-requests", str(WARMUP_REQUESTS),
-            "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(MAX_OUTPUT), "--seed", str(seed)]
+def workload_args(max_output_len: int, burst: int = BURST, seed: int = 0) -> list[str]:
+    return ["--num-requests", str(burst), "--request-rate", "inf", "--warmup-requests", str(WARMUP_REQUESTS),
+            "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(max_output_len), "--seed", str(seed)]
 
 
-def size_cache(mean_request_tokens: float) -> Cache:
-    """The KV cache that holds CACHE_REQUESTS mean requests (and at least one max_model_len
-    one), priced with this machine's engine dtype (`kvpilot.tuner.feasibility.Hardware`)."""
+def size_cache(longest_request_tokens: int) -> Cache:
+    """The KV cache that holds CACHE_REQUESTS of the window's longest request at once (and at
+    least one max_model_len one), priced with this machine's engine dtype
+    (`kvpilot.tuner.feasibility.Hardware`)."""
     from kvpilot.engine.config import ParallelConfig
     from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
     from kvpilot.tuner.feasibility import Hardware, resolve_model
@@ -97,32 +112,32 @@ def size_cache(mean_request_tokens: float) -> Cache:
     model = resolve_model(MODEL)
     dtype = Hardware(device_memory_bytes=1, shared_memory=True).engine_dtype(model)
     model = resolve_model(MODEL, dtype)
-    tokens = max(CACHE_REQUESTS * mean_request_tokens, MAX_MODEL_LEN)
-    return Cache(math.ceil(tokens / block_size), block_size, rank_kv_bytes_per_token(model, ParallelConfig(), 0),
-                 dtype)
+    blocks = max(CACHE_REQUESTS * math.ceil(longest_request_tokens / block_size), math.ceil(MAX_MODEL_LEN / block_size))
+    return Cache(blocks, block_size, rank_kv_bytes_per_token(model, ParallelConfig(), 0), dtype)
 
 
-def window_request_tokens(seed: int = 0) -> list[int]:
-    """prompt + output tokens of each request of the tuner's window (the same sample)."""
+def window_request_tokens(max_output_len: int, burst: int = BURST, seed: int = 0) -> list[int]:
+    """prompt + output tokens of each request the tuner sends (the same sample, its warm-up
+    request first: the guide's memory-model points size from all of them too)."""
     from kvpilot.bench.tokenizers import load_tokenizer
     from kvpilot.tuner.workload import Workload, load_requests
 
-    w = Workload(num_requests=BURST, max_prompt_len=MAX_PROMPT, max_output_len=MAX_OUTPUT,
+    w = Workload(num_requests=burst, max_prompt_len=MAX_PROMPT, max_output_len=max_output_len,
                  warmup_requests=WARMUP_REQUESTS, seed=seed)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
-    return [r.prompt_len + r.expected_output_len for r in load.requests[WARMUP_REQUESTS:]]
+    return [r.prompt_len + r.expected_output_len for r in load.requests]
 
 
-def calibrate(requests: int = 3) -> Calibration:
-    """Serves `requests` demo requests one at a time (after a warm-up) on the engine with
-    its default settings; raises RuntimeError when none succeeds, TrialFailed when the
-    engine does not start."""
+def calibrate(requests: int = 2) -> Calibration:
+    """Serves `requests` demo requests of MIN_OUTPUT tokens one at a time (after a warm-up)
+    on the engine with its default settings; raises RuntimeError when none succeeds,
+    TrialFailed when the engine does not start."""
     from kvpilot.bench.tokenizers import load_tokenizer
     from kvpilot.tuner.engine_process import EngineProcess
     from kvpilot.tuner.settings import EngineSettings
     from kvpilot.tuner.workload import Workload, drive, load_requests
 
-    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=MAX_OUTPUT, warmup_requests=1)
+    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=MIN_OUTPUT, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
     engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log", [])
     engine.start(EngineSettings(max_model_len=MAX_MODEL_LEN))
@@ -136,8 +151,7 @@ def calibrate(requests: int = 3) -> Calibration:
     if not done:
         raise RuntimeError("calibration: no request succeeded")
     return Calibration(statistics.median(r.ttft for r in done),
-                       statistics.median((r.latency - r.ttft) / max(1, (r.output_tokens or 2) - 1) for r in done),
-                       statistics.median(r.latency for r in done))
+                       statistics.median((r.latency - r.ttft) / max(1, (r.output_tokens or 2) - 1) for r in done))
 
 
 def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6) -> list[str]:
@@ -145,7 +159,7 @@ def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6) -
     return ["--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN),
             f"--engine-arg={BY_NAME['kv_cache_memory_bytes'].flag}={cache.kv_cache_memory_bytes}",
             "--trials", str(trials), "--remeasure-top", "1", "--report-dir", str(report_dir),
-            *SEARCH, *workload_args(), *c.slo_args()]
+            *SEARCH, *workload_args(c.max_output_len), *c.slo_args()]
 
 
 def main(argv: list[str]) -> int:
@@ -156,14 +170,16 @@ def main(argv: list[str]) -> int:
     from kvpilot.tuner import story
 
     c = calibrate()
-    sizes = window_request_tokens()
-    cache = size_cache(statistics.fmean(sizes))
+    sizes = window_request_tokens(c.max_output_len)
+    cache = size_cache(max(sizes))
     print(f"calibration (defaults, one request at a time): TTFT {c.ttft_s * 1000:.0f} ms, TPOT "
-          f"{c.tpot_s * 1000:.0f} ms, latency {c.latency_s:.1f} s -> SLOs {' '.join(c.slo_args())}\n"
+          f"{c.tpot_s * 1000:.0f} ms -> replies of {c.max_output_len} tokens (latency {c.latency_s:.1f} s); SLOs "
+          f"{' '.join(c.slo_args())}\n"
           f"load: bursts of {BURST} ShareGPT requests ({min(sizes)}-{max(sizes)} tokens, mean "
           f"{statistics.fmean(sizes):.0f}); KV cache {cache.kv_cache_memory_bytes} bytes = {cache.num_blocks} blocks "
           f"of {cache.block_size} tokens at {cache.token_bytes} bytes/token ({cache.dtype} on this CPU): "
-          f"{CACHE_REQUESTS} mean requests, {sum(sizes)} tokens would run at once",
+          f"{CACHE_REQUESTS} of the longest requests at once, while the burst's {sum(sizes)} tokens would all run "
+          f"at once with the defaults",
           file=sys.stderr, flush=True)
     report_dir = Path(tempfile.mkdtemp(prefix="kvpilot-demo-tune-"))
     code = cli.main(demo_args(c, cache, report_dir) + list(argv))
