@@ -94,9 +94,10 @@ class Cache:
         return self.num_blocks * self.block_size * self.token_bytes
 
 
-def workload_args(max_output_len: int, burst: int = BURST, seed: int = 0) -> list[str]:
+def workload_args(max_output_len: int, burst: int = BURST) -> list[str]:
+    """One burst of `burst` ShareGPT requests per window (the tuner's default seed samples them)."""
     return ["--num-requests", str(burst), "--request-rate", "inf", "--warmup-requests", str(WARMUP_REQUESTS),
-            "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(max_output_len), "--seed", str(seed)]
+            "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(max_output_len)]
 
 
 def size_cache(longest_request_tokens: int) -> Cache:
@@ -116,14 +117,14 @@ def size_cache(longest_request_tokens: int) -> Cache:
     return Cache(blocks, block_size, rank_kv_bytes_per_token(model, ParallelConfig(), 0), dtype)
 
 
-def window_request_tokens(max_output_len: int, burst: int = BURST, seed: int = 0) -> list[int]:
+def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
     """prompt + output tokens of each request the tuner sends (the same sample, its warm-up
     request first: the guide's memory-model points size from all of them too)."""
     from kvpilot.bench.tokenizers import load_tokenizer
     from kvpilot.tuner.workload import Workload, load_requests
 
     w = Workload(num_requests=burst, max_prompt_len=MAX_PROMPT, max_output_len=max_output_len,
-                 warmup_requests=WARMUP_REQUESTS, seed=seed)
+                 warmup_requests=WARMUP_REQUESTS)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
     return [r.prompt_len + r.expected_output_len for r in load.requests]
 
