@@ -11,7 +11,7 @@ The demo builds that situation from this machine's own measurements, so that it 
 every CPU kind (a fast AMX CPU and a slow AVX2 one differ by 10x in speed, not in tokens):
 1. `calibrate`: the engine with its defaults serves a few demo requests one at a time:
    the unloaded TTFT and TPOT on this machine. Replies are capped at the length one
-   request serves in about REQUEST_TARGET_S seconds alone (12 to 48 tokens), which gives the
+   request serves in about REQUEST_TARGET_S seconds alone (32 to 64 tokens), which gives the
    request latency L; a slow or busy CPU gets shorter replies rather than a longer demo.
 2. The KV cache, in bytes (`--kv-cache-memory-bytes`, vLLM's KV budget): the window's
    ShareGPT requests are sampled first, and the cache is sized to hold CACHE_REQUESTS of the
@@ -44,10 +44,13 @@ from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner import cli
 
 MODEL, MAX_MODEL_LEN = "smollm2-135m-instruct", 256
-MAX_PROMPT, MAX_OUTPUT, MIN_OUTPUT = 128, 48, 12
-BURST, CACHE_REQUESTS = 12, 3  # requests per window, arriving together; longest ones the KV cache holds
+# Replies of at least MIN_OUTPUT tokens grow each admitted request by 2+ KV blocks while it
+# decodes: the growth that outruns the cache once prompts have filled it (shorter replies fit
+# in what admission leaves free, and nothing is preempted).
+MAX_PROMPT, MAX_OUTPUT, MIN_OUTPUT = 64, 64, 32
+BURST, CACHE_REQUESTS = 8, 3  # requests per window, arriving together; longest ones the KV cache holds
 WARMUP_REQUESTS = 1
-REQUEST_TARGET_S = 4.0  # output lengths are capped so that one request alone takes about this long here
+REQUEST_TARGET_S = 3.0  # replies are capped so that one request alone takes about this long here
 SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "1:256",
           "--chunked-prefill", "on"]
 
@@ -130,7 +133,7 @@ def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
 
 
 def calibrate(requests: int = 2) -> Calibration:
-    """Serves `requests` demo requests of MIN_OUTPUT tokens one at a time (after a warm-up)
+    """Serves `requests` demo requests of 16 tokens one at a time (after a warm-up)
     on the engine with its default settings; raises RuntimeError when none succeeds,
     TrialFailed when the engine does not start."""
     from kvpilot.bench.tokenizers import load_tokenizer
@@ -138,7 +141,7 @@ def calibrate(requests: int = 2) -> Calibration:
     from kvpilot.tuner.settings import EngineSettings
     from kvpilot.tuner.workload import Workload, drive, load_requests
 
-    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=MIN_OUTPUT, warmup_requests=1)
+    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=16, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
     engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log", [])
     engine.start(EngineSettings(max_model_len=MAX_MODEL_LEN))
@@ -168,8 +171,11 @@ def main(argv: list[str]) -> int:
     writes its plot; extra argv flags override the demo's (e.g. --trials 3, --report-dir
     DIR). Returns 0 once the report is written, also when no trial met the SLOs (the
     report says so); 2 on bad flags."""
+    import logging
+
     from kvpilot.tuner import story
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     c = calibrate()
     sizes = window_request_tokens(c.max_output_len)
     cache = size_cache(max(sizes))
