@@ -194,6 +194,9 @@ def main(argv: list[str]) -> int:
         return code
     folder = Path(next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--report-dir"), report_dir))
     rep = json.loads((folder / "report.json").read_text())
+    warnings = [line for line in (folder / "engine.log").read_text().splitlines() if " is preempted by " in line]
+    if warnings:
+        print(f"engine log: {len(warnings)} preemption warning(s), the first:\n  {warnings[0]}")
     print(story.before_after(rep))
     plot = story.write_plot(rep, folder)
     print(f"plot: {plot}" if plot else "plot: none (no winner to compare)")
