@@ -51,7 +51,7 @@ MAX_PROMPT, MAX_OUTPUT, MIN_OUTPUT = 64, 64, 32
 BURST, CACHE_REQUESTS = 8, 3  # requests per window, arriving together; longest ones the KV cache holds
 WARMUP_REQUESTS = 1
 REQUEST_TARGET_S = 3.0  # replies are capped so that one request alone takes about this long here
-SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "1:256",
+SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "2:256",
           "--chunked-prefill", "on"]
 
 

@@ -97,10 +97,12 @@ def before_after(report: dict[str, Any]) -> str:
         rows.append(("tuned", summary(report, best["number"])))
     limits = {k: slo[v] for k, v in _SLO_OF.items()}
     head = f"{'':<10}" + "".join(f"{label:>17}" for _, label, _ in METRICS) + "   SLOs met (windows)"
+    def limit(key: str, scale: float) -> str:
+        if key not in limits:
+            return "max"
+        return "<= " + _cell(key, limits[key] / (1.0 if key == "preemptions_per_min" else 1000.0), scale)
     lines = ["before/after (vLLM's tuning guide: preemptions mean the KV cache is too small for the load)",
-             head, f"{'SLO':<10}" + "".join(
-                 f"{('<= ' + _cell(k, limits[k] / (1000.0 if k != 'preemptions_per_min' else 1.0), s)) if k in limits else 'max':>17}"
-                 for k, _, s in METRICS)]
+             head, f"{'SLO':<10}" + "".join(f"{limit(k, s):>17}" for k, _, s in METRICS)]
     for name, row in rows:
         lines.append(f"{name:<10}" + "".join(f"{_cell(k, row[k], s):>17}" for k, _, s in METRICS)
                      + f"   {row['met']}/{row['windows']}")

@@ -160,5 +160,6 @@ def drive(requests: Sequence[SampleRequest], w: Workload, base_url: str, model: 
         return asyncio.run(_replay(requests, offsets, api_url, model, dict(headers or {}), w.ignore_eos))
     return asyncio.run(run_benchmark(
         requests, api_url=api_url, model=model, request_rate=request_rate or w.request_rate,
-        burstiness=w.burstiness, max_concurrency=w.max_concurrency, seed=w.seed, ignore_eos=w.ignore_eos, headers=dict(headers or {}),
+        burstiness=w.burstiness, max_concurrency=w.max_concurrency, seed=w.seed, ignore_eos=w.ignore_eos,
+        headers=dict(headers or {}),
         progress=sys.stderr.isatty()))  # a bar per trial window on a terminal

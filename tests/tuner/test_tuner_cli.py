@@ -53,7 +53,8 @@ def test_demo_flags_parse(tmp_path):
     a = cli.parse(demo_args(CALIBRATION, CACHE, tmp_path))
     assert a.local and a.trials >= 3 and a.engine_args == ["--kv-cache-memory-bytes", str(20 * 16 * 23040)]
     assert a.workload.num_requests == BURST and math.isinf(a.workload.request_rate)  # one burst per window
-    assert a.space.enable_chunked_prefill == (True,) and a.space.max_num_seqs[0] == 1
+    # not one at a time: a window would take BURST request-times
+    assert a.space.enable_chunked_prefill == (True,) and a.space.max_num_seqs[0] == 2
 
 
 def test_demo_slos_come_from_the_calibration():
