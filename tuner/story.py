@@ -8,9 +8,12 @@ pipeline_parallel_size (the weights spread, more memory left for the cache). The
 prefill section adds: a smaller max_num_batched_tokens favours inter-token latency, a
 larger one time to first token and throughput. `before_after` reads a tuning report
 (`kvpilot.tuner.report.build`) and prints, for the defaults and the winner, preemptions per
-minute, p95 TTFT, p95 ITL and goodput (medians over each one's measured windows), whether
-the window met the SLOs, and every changed setting with the guide's reason; `write_plot`
-draws the same as bars against the SLO limits (matplotlib).
+minute, p95 TTFT, p95 ITL and goodput (medians over each one's measured windows; goodput
+counts the requests that met the TTFT and TPOT limits, vLLM's `--goodput`), the goodput
+within the SLOs (DistServe's sense: a window that broke an SLO, the preemption limit
+included, serves none; mean over windows), how many windows met the SLOs, and every changed
+setting with the guide's reason; `write_plot` draws the same as bars against the SLO limits
+(matplotlib).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 METRICS = (("preemptions_per_min", "preemptions/min", 1.0), ("ttft_p95_s", "p95 TTFT ms", 1000.0),
-           ("itl_p95_s", "p95 ITL ms", 1000.0), ("goodput_rps", "goodput req/s", 1.0))
+           ("itl_p95_s", "p95 ITL ms", 1000.0), ("goodput_rps", "goodput req/s", 1.0),
+           ("goodput_within_slos", "within SLOs", 1.0))
 _SLO_OF = {"preemptions_per_min": "max_preemptions_per_min", "ttft_p95_s": "ttft_p95_ms", "itl_p95_s": "itl_p95_ms"}
 
 # why a change helps, by setting and direction, in the guide's terms
@@ -58,7 +62,7 @@ def summary(report: dict[str, Any], number: int) -> dict[str, Any]:
     out: dict[str, Any] = {"number": number, "windows": len(ms),
                            "met": sum(1 for t in trials if t["verdict"] == "measured"),
                            "settings": next(t["settings"] for t in report["trials"] if t["number"] == number)}
-    for key, _, _ in METRICS:
+    for key, _, _ in METRICS[:-1]:
         values = [m[key] for m in ms if m.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     # a window that breaks an SLO serves no goodput within the SLOs
@@ -83,7 +87,7 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def _cell(key: str, value: float | None, scale: float) -> str:
     if value is None:
         return "-"
-    return f"{value * scale:.3f}" if key == "goodput_rps" else f"{value * scale:.1f}" if scale == 1 else \
+    return f"{value * scale:.3f}" if key.startswith("goodput") else f"{value * scale:.1f}" if scale == 1 else \
         f"{value * scale:.0f}"
 
 
