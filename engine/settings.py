@@ -67,7 +67,7 @@ SETTINGS: tuple[Setting, ...] = (
       "(vLLM: fine-grained CUDA graphs and latency-oriented kernels for small batches; kvpilot's engine has no "
       "CUDA graphs and runs as balanced) or throughput (the default max_num_seqs and max_num_batched_tokens "
       "double where not given)", crd="performanceMode", choices=PERFORMANCE_MODES, deploy_default=None,
-      crd_help="vLLM's runtime performance mode (vLLM 0.17 and later; unset renders no flag, so older vLLM "
+      crd_help="the runtime performance mode of vLLM 0.17 and later (unset renders no flag, so older vLLM "
       "images start): balanced, interactivity (vLLM: fine-grained CUDA graphs and latency-oriented kernels for "
       "small batches; kvpilot's engine runs it as balanced) or throughput (the engine's default max_num_seqs and "
       "max_num_batched_tokens double where the command line does not give them; an InferenceService always "

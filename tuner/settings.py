@@ -70,8 +70,9 @@ class EngineSettings:
         return settings.to_flags(self.as_dict())
 
     def to_engine_spec(self) -> dict[str, Any]:
-        """The InferenceService `spec.engine` keys these settings set (camelCase)."""
-        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items()}
+        """The InferenceService `spec.engine` keys these settings set (camelCase); unset ones
+        (None: performanceMode, kvCacheMemoryBytes) are left out, as the CRD has no null."""
+        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items() if v is not None}
 
     @classmethod
     def from_engine_spec(cls, engine: Mapping[str, Any]) -> EngineSettings:
