@@ -84,6 +84,9 @@ class EngineArgs:
             from kvpilot.engine.layers.gguf_kernel import activations_from_env
 
             activations_from_env()
+        if self.performance_mode == "interactivity":
+            logger.info("performance_mode interactivity: vLLM picks fine-grained CUDA graphs for it; kvpilot's "
+                        "engine has none and runs as balanced")
         path = resolve_model_path(self.model)
         auto_len = self.max_model_len == settings.AUTO_MAX_MODEL_LEN  # sized down once the KV cache is
         model = load_model_config(path, None if auto_len else self.max_model_len, dtype)
