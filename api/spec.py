@@ -43,7 +43,9 @@ class EngineSpec:
     maxModelLen: int = _DEFAULTS["max_model_len"]
     maxNumSeqs: int = _DEFAULTS["max_num_seqs"]
     maxNumBatchedTokens: int = _DEFAULTS["max_num_batched_tokens"]
+    performanceMode: str | None = _DEFAULTS["performance_mode"]  # None: no flag (vLLM before 0.17 lacks it)
     gpuMemoryUtilization: float = _DEFAULTS["gpu_memory_utilization"]
+    kvCacheMemoryBytes: int | None = _DEFAULTS["kv_cache_memory_bytes"]  # None: sized from gpuMemoryUtilization
     enableChunkedPrefill: bool = _DEFAULTS["enable_chunked_prefill"]
     enablePrefixCaching: bool = _DEFAULTS["enable_prefix_caching"]
     tensorParallelSize: int = _DEFAULTS["tensor_parallel_size"]

@@ -40,9 +40,11 @@ class EngineArgs:
     model: str = DEFAULT_MODEL
     served_model_name: str | None = _default("served_model_name")
     max_model_len: int | None = _default("max_model_len")
-    max_num_seqs: int = _default("max_num_seqs")
+    max_num_seqs: int | None = _default("max_num_seqs")
     max_num_batched_tokens: int | None = _default("max_num_batched_tokens")
+    performance_mode: str = _default("performance_mode")
     gpu_memory_utilization: float = _default("gpu_memory_utilization")
+    kv_cache_memory_bytes: int | None = _default("kv_cache_memory_bytes")
     enable_chunked_prefill: bool = _default("enable_chunked_prefill")
     tensor_parallel_size: int = _default("tensor_parallel_size")
     pipeline_parallel_size: int = _default("pipeline_parallel_size")
@@ -82,8 +84,12 @@ class EngineArgs:
             from kvpilot.engine.layers.gguf_kernel import activations_from_env
 
             activations_from_env()
+        if self.performance_mode == "interactivity":
+            logger.info("performance_mode interactivity: vLLM picks fine-grained CUDA graphs for it; kvpilot's "
+                        "engine has none and runs as balanced")
         path = resolve_model_path(self.model)
-        model = load_model_config(path, self.max_model_len, dtype)
+        auto_len = self.max_model_len == settings.AUTO_MAX_MODEL_LEN  # sized down once the KV cache is
+        model = load_model_config(path, None if auto_len else self.max_model_len, dtype)
         parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
         parallel.check_model(model)
         cache = CacheConfig(
@@ -93,11 +99,13 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             cpu_kvcache_space_bytes=cpu_kvcache_space_bytes(os.environ) if device == "cpu" else None,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
         )
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or settings.default_max_num_batched_tokens(
+                self.enable_chunked_prefill, model.max_model_len, self.performance_mode),
+            max_num_seqs=self.max_num_seqs or settings.default_max_num_seqs(self.performance_mode),
             enable_chunked_prefill=self.enable_chunked_prefill,
             preemption_mode=self.preemption_mode,
         )
@@ -113,6 +121,8 @@ class EngineArgs:
             device=device,
             quantization=self.quantization,
             quantized_weights_path=str(gguf_file(self.model)) if self.quantization == "gguf" else None,
+            auto_max_model_len=auto_len,
+            performance_mode=self.performance_mode,
         )
 
     @staticmethod

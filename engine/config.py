@@ -130,6 +130,9 @@ class CacheConfig:
         device memory is the machine's or the cgroup's memory.
     swap_space: GiB of host memory for blocks of swapped-out requests.
     num_gpu_blocks_override: use exactly this many blocks (testing, as in vLLM).
+    kv_cache_memory_bytes: each rank's KV cache holds exactly this many bytes (rounded down to
+        whole blocks) instead of what gpu_memory_utilization leaves; the CPU space cap does not
+        apply either (vLLM: "kv_cache_memory_bytes (when not-None) ignores gpu_memory_utilization").
     cpu_kvcache_space_bytes: on CPU, each rank's KV cache holds at most this many bytes
         (vLLM's VLLM_CPU_KVCACHE_SPACE; EngineArgs reads it, 4 GiB when unset); None: no cap.
     """
@@ -140,12 +143,14 @@ class CacheConfig:
     enable_prefix_caching: bool = _default("enable_prefix_caching")
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_kvcache_space_bytes is not None and self.cpu_kvcache_space_bytes <= 0:
             raise ValueError(f"cpu_kvcache_space_bytes must be > 0, got {self.cpu_kvcache_space_bytes}")
         settings.check({name: getattr(self, name) for name in (
-            "block_size", "gpu_memory_utilization", "swap_space", "num_gpu_blocks_override")})
+            "block_size", "gpu_memory_utilization", "swap_space", "num_gpu_blocks_override",
+            "kv_cache_memory_bytes")})
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ class SchedulerConfig:
 
     max_model_len: int
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = _default("max_num_seqs")
+    max_num_seqs: int = settings.DEFAULT_MAX_NUM_SEQS
     enable_chunked_prefill: bool = _default("enable_chunked_prefill")
     preemption_mode: str = _default("preemption_mode")
 
@@ -227,3 +232,6 @@ class EngineConfig:
     device: str = "cpu"
     quantization: str | None = None  # 'gguf': quantized_weights_path is the GGUF file
     quantized_weights_path: str | None = None
+    # --max-model-len auto: the engine lowers max_model_len to what the KV cache holds once sized
+    auto_max_model_len: bool = False
+    performance_mode: str = "balanced"

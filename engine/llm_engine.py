@@ -26,6 +26,7 @@ from kvpilot.engine.outputs import CompletionOutput, RequestError, RequestMetric
 from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
+from kvpilot.engine import settings
 from kvpilot.engine.settings import LIVE_SETTINGS
 from kvpilot.engine.sequence import Sequence, SequenceStatus
 
@@ -89,7 +90,12 @@ class LLMEngine:
         block_bytes = sum(rank_block_bytes)  # one block id over all ranks
         if cfg.cache.num_gpu_blocks_override is not None:
             num_blocks = cfg.cache.num_gpu_blocks_override
-            check_fits(num_blocks, bs, max_len, block_bytes, "num_gpu_blocks_override")
+            self._fit_max_model_len(num_blocks, block_bytes, "num_gpu_blocks_override")
+        elif cfg.cache.kv_cache_memory_bytes is not None:  # per rank, as vLLM's is per GPU
+            num_blocks = cfg.cache.kv_cache_memory_bytes // max(rank_block_bytes)
+            logger.info("KV cache sizing: kv_cache_memory_bytes %d per rank = %d blocks of %d tokens "
+                        "(gpu_memory_utilization not used)", cfg.cache.kv_cache_memory_bytes, num_blocks, bs)
+            self._fit_max_model_len(num_blocks, block_bytes, "kv_cache_memory_bytes")
         else:
             plan = KVCachePlan.build(
                 total_bytes=total_device_memory_bytes(self.runner.device),
@@ -101,7 +107,8 @@ class LLMEngine:
             )
             logger.info("KV cache sizing: %s", plan.describe())
             num_blocks = plan.num_blocks
-            check_fits(num_blocks, bs, max_len, plan.budgets[plan.limiting].block_bytes, plan.describe())
+            self._fit_max_model_len(num_blocks, plan.budgets[plan.limiting].block_bytes, plan.describe())
+        max_len = self.config.scheduler.max_model_len
         # swap_space is per rank (vLLM: per GPU); the rank with the largest blocks bounds it
         num_swap = int(cfg.cache.swap_space * GiB) // max(rank_block_bytes)
         logger.info(
@@ -110,6 +117,23 @@ class LLMEngine:
             max_len, num_blocks * bs / max_len, num_swap,
         )
         return num_blocks, num_swap
+
+    def _fit_max_model_len(self, num_blocks: int, block_bytes: int, how: str) -> None:
+        """Checks that one max_model_len sequence fits `num_blocks` (KVCacheTooSmallError with
+        the numbers otherwise). With `--max-model-len auto` it lowers max_model_len instead to
+        the most tokens the cache holds, when that is less than the model's context (vLLM's
+        auto: the model's context length if it fits, else the largest length that does)."""
+        cfg = self.config
+        bs, max_len = cfg.cache.block_size, cfg.scheduler.max_model_len
+        fits = num_blocks * bs
+        if cfg.auto_max_model_len and fits < max_len and fits >= settings.BY_NAME["max_model_len"].minimum:
+            scheduler = dataclasses.replace(cfg.scheduler, max_model_len=fits)
+            self.config = dataclasses.replace(cfg, scheduler=scheduler,
+                                              model=dataclasses.replace(cfg.model, max_model_len=fits))
+            logger.info("max_model_len auto: %d tokens (the KV cache holds %d blocks of %d; the model's context "
+                        "is %d)", fits, num_blocks, bs, max_len)
+            return
+        check_fits(num_blocks, bs, max_len, block_bytes, how)
 
     # ---------------------------------------------------------------- requests
     def add_request(

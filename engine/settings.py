@@ -9,11 +9,16 @@ generator read the same table the engine does. Derived from it:
 - the tuner's flags and `spec.engine` keys;
 - the CRD's `spec.engine` schema and CEL rules (`kvpilot crd`).
 
-Defaults are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config`). Two are derived:
-`max_model_len` is the model's context length, and `max_num_batched_tokens` is 2048 with
-chunked prefill and max(max_model_len, 2048) without (so any prompt fits one step). Where
+Defaults are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config`). Three are derived:
+`max_model_len` is the model's context length (`auto` / -1: the longest the KV cache holds),
+`max_num_seqs` is 256 and `max_num_batched_tokens` 2048 with chunked prefill and
+max(max_model_len, 2048) without (so any prompt fits one step); `--performance-mode
+throughput` doubles both limits where they are not given, as vLLM 0.17+ does. Where
 the deployment cannot see the model (the CRD, the operator, the tuner's base point), it
-uses `deploy_default`: a fixed `max_model_len` of 2048, and the budget derived from it.
+uses `deploy_default`: a fixed `max_model_len` of 2048, 256 sequences, and the budget
+derived from them. `search` is the tuner's default search range of a setting (`SEARCH_RANGES`:
+`kvpilot tune`'s flags, `SearchSpace`'s defaults, the in-cluster tuner and the user guide's
+table read it).
 Rules: see `RULES`; each is a Python check and the same check in CEL (Kubernetes'
 x-kubernetes-validations), which tests/engine/test_settings.py evaluates against each other.
 """
@@ -24,101 +29,58 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's _DEFAULT_MAX_NUM_BATCHED_TOKENS
+from kvpilot.engine.setting import (  # noqa: F401 (re-exported: the table's users import them from here)
+    _UNSET,
+    AUTO_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    PERFORMANCE_MODES,
+    Setting,
+    _num,
+    default_max_num_batched_tokens,
+    default_max_num_seqs,
+    human_readable_int,
+    human_readable_int_or_auto,
+)
+
 ATTENTION_BACKENDS = ("torch", "triton")  # kvpilot.engine.attention.BACKENDS (a test checks they agree)
-_UNSET = object()
-
-
-def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_model_len: int | None) -> int | None:
-    """The token budget when none is given: 2048 with chunked prefill, else
-    max(max_model_len, 2048) so that any prompt fits one step (vLLM's defaults). None when
-    chunked prefill is off and max_model_len is not known yet."""
-    if enable_chunked_prefill:
-        return DEFAULT_MAX_NUM_BATCHED_TOKENS
-    return None if max_model_len is None else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One engine setting.
-
-    name: the EngineArgs field and argparse dest (snake_case, vLLM's).
-    flag: the `vllm serve` flag; booleans also take `--no-<flag>`.
-    type: int, float, bool or str. default: the engine's default (None: derived or unset).
-    crd: the `spec.engine` field (camelCase), or None when the CRD does not carry it.
-    live: can change on a running engine (`POST /admin/scheduler_config`).
-    minimum/maximum (exclusive_minimum), choices, pattern: what values are allowed.
-    deploy_default: what the CRD, the operator and the tuner use when the engine's default
-        depends on the loaded model (unset: `default`).
-    server: a flag of the HTTP server, not of EngineArgs.
-    crd_help: the CRD's description where it says more than help (unset: help).
-    """
-
-    name: str
-    flag: str
-    type: type
-    default: Any
-    help: str
-    crd: str | None = None
-    live: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False
-    choices: tuple[Any, ...] | None = None
-    choices_text: str | None = None
-    pattern: str | None = None
-    max_length: int | None = None
-    short: str | None = None
-    metavar: str | None = None
-    deploy_default: Any = _UNSET
-    server: bool = False
-    crd_help: str | None = None
-
-    @property
-    def deployed_default(self) -> Any:
-        return self.default if self.deploy_default is _UNSET else self.deploy_default
-
-    def problem(self, value: Any, name: str | None = None) -> str | None:
-        """Why `value` is out of this setting's bounds or choices (named `name`), or None."""
-        name = name or self.name
-        if value is None:
-            return None
-        if self.choices is not None and value not in self.choices:
-            allowed = self.choices_text or f"one of {list(self.choices)}"
-            return f"{name} {value!r} is not supported; {name} must be {allowed}"
-        low, high = self.minimum, self.maximum
-        if low is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        too_low = value <= low if self.exclusive_minimum else value < low
-        if too_low or (high is not None and value > high):
-            return f"{name} must be {self.interval_text()}, got {value}"
-        return None
-
-    def interval_text(self) -> str:
-        low, high = _num(self.minimum), _num(self.maximum) if self.maximum is not None else None
-        if self.exclusive_minimum:
-            return f"in ({low}, {high}]"
-        return f">= {low}" + (f" and <= {high}" if high is not None else "")
-
-
-def _num(value: float) -> str:
-    """2.0 -> '2', 0.9 -> '0.9': numbers read as a person would type them."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
 
 S = Setting
 SETTINGS: tuple[Setting, ...] = (
-    S("max_model_len", "--max-model-len", int, None, "longest sequence (prompt + output) in tokens "
-      "(default: the model's context length)", crd="maxModelLen", minimum=16, maximum=1048576, deploy_default=2048,
-      crd_help="longest sequence (prompt + output) in tokens. The engine's own default is the model's context "
+    S("max_model_len", "--max-model-len", int, None, "longest sequence (prompt + output) in tokens; 1k, 1K, "
+      "25.6k also parse; auto or -1: the model's context length if the KV cache holds it, else the longest it "
+      "holds (default: the model's context length)", crd="maxModelLen", minimum=16, maximum=1048576,
+      deploy_default=2048, special=(AUTO_MAX_MODEL_LEN,), parse=human_readable_int_or_auto, metavar="N|auto",
+      crd_help="longest sequence (prompt + output) in tokens; -1 (vLLM's auto) is the model's context length "
+      "if the KV cache holds it, else the longest it holds. The engine's own default is the model's context "
       "length; the CRD cannot read the model and fills 2048"),
-    S("max_num_seqs", "--max-num-seqs", int, 256, "most requests running at once", crd="maxNumSeqs", live=True,
-      minimum=1, maximum=4096),
+    S("max_num_seqs", "--max-num-seqs", int, None, "most requests running at once. Too many for the KV cache "
+      "cause preemptions (default: 256; 512 with --performance-mode throughput)", crd="maxNumSeqs", live=True,
+      minimum=1, maximum=4096, deploy_default=DEFAULT_MAX_NUM_SEQS, search=(2, 512),
+      crd_help="most requests running at once. Too many for the KV cache cause preemptions"),
     S("max_num_batched_tokens", "--max-num-batched-tokens", int, None, "per-step token budget. Small budgets "
       "favour inter-token latency, large ones time to first token and throughput (default: 2048 with chunked "
-      "prefill, else max(max_model_len, 2048))", crd="maxNumBatchedTokens", live=True, minimum=1, maximum=1048576),
+      "prefill, else max(max_model_len, 2048); the 2048 doubles with --performance-mode throughput)",
+      crd="maxNumBatchedTokens", live=True, minimum=1, maximum=1048576, search=(128, 8192)),
+    # issue 33: vLLM 0.17's runtime performance mode
+    S("performance_mode", "--performance-mode", str, "balanced", "balanced (the default limits), interactivity "
+      "(vLLM: fine-grained CUDA graphs and latency-oriented kernels for small batches; kvpilot's engine has no "
+      "CUDA graphs and runs as balanced) or throughput (the default max_num_seqs and max_num_batched_tokens "
+      "double where not given)", crd="performanceMode", choices=PERFORMANCE_MODES, deploy_default=None,
+      crd_help="the runtime performance mode of vLLM 0.17 and later (unset renders no flag, so older vLLM "
+      "images start): balanced, interactivity (vLLM: fine-grained CUDA graphs and latency-oriented kernels for "
+      "small batches; kvpilot's engine runs it as balanced) or throughput (the engine's default max_num_seqs and "
+      "max_num_batched_tokens double where the command line does not give them; an InferenceService always "
+      "gives them, so raise maxNumSeqs and maxNumBatchedTokens instead)"),
     S("gpu_memory_utilization", "--gpu-memory-utilization", float, 0.9, "fraction of device memory for weights, "
       "activations and KV cache", crd="gpuMemoryUtilization", minimum=0, maximum=1, exclusive_minimum=True),
+    # issue 33: vLLM 0.11's KV budget in bytes
+    S("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int, None, "bytes of KV cache per device (rank), "
+      "instead of what gpu_memory_utilization leaves (which it then ignores, as does VLLM_CPU_KVCACHE_SPACE on "
+      "CPU); 4G, 512M also parse", crd="kvCacheMemoryBytes", minimum=1, parse=human_readable_int,
+      metavar="BYTES",
+      crd_help="bytes of KV cache per device (rank), instead of what gpuMemoryUtilization leaves, which it then "
+      "ignores (as does VLLM_CPU_KVCACHE_SPACE on CPU). Unset: sized from gpuMemoryUtilization"),
     S("enable_chunked_prefill", "--enable-chunked-prefill", bool, True, "split long prompts to fit the token "
       "budget, decodes first", crd="enableChunkedPrefill", live=True),
     S("enable_prefix_caching", "--enable-prefix-caching", bool, False, "reuse KV blocks of shared prompt prefixes",
@@ -147,13 +109,15 @@ SETTINGS: tuple[Setting, ...] = (
     S("port", "--port", int, 8000, "the HTTP port the server listens on", crd="port", minimum=1024,
       maximum=65535, server=True),
     S("show_hidden_metrics_for_version", "--show-hidden-metrics-for-version", str, None,
-      "also export the Prometheus metrics that vLLM deprecated and hid after this version (0.8, 0.10 or 0.11), "
-      "so dashboards written for it keep working while they migrate", crd="showHiddenMetricsForVersion",
+      "also export every Prometheus metric that vLLM has deprecated and hidden since this version (0.8, 0.10, "
+      "0.11: all hidden from that release on, not only by the next one as in vLLM), so a dashboard written for "
+      "it keeps working while it migrates", crd="showHiddenMetricsForVersion",
       pattern=r"^([0-9]+\.[0-9]+)?$", max_length=16, metavar="X.Y", deploy_default="0.11", server=True,
-      crd_help="also export the Prometheus metrics that vLLM deprecated and hid after this version, so dashboards "
-      "written for it keep working while they migrate. 0.11 brings back vllm:time_per_output_token_seconds, 0.10 "
-      "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits, 0.8 vllm:num_requests_swapped; other "
-      "versions add nothing. An empty string renders no flag"),
+      crd_help="also export every Prometheus metric that vLLM has deprecated and hidden since this version, so a "
+      "dashboard written for it keeps working while it migrates (vLLM's own flag brings back only what the next "
+      "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
+      "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
+      "0.12 and later add nothing. An empty string renders no flag"),
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py)
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
       "blocks for matmuls of up to 8 tokens on CPU (64 with KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the "
@@ -169,8 +133,12 @@ LIVE_SETTINGS: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.live)
 ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server)
 
 
+SEARCH_RANGES: dict[str, tuple[Any, Any]] = {s.name: s.search for s in SETTINGS if s.search is not None}
+
+
 def deploy_defaults() -> dict[str, Any]:
-    """The defaults the CRD, the operator and the tuner use, with the derived budget resolved."""
+    """The defaults the CRD, the operator and the tuner use, with the derived budget resolved
+    (balanced performance mode: the CRD fills the limits, so the mode never doubles them)."""
     values = {s.name: s.deployed_default for s in SETTINGS}
     values["max_num_batched_tokens"] = default_max_num_batched_tokens(
         values["enable_chunked_prefill"], values["max_model_len"])

@@ -44,7 +44,15 @@ def setting_schema(setting: Setting, default: Any) -> dict[str, Any]:
     keywords = {"minimum": setting.minimum, "exclusiveMinimum": setting.exclusive_minimum or None,
                 "maximum": setting.maximum, "pattern": setting.pattern, "maxLength": setting.max_length}
     schema.update({k: v for k, v in keywords.items() if v is not None})
+    if setting.special and setting.minimum is not None:  # e.g. maxModelLen: -1 (auto) or >= 16
+        schema["minimum"] = min(setting.minimum, *setting.special)
+        allowed = " || ".join([f"self == {v}" for v in setting.special] + [f"self >= {_number(setting.minimum)}"])
+        schema["x-kubernetes-validations"] = [{"rule": allowed, "message": f"must be {setting.interval_text()}"}]
     return schema
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def engine_rules() -> list[dict[str, str]]:

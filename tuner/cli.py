@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvpilot.engine.settings import BY_NAME
+from kvpilot.engine.settings import BY_NAME, PERFORMANCE_MODES, SEARCH_RANGES, human_readable_int
 from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import SAMPLERS
@@ -34,6 +34,13 @@ def _range(kind):
             raise argparse.ArgumentTypeError(f"write LOW:HIGH, got {text!r}")
         return kind(low), kind(high)
     return parse
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m for m in text.split(",") if m)
+    if not modes or any(m not in PERFORMANCE_MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(PERFORMANCE_MODES)}, got {text!r}")
+    return modes
 
 
 def _bools(text: str) -> tuple[bool, ...]:
@@ -102,9 +109,14 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-guide", dest="guide", action="store_false",
                    help="let the sampler propose every trial (default: memory-model points, SLO repairs and "
                         "neighbour moves first, kvpilot.tuner.guide)")
-    for name, kind, bounds in (("max_num_batched_tokens", int, (128, 4096)), ("max_num_seqs", int, (2, 64)),
-                               ("gpu_memory_utilization", float, None)):  # search ranges, named as the setting
-        o.add_argument(BY_NAME[name].flag, type=_range(kind), default=bounds, metavar="LOW:HIGH")
+    for name, kind in (("max_num_batched_tokens", int), ("max_num_seqs", int), ("gpu_memory_utilization", float),
+                       ("kv_cache_memory_bytes", human_readable_int)):  # search ranges, named as the setting
+        bounds = SEARCH_RANGES.get(name)  # the one table of default ranges (kvpilot.engine.settings)
+        o.add_argument(BY_NAME[name].flag, type=_range(kind), default=bounds, metavar="LOW:HIGH",
+                       help=f"search range (default: {'%d to %d' % bounds if bounds else 'not searched'})")
+    o.add_argument("--performance-modes", type=_modes, default=(), metavar="MODE[,MODE]",
+                   help="performance modes to try (balanced, interactivity, throughput; default: not searched: on "
+                        "kvpilot's engine the mode only doubles default limits that every trial sets)")
     o.add_argument("--chunked-prefill", type=_bools, default=(True, False), metavar="both|on|off")
     o.add_argument("--block-sizes", type=lambda t: tuple(int(x) for x in t.split(",")), default=())
     o.add_argument("--prefix-caching", type=_bools, default=(), metavar="both|on|off")
@@ -118,7 +130,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     """The load each trial is measured under."""
     w = p.add_argument_group("workload")
     w.add_argument("--num-requests", type=int, default=32)
-    w.add_argument("--request-rate", type=float, default=math.inf, help="Poisson requests/s (default: all at once)")
+    w.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default: all at once)")
+    w.add_argument("--burstiness", type=float, default=1.0, help="arrival gaps' gamma shape, as vllm bench serve's: "
+                   "1 Poisson, below 1 burstier")
     w.add_argument("--max-concurrency", type=int, default=None)
     w.add_argument("--max-output-len", type=int, default=None, help="cap ShareGPT reply lengths (tokens)")
     w.add_argument("--max-prompt-len", type=int, default=None)
@@ -152,9 +166,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         a.space = SearchSpace(max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                               gpu_memory_utilization=a.gpu_memory_utilization, enable_chunked_prefill=a.chunked_prefill,
                               parallel=a.parallel, num_devices=a.num_devices, block_size=a.block_sizes,
-                              enable_prefix_caching=a.prefix_caching)
+                              enable_prefix_caching=a.prefix_caching, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
+                              performance_mode=a.performance_modes)
         a.workload = Workload(dataset=a.trace or "sharegpt", num_requests=a.num_requests, request_rate=a.request_rate,
-                              max_concurrency=a.max_concurrency, max_output_len=a.max_output_len,
+                              burstiness=a.burstiness, max_concurrency=a.max_concurrency, max_output_len=a.max_output_len,
                               max_prompt_len=a.max_prompt_len, warmup_requests=a.warmup_requests, seed=a.seed)
     except ValueError as e:
         p.error(str(e))

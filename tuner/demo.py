@@ -1,51 +1,58 @@
-"""`make demo`'s tuning part: a short local session on the builtin SmolLM2 with ShareGPT load
-against SLOs calibrated on this machine, printing the best settings against the defaults.
+"""`make demo`'s tuning part: vLLM's performance-tuning guide, told on whatever CPU runs it.
 
-The scenario is the one vLLM's tuning guide warns about: the KV cache is small
-(--num-gpu-blocks-override 24, 384 tokens, about three of the demo's requests) and the
-defaults admit up to 256 sequences, so when requests pile up they are preempted and
-re-prefilled; the SLO allows no preemptions. The tuner searches the scheduler limits,
-which the engine changes live, so the session starts the engine once.
+The guide's story (docs.vllm.ai, "Optimization and Tuning", "Preemption"): when the KV
+cache cannot hold every running request, the scheduler preempts one ("Sequence group ... is
+preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space ...
+total_cumulative_preemption_cnt=N"), `vllm:num_preemptions_total` rises and latency
+suffers; the remedies are more KV cache (raise gpu_memory_utilization or the parallel sizes)
+or fewer requests at once (lower max_num_seqs or max_num_batched_tokens).
 
-The SLOs come from a quick measurement first (`calibrate`): the engine with its defaults
-serves a few demo requests one at a time, giving the unloaded TTFT, TPOT and request
-latency L on this machine (CPUs differ by 10x, and a shared machine by more). Then:
-  request rate  = 1.5 / L (about 1.5 requests in flight: the cache holds that, not bursts);
-  p95 TTFT SLO  = unloaded TTFT + 1.5 x L (a request may wait for about one ahead of it,
-                  the price of admitting no more than the cache holds);
-  p95 ITL SLO   = unloaded TTFT + 2 x unloaded TPOT (a token may wait for one other
-                  request's prefill step, about the unloaded TTFT, and its own decode
-                  step); no preemptions.
-So the winner's TTFT is a few request-times, something a user of this machine accepts,
-not a 60 s placeholder. The ITL bound allows one prefill stall per gap on purpose: with
-about 1.5 requests in flight, 2-4 % of a request's gaps hold another request's prefill,
-so a p95 ITL bound below the prefill time (the earlier 4 x TPOT) sat inside the run-to-run
-spread and the same settings met it in one window and broke it in the next.
+The demo builds that situation from this machine's own measurements, so that it holds on
+every CPU kind (a fast AMX CPU and a slow AVX2 one differ by 10x in speed, not in tokens):
+1. `calibrate`: the engine with its defaults serves a few demo requests one at a time:
+   the unloaded TTFT and TPOT on this machine. Replies are capped at the length one
+   request serves in about REQUEST_TARGET_S seconds alone (32 to 64 tokens), which gives the
+   request latency L; a slow or busy CPU gets shorter replies rather than a longer demo.
+2. The KV cache, in bytes (`--kv-cache-memory-bytes`, vLLM's KV budget): the window's
+   ShareGPT requests are sampled first, and the cache is sized to hold CACHE_REQUESTS of the
+   longest (prompt + output tokens, in whole blocks) at the KV bytes per token of the dtype
+   the engine picks on this CPU (bfloat16 with native bf16, float32 otherwise), and at least
+   one max_model_len request. The load is a burst of BURST requests arriving together (vLLM
+   bench serve's `--request-rate inf`): the defaults (256 sequences) admit all of them, their
+   decodes outgrow the cache, and the newest are preempted, on any CPU, because that is
+   counted in tokens, not seconds.
+3. SLOs from the calibration: no preemptions (the guide's symptom); p95 TTFT = TTFT + R x
+   L with R = ceil(BURST / CACHE_REQUESTS) + 1 rounds (a request may wait for the burst
+   ahead of it to pass through a cache that holds CACHE_REQUESTS at once); p95 ITL = TTFT
+   + 2 x TPOT (a token may wait for one other request's prefill step and its own decode).
+4. `kvpilot tune --local` searches max_num_seqs and max_num_batched_tokens (changed live, one
+   engine for the session) and prints each trial; `story.before_after` then prints the
+   defaults against the winner in the guide's terms and writes before_after.png.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.engine.settings import BY_NAME, flag_words
+from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner import cli
 
-MODEL, MAX_MODEL_LEN, KV_BLOCKS = "smollm2-135m-instruct", 256, 24  # 24 blocks hold 1.5 max_model_len
-MAX_PROMPT, MAX_OUTPUT = 128, 48
-DEMO_ARGS = [
-    "--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN),
-    f"--engine-arg={BY_NAME['num_gpu_blocks_override'].flag}={KV_BLOCKS}",
-    "--trials", "6", "--remeasure-top", "1",
-    "--num-requests", "10", "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(MAX_OUTPUT),
-    "--warmup-requests", "1",
-    BY_NAME["max_num_batched_tokens"].flag, "128:1024", BY_NAME["max_num_seqs"].flag, "2:256",
-    "--chunked-prefill", "on",
-    "--max-preemptions-per-min", "0",
-]
+MODEL, MAX_MODEL_LEN = "smollm2-135m-instruct", 256
+# Replies of at least MIN_OUTPUT tokens grow each admitted request by 2+ KV blocks while it
+# decodes: the growth that outruns the cache once prompts have filled it (shorter replies fit
+# in what admission leaves free, and nothing is preempted).
+MAX_PROMPT, MAX_OUTPUT, MIN_OUTPUT = 64, 64, 32
+BURST, CACHE_REQUESTS = 8, 3  # requests per window, arriving together; longest ones the KV cache holds
+WARMUP_REQUESTS = 1
+REQUEST_TARGET_S = 3.0  # replies are capped so that one request alone takes about this long here
+SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "2:256",
+          "--chunked-prefill", "on"]
 
 
 @dataclass(frozen=True)
@@ -54,27 +61,89 @@ class Calibration:
 
     ttft_s: float
     tpot_s: float
-    latency_s: float
 
-    def args(self) -> list[str]:
-        """The demo's SLO and load flags (see the module doc)."""
-        return ["--slo-ttft-ms", f"{(self.ttft_s + 1.5 * self.latency_s) * 1000:.0f}",
+    @property
+    def max_output_len(self) -> int:
+        """Output tokens per request: as many as fit REQUEST_TARGET_S on this machine, in
+        [MIN_OUTPUT, MAX_OUTPUT] (a slow or busy CPU gets shorter replies, not a longer demo)."""
+        fit = int((REQUEST_TARGET_S - self.ttft_s) / max(self.tpot_s, 1e-3))
+        return max(MIN_OUTPUT, min(MAX_OUTPUT, fit))
+
+    @property
+    def latency_s(self) -> float:
+        """One request of max_output_len tokens alone."""
+        return self.ttft_s + (self.max_output_len - 1) * self.tpot_s
+
+    def slo_args(self) -> list[str]:
+        """The demo's SLO flags (see the module doc)."""
+        rounds = math.ceil(BURST / CACHE_REQUESTS) + 1
+        return ["--slo-ttft-ms", f"{(self.ttft_s + rounds * self.latency_s) * 1000:.0f}",
                 "--slo-itl-ms", f"{(self.ttft_s + 2 * self.tpot_s) * 1000:.0f}",
-                "--request-rate", f"{1.5 / self.latency_s:.3f}"]
+                "--max-preemptions-per-min", "0"]
 
 
-def calibrate(requests: int = 3) -> Calibration:
-    """Serves `requests` demo requests one at a time (after a warm-up) on the engine with
-    its default settings and the demo's cache; raises TrialFailed when it does not start."""
+@dataclass(frozen=True)
+class Cache:
+    """The demo's KV cache: `num_blocks` blocks of `block_size` tokens at `token_bytes` bytes
+    per token (K and V over every layer, in the engine's dtype on this CPU)."""
+
+    num_blocks: int
+    block_size: int
+    token_bytes: int
+    dtype: str
+
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.token_bytes
+
+
+def workload_args(max_output_len: int, burst: int = BURST) -> list[str]:
+    """One burst of `burst` ShareGPT requests per window (the tuner's default seed samples them)."""
+    return ["--num-requests", str(burst), "--request-rate", "inf", "--warmup-requests", str(WARMUP_REQUESTS),
+            "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(max_output_len)]
+
+
+def size_cache(longest_request_tokens: int) -> Cache:
+    """The KV cache that holds CACHE_REQUESTS of the window's longest request at once (and at
+    least one max_model_len one), priced with this machine's engine dtype
+    (`kvpilot.tuner.feasibility.Hardware`)."""
+    from kvpilot.engine.config import ParallelConfig
+    from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
+    from kvpilot.tuner.feasibility import Hardware, resolve_model
+    from kvpilot.tuner.settings import EngineSettings
+
+    block_size = EngineSettings().block_size
+    model = resolve_model(MODEL)
+    dtype = Hardware(device_memory_bytes=1, shared_memory=True).engine_dtype(model)
+    model = resolve_model(MODEL, dtype)
+    blocks = max(CACHE_REQUESTS * math.ceil(longest_request_tokens / block_size), math.ceil(MAX_MODEL_LEN / block_size))
+    return Cache(blocks, block_size, rank_kv_bytes_per_token(model, ParallelConfig(), 0), dtype)
+
+
+def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
+    """prompt + output tokens of each request the tuner sends (the same sample, its warm-up
+    request first: the guide's memory-model points size from all of them too)."""
+    from kvpilot.bench.tokenizers import load_tokenizer
+    from kvpilot.tuner.workload import Workload, load_requests
+
+    w = Workload(num_requests=burst, max_prompt_len=MAX_PROMPT, max_output_len=max_output_len,
+                 warmup_requests=WARMUP_REQUESTS)
+    load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
+    return [r.prompt_len + r.expected_output_len for r in load.requests]
+
+
+def calibrate(requests: int = 2) -> Calibration:
+    """Serves `requests` demo requests of 16 tokens one at a time (after a warm-up)
+    on the engine with its default settings; raises RuntimeError when none succeeds,
+    TrialFailed when the engine does not start."""
     from kvpilot.bench.tokenizers import load_tokenizer
     from kvpilot.tuner.engine_process import EngineProcess
     from kvpilot.tuner.settings import EngineSettings
     from kvpilot.tuner.workload import Workload, drive, load_requests
 
-    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=MAX_OUTPUT, warmup_requests=1)
+    w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=16, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
-    engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log",
-                           flag_words("num_gpu_blocks_override", KV_BLOCKS))
+    engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log", [])
     engine.start(EngineSettings(max_model_len=MAX_MODEL_LEN))
     try:
         done = []
@@ -86,20 +155,52 @@ def calibrate(requests: int = 3) -> Calibration:
     if not done:
         raise RuntimeError("calibration: no request succeeded")
     return Calibration(statistics.median(r.ttft for r in done),
-                       statistics.median((r.latency - r.ttft) / max(1, (r.output_tokens or 2) - 1) for r in done),
-                       statistics.median(r.latency for r in done))
+                       statistics.median((r.latency - r.ttft) / max(1, (r.output_tokens or 2) - 1) for r in done))
+
+
+def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6) -> list[str]:
+    """`kvpilot tune --local` flags of the demo session."""
+    return ["--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN),
+            f"--engine-arg={BY_NAME['kv_cache_memory_bytes'].flag}={cache.kv_cache_memory_bytes}",
+            "--trials", str(trials), "--remeasure-top", "1", "--report-dir", str(report_dir),
+            *SEARCH, *workload_args(c.max_output_len), *c.slo_args()]
 
 
 def main(argv: list[str]) -> int:
-    """Calibrates, then runs the demo session; extra argv flags override the demo's (e.g.
-    --trials 3, --report-dir DIR). Returns 0 once the report is written, also when no
-    trial met the SLOs (the report says so); 2 on bad flags."""
+    """Calibrates, sizes the cache, runs the session, prints the before/after table and
+    writes its plot; extra argv flags override the demo's (e.g. --trials 3, --report-dir
+    DIR). Returns 0 once the report is written, also when no trial met the SLOs (the
+    report says so); 2 on bad flags."""
+    import logging
+
+    from kvpilot.tuner import story
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     c = calibrate()
-    print(f"calibration (defaults, one request at a time): TTFT {c.ttft_s * 1000:.0f} ms, "
-          f"TPOT {c.tpot_s * 1000:.0f} ms, latency {c.latency_s:.1f} s -> {' '.join(c.args())}",
+    sizes = window_request_tokens(c.max_output_len)
+    cache = size_cache(max(sizes))
+    print(f"calibration (defaults, one request at a time): TTFT {c.ttft_s * 1000:.0f} ms, TPOT "
+          f"{c.tpot_s * 1000:.0f} ms -> replies of {c.max_output_len} tokens (latency {c.latency_s:.1f} s); SLOs "
+          f"{' '.join(c.slo_args())}\n"
+          f"load: bursts of {BURST} ShareGPT requests ({min(sizes)}-{max(sizes)} tokens, mean "
+          f"{statistics.fmean(sizes):.0f}); KV cache {cache.kv_cache_memory_bytes} bytes = {cache.num_blocks} blocks "
+          f"of {cache.block_size} tokens at {cache.token_bytes} bytes/token ({cache.dtype} on this CPU): "
+          f"{CACHE_REQUESTS} of the longest requests at once, while the burst's {sum(sizes)} tokens would all run "
+          f"at once with the defaults",
           file=sys.stderr, flush=True)
-    code = cli.main(DEMO_ARGS + c.args() + list(argv))
-    return 0 if code in (0, 1) else code
+    report_dir = Path(tempfile.mkdtemp(prefix="kvpilot-demo-tune-"))
+    code = cli.main(demo_args(c, cache, report_dir) + list(argv))
+    if code not in (0, 1):
+        return code
+    folder = Path(next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--report-dir"), report_dir))
+    rep = json.loads((folder / "report.json").read_text())
+    warnings = [line for line in (folder / "engine.log").read_text().splitlines() if " is preempted by " in line]
+    if warnings:
+        print(f"engine log: {len(warnings)} preemption warning(s), the first:\n  {warnings[0]}")
+    print(story.before_after(rep))
+    plot = story.write_plot(rep, folder)
+    print(f"plot: {plot}" if plot else "plot: none (no winner to compare)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ chunked prefill, parallel sizes that do not divide the heads), and the KV-cache 
                   block_size x 2 x its stage's layers x kv_heads / tp x head_dim x bytes
     one device per rank: KV blocks = min over r of
                   (device memory x gpu_memory_utilization - weights_r - activation_r) // block_bytes_r
+    kv_cache_memory_bytes set: KV blocks = kv_cache_memory_bytes // the largest block_bytes_r
+                  (memory fraction and CPU space not used, as in the engine and vLLM)
+    max_model_len -1 (auto): min(the model's context, KV blocks x block_size)
     shared memory (CPU, all ranks in one machine or pod): KV blocks =
                   (memory x gpu_memory_utilization - sum weights_r - sum activation_r) // sum block_bytes_r
                   and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
@@ -43,6 +46,7 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     cpu_kvcache_space_bytes,
     estimate_activation_bytes,
 )
+from kvpilot.engine.settings import AUTO_MAX_MODEL_LEN, BY_NAME
 from kvpilot.engine.parallel_layout import (
     RankPosition,
     rank_gguf_block_bytes,
@@ -176,17 +180,20 @@ class Feasibility:
 def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> Feasibility:
     """Applies the engine's rules and KV-cache arithmetic to `settings`; never raises for an
     infeasible setting, it returns the reason (the engine's own error message)."""
+    auto = settings.max_model_len == AUTO_MAX_MODEL_LEN  # vLLM's auto: sized below, after the KV cache
+    max_model_len = model.max_position_embeddings if auto else settings.max_model_len
     try:
-        model = dataclasses.replace(model, max_model_len=settings.max_model_len, dtype=hardware.engine_dtype(model))
+        model = dataclasses.replace(model, max_model_len=max_model_len, dtype=hardware.engine_dtype(model))
         SchedulerConfig(
-            max_model_len=settings.max_model_len,
+            max_model_len=max_model_len,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
             enable_chunked_prefill=settings.enable_chunked_prefill,
             preemption_mode=settings.preemption_mode,
         )
         CacheConfig(block_size=settings.block_size, gpu_memory_utilization=settings.gpu_memory_utilization,
-                    swap_space=settings.swap_space, enable_prefix_caching=settings.enable_prefix_caching)
+                    swap_space=settings.swap_space, enable_prefix_caching=settings.enable_prefix_caching,
+                    kv_cache_memory_bytes=settings.kv_cache_memory_bytes)
         parallel = ParallelConfig(settings.tensor_parallel_size, settings.pipeline_parallel_size)
         parallel.check_model(model)
     except ValueError as e:
@@ -202,13 +209,21 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     if hardware.num_gpu_blocks_override is not None:
         num_blocks, how = hardware.num_gpu_blocks_override, "num_gpu_blocks_override"
         block_bytes = sum(r.block_bytes for r in ranks)
+    elif settings.kv_cache_memory_bytes is not None:  # per rank, as the engine reads it
+        num_blocks = settings.kv_cache_memory_bytes // max(r.block_bytes for r in ranks)
+        how, block_bytes = f"kv_cache_memory_bytes {settings.kv_cache_memory_bytes}", sum(r.block_bytes for r in ranks)
     else:
         plan = KVCachePlan.build(hardware.device_memory_bytes, settings.gpu_memory_utilization,
                                  settings.block_size, ranks, hardware.shared_memory, hardware.kv_space_bytes())
         num_blocks, how = plan.num_blocks, "predicted: " + plan.describe()
         block_bytes = plan.budgets[plan.limiting].block_bytes
+    if auto:  # the engine serves min(the model's context, what the cache holds)
+        max_model_len = min(max_model_len, num_blocks * settings.block_size)
+        if max_model_len < BY_NAME["max_model_len"].minimum:
+            return Feasibility(False, f"KV cache: max_model_len auto: {num_blocks} blocks hold {max_model_len} "
+                                      f"tokens, below the minimum of {BY_NAME['max_model_len'].minimum:g}", num_blocks)
     try:
-        check_fits(num_blocks, settings.block_size, settings.max_model_len, block_bytes, how)
+        check_fits(num_blocks, settings.block_size, max_model_len, block_bytes, how)
     except ValueError as e:
         return Feasibility(False, f"KV cache: {e}", num_blocks)
-    return Feasibility(True, "", num_blocks, num_blocks * settings.block_size / settings.max_model_len)
+    return Feasibility(True, "", num_blocks, num_blocks * settings.block_size / max_model_len)

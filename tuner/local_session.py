@@ -46,6 +46,19 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
                     shared_memory=not on_gpu)
 
 
+def base_settings(a: argparse.Namespace) -> EngineSettings:
+    """The defaults trial's settings: the engine's defaults at --max-model-len, with the
+    --engine-arg values of the settings that move them or the KV cache (--performance-mode
+    throughput doubles the default limits; --kv-cache-memory-bytes sizes the cache), so that
+    trial 0 and the memory model see the engine that runs."""
+    from kvpilot.engine.settings import BY_NAME
+
+    given = {name: BY_NAME[name].parse(v) if BY_NAME[name].parse else v
+             for name in ("performance_mode", "kv_cache_memory_bytes")
+             if (v := flag_value(a.engine_args, name)) is not None}
+    return EngineSettings(max_model_len=a.max_model_len, **given)
+
+
 def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
     """Every flag a trial may pass: both spellings of the booleans the space can flip."""
     flags = base.to_flags() + [f for f in a.engine_args if f.startswith("--")]
@@ -81,7 +94,7 @@ def progress_printer(total: int, metrics: TunerMetrics, study_ref: list[optuna.S
 def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
     """Runs the session and returns the report dict (also written under a.report_dir)."""
     model = resolve_model(a.model)
-    base = EngineSettings(max_model_len=a.max_model_len)
+    base = base_settings(a)
     check_flags(KVPILOT_SERVE, searched_flags(base, a))
     from kvpilot.bench.tokenizers import load_tokenizer
 

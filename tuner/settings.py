@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.engine import settings
-from kvpilot.engine.settings import LIVE_SETTINGS, default_max_num_batched_tokens
+from kvpilot.engine.settings import (AUTO_MAX_MODEL_LEN, LIVE_SETTINGS, default_max_num_batched_tokens,
+                                     default_max_num_seqs)
 
 LIVE_FIELDS = LIVE_SETTINGS  # changeable on a running engine (POST /admin/scheduler_config)
 _DEFAULTS = settings.deploy_defaults()
@@ -26,13 +27,16 @@ class EngineSettings:
     """One point of the search: the engine flags a trial runs with.
 
     Defaults are `kvpilot.engine.settings.deploy_defaults()` (the engine's, vLLM's, with a
-    fixed max_model_len of 2048 as the CRD has), with `max_num_batched_tokens` derived as the
-    engine does: 2048 with chunked prefill, max(max_model_len, 2048) without. Units: lengths
-    and budgets in tokens, gpu_memory_utilization a fraction of device memory, swap_space in GiB.
+    fixed max_model_len of 2048 as the CRD has), with `max_num_seqs` and `max_num_batched_tokens`
+    derived as the engine does: 256 sequences and a budget of 2048 with chunked prefill,
+    max(max_model_len, 2048) without, both doubled in performance_mode 'throughput'.
+    max_model_len -1 is vLLM's auto (the longest the KV cache holds). Units: lengths and
+    budgets in tokens, gpu_memory_utilization a fraction of device memory, kv_cache_memory_bytes
+    bytes per rank (None: sized from gpu_memory_utilization), swap_space in GiB.
     """
 
     max_model_len: int = _DEFAULTS["max_model_len"]
-    max_num_seqs: int = _DEFAULTS["max_num_seqs"]
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = _DEFAULTS["gpu_memory_utilization"]
     enable_chunked_prefill: bool = _DEFAULTS["enable_chunked_prefill"]
@@ -42,10 +46,16 @@ class EngineSettings:
     enable_prefix_caching: bool = _DEFAULTS["enable_prefix_caching"]
     preemption_mode: str = _DEFAULTS["preemption_mode"]
     swap_space: float = _DEFAULTS["swap_space"]
+    performance_mode: str | None = _DEFAULTS["performance_mode"]  # None: the engine's (balanced), no flag
+    kv_cache_memory_bytes: int | None = _DEFAULTS["kv_cache_memory_bytes"]
 
     def __post_init__(self) -> None:
+        if self.max_num_seqs is None:
+            object.__setattr__(self, "max_num_seqs", default_max_num_seqs(self.performance_mode))
         if self.max_num_batched_tokens is None:
-            default = default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_model_len)
+            auto = self.max_model_len == AUTO_MAX_MODEL_LEN  # not known before the cache is sized: no floor
+            default = default_max_num_batched_tokens(self.enable_chunked_prefill or auto, self.max_model_len,
+                                                     self.performance_mode)
             object.__setattr__(self, "max_num_batched_tokens", default)
         object.__setattr__(self, "gpu_memory_utilization", round(float(self.gpu_memory_utilization), 3))
 
@@ -60,8 +70,9 @@ class EngineSettings:
         return settings.to_flags(self.as_dict())
 
     def to_engine_spec(self) -> dict[str, Any]:
-        """The InferenceService `spec.engine` keys these settings set (camelCase)."""
-        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items()}
+        """The InferenceService `spec.engine` keys these settings set (camelCase); unset ones
+        (None: performanceMode, kvCacheMemoryBytes) are left out, as the CRD has no null."""
+        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items() if v is not None}
 
     @classmethod
     def from_engine_spec(cls, engine: Mapping[str, Any]) -> EngineSettings:
@@ -91,6 +102,12 @@ class EngineSettings:
             text += f" bs={self.block_size}"
         if self.enable_prefix_caching:
             text += " prefix-cache"
+        if self.kv_cache_memory_bytes is not None:
+            text += f" kv={self.kv_cache_memory_bytes / (1 << 20):.1f}MiB"
+        if self.performance_mode not in (None, "balanced"):
+            text += f" {self.performance_mode}"
+        if self.max_model_len == AUTO_MAX_MODEL_LEN:
+            text += " len=auto"
         return text
 
 

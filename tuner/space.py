@@ -10,6 +10,18 @@ prefill study's sweeps use) plus `max_model_len`, the smallest budget chunked pr
 off accepts; `max_num_seqs` is log-uniform. Parallel sizes are limited to those whose
 product fits the devices and that divide the model's heads (and, for even stages, layers).
 
+Default ranges come from one table, `kvpilot.engine.settings.SEARCH_RANGES` (each setting's
+`search`): `SearchSpace()`, `kvpilot tune`'s flags, the in-cluster tuner (which parses the
+same flags) and the user guide's table (`ranges_markdown`) read it, and
+tests/tuner/test_tuner_search_ranges.py fails when any of them differs.
+
+Two of vLLM's newer knobs are opt-in axes: `kv_cache_memory_bytes` (a KV budget in bytes;
+more bytes, fewer preemptions, like gpu_memory_utilization, which it overrides) and
+`performance_mode`. On kvpilot's engine the mode only doubles the default limits, which
+every trial sets explicitly, so it is not searched by default; on an upstream vLLM image
+(`runtime: vllm`) it also picks CUDA graph sizes and kernels, which is where searching it
+pays.
+
 Suggest calls follow Optuna's define-by-run API (`suggest_int(..., log=True)`,
 `suggest_categorical`); every setting not searched keeps the base (defaults) value.
 """
@@ -22,7 +34,7 @@ from typing import Any
 import optuna
 
 from kvpilot.engine.config import ModelConfig, ParallelConfig
-from kvpilot.engine.settings import BY_NAME
+from kvpilot.engine.settings import BY_NAME, SEARCH_RANGES
 from kvpilot.tuner.settings import EngineSettings
 
 
@@ -36,21 +48,25 @@ class SearchSpace:
     gpu_memory_utilization: (low, high) fraction of device memory.
     enable_chunked_prefill: the values to try.
     parallel: search tp x pp over what `num_devices` allows.
-    block_size, enable_prefix_caching: optional values to try.
+    block_size, enable_prefix_caching, performance_mode: optional values to try.
+    kv_cache_memory_bytes: (low, high) bytes per rank, sampled log-uniformly (opt-in).
+    Defaults: `kvpilot.engine.settings.SEARCH_RANGES`.
     """
 
-    max_num_batched_tokens: tuple[int, int] | None = (128, 8192)
-    max_num_seqs: tuple[int, int] | None = (4, 256)
-    gpu_memory_utilization: tuple[float, float] | None = None
+    max_num_batched_tokens: tuple[int, int] | None = SEARCH_RANGES["max_num_batched_tokens"]
+    max_num_seqs: tuple[int, int] | None = SEARCH_RANGES["max_num_seqs"]
+    gpu_memory_utilization: tuple[float, float] | None = SEARCH_RANGES.get("gpu_memory_utilization")
     enable_chunked_prefill: tuple[bool, ...] = (True, False)
     parallel: bool = False
     num_devices: int = 1
     block_size: tuple[int, ...] = ()
     enable_prefix_caching: tuple[bool, ...] = ()
     max_num_seqs_pow2: bool = False
+    kv_cache_memory_bytes: tuple[int, int] | None = SEARCH_RANGES.get("kv_cache_memory_bytes")
+    performance_mode: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes"):
             bounds = getattr(self, name)
             if bounds is None:
                 continue
@@ -59,7 +75,7 @@ class SearchSpace:
             problem = BY_NAME[name].problem(bounds[0]) or BY_NAME[name].problem(bounds[1])
             if problem:  # the engine's own bounds (kvpilot.engine.settings)
                 raise ValueError(f"{name} bounds {bounds}: {problem}")
-        for name in ("block_size", "enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("block_size", "enable_prefix_caching", "enable_chunked_prefill", "performance_mode"):
             problem = next(filter(None, map(BY_NAME[name].problem, getattr(self, name))), None)
             if problem:
                 raise ValueError(problem)
@@ -113,6 +129,10 @@ class SearchSpace:
             enable_prefix_caching=tuple(dict.fromkeys((*self.enable_prefix_caching, base.enable_prefix_caching)))
             if self.enable_prefix_caching else (),
             max_num_seqs_pow2=self.max_num_seqs_pow2,
+            kv_cache_memory_bytes=None if self.kv_cache_memory_bytes is None or base.kv_cache_memory_bytes is None
+            else widen(self.kv_cache_memory_bytes, base.kv_cache_memory_bytes),
+            performance_mode=tuple(dict.fromkeys((*self.performance_mode, base.performance_mode)))
+            if self.performance_mode else (),
         )
 
     # ------------------------------------------------------------ sampling
@@ -144,6 +164,11 @@ class SearchSpace:
         if len(self.enable_prefix_caching) > 1:
             values["enable_prefix_caching"] = trial.suggest_categorical(
                 "enable_prefix_caching", list(self.enable_prefix_caching))
+        if self.kv_cache_memory_bytes is not None:
+            values["kv_cache_memory_bytes"] = trial.suggest_int("kv_cache_memory_bytes", *self.kv_cache_memory_bytes,
+                                                                log=True)
+        if len(self.performance_mode) > 1:
+            values["performance_mode"] = trial.suggest_categorical("performance_mode", list(self.performance_mode))
         return base.replace(**values)
 
     def params_of(self, settings: EngineSettings, model: ModelConfig) -> dict[str, Any]:
@@ -164,6 +189,10 @@ class SearchSpace:
             params["block_size"] = settings.block_size
         if len(self.enable_prefix_caching) > 1:
             params["enable_prefix_caching"] = settings.enable_prefix_caching
+        if self.kv_cache_memory_bytes is not None and settings.kv_cache_memory_bytes is not None:
+            params["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+        if len(self.performance_mode) > 1:
+            params["performance_mode"] = settings.performance_mode
         return params
 
     def grid(self, base: EngineSettings, max_num_seqs_values: list[int] | None = None) -> list[EngineSettings]:
@@ -180,3 +209,12 @@ class SearchSpace:
             if choices:
                 out = [s.replace(**{name: c}) for s in out for c in choices]
         return list(dict.fromkeys(out))
+
+
+def ranges_markdown() -> str:
+    """The default search ranges as the user guide's Markdown table (docs/guide.md holds
+    this text; a test compares them)."""
+    lines = ["| setting | `kvpilot tune` flag | default search range |", "|---|---|---|"]
+    for name, (low, high) in SEARCH_RANGES.items():
+        lines.append(f"| `{name}` | `{BY_NAME[name].flag} LOW:HIGH` | {low} to {high} |")
+    return "\n".join(lines)

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvpilot.engine.settings import AUTO_MAX_MODEL_LEN
 from kvpilot.tuner.objective import SLO, Measurement
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -159,7 +160,8 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
 def config_mismatches(info: Mapping[str, str], expected: Mapping[str, object]) -> dict[str, tuple[str, str]]:
     """Settings whose value in `vllm:cache_config_info`'s labels differs from what the
     trial asked for: {name: (expected, reported)}. Labels the engine does not report are
-    skipped; booleans and numbers compare by value ('True' == 'true', '0.90' == '0.9')."""
+    skipped, and so is max_model_len -1 (vLLM's auto: the engine reports what it chose);
+    booleans and numbers compare by value ('True' == 'true', '0.90' == '0.9')."""
     def norm(value: object) -> str:
         text = str(value).strip().lower()
         try:
@@ -168,4 +170,6 @@ def config_mismatches(info: Mapping[str, str], expected: Mapping[str, object]) -
             return text
         return repr(number)
 
-    return {k: (str(v), info[k]) for k, v in expected.items() if k in info and norm(v) != norm(info[k])}
+    auto = {"max_model_len": norm(AUTO_MAX_MODEL_LEN)}
+    return {k: (str(v), info[k]) for k, v in expected.items()
+            if k in info and norm(v) != norm(info[k]) and auto.get(k) != norm(v)}

@@ -32,7 +32,8 @@ from kvpilot.tuner.objective import SLO, Measurement
 @dataclass(frozen=True)
 class Workload:
     """dataset: 'sharegpt' or a trace JSONL path. num_requests per window;
-    request_rate: Poisson arrivals per second (inf: all at once); max_concurrency caps
+    request_rate: arrivals per second (inf: all at once), in gaps of a gamma process of shape
+    `burstiness` (vLLM bench serve's --burstiness: 1 Poisson, < 1 burstier); max_concurrency caps
     requests in flight; max_output_len / max_prompt_len cap ShareGPT's lengths in tokens
     (short runs on CPU); ignore_eos makes every reply its requested length, so trials
     compare the same work; warmup_requests run before the window and are excluded."""
@@ -40,6 +41,7 @@ class Workload:
     dataset: str = "sharegpt"
     num_requests: int = 64
     request_rate: float = math.inf
+    burstiness: float = 1.0
     max_concurrency: int | None = None
     max_output_len: int | None = None
     max_prompt_len: int | None = None
@@ -52,6 +54,8 @@ class Workload:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
 
     @property
     def is_trace(self) -> bool:
@@ -156,5 +160,6 @@ def drive(requests: Sequence[SampleRequest], w: Workload, base_url: str, model: 
         return asyncio.run(_replay(requests, offsets, api_url, model, dict(headers or {}), w.ignore_eos))
     return asyncio.run(run_benchmark(
         requests, api_url=api_url, model=model, request_rate=request_rate or w.request_rate,
-        max_concurrency=w.max_concurrency, seed=w.seed, ignore_eos=w.ignore_eos, headers=dict(headers or {}),
+        burstiness=w.burstiness, max_concurrency=w.max_concurrency, seed=w.seed, ignore_eos=w.ignore_eos,
+        headers=dict(headers or {}),
         progress=sys.stderr.isatty()))  # a bar per trial window on a terminal

@@ -40,7 +40,7 @@ def _add_setting(parser: argparse.ArgumentParser, setting: Setting) -> None:
         parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=setting.default,
                             help=setting.help)
         return
-    parser.add_argument(*names, type=setting.type, default=setting.default, help=setting.help,
+    parser.add_argument(*names, type=setting.parse or setting.type, default=setting.default, help=setting.help,
                         metavar=setting.metavar,
                         choices=list(setting.choices) if setting.choices and setting.type is str else None)
 

@@ -144,6 +144,7 @@ class DrainingServer(uvicorn.Server):
         async_engine.on_dead = self._engine_died
         async_engine.start(asyncio.get_running_loop(), thread)
         self.state.tokenizer = engine.tokenizer
+        self.state.max_model_len = engine.config.scheduler.max_model_len  # --max-model-len auto: as sized
         self.state.engine = async_engine
         logger.info("engine loaded in %.1f s; serving %r (max_model_len %d) on http://%s:%d",
                     time.monotonic() - t0, self.state.served_model_name, self.state.max_model_len,

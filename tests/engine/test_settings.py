@@ -33,9 +33,44 @@ def test_every_setting_is_a_serve_flag_with_its_default_type_and_short_form():
         if s.type is bool:
             assert "--no-" + s.flag[2:] in action.option_strings
         else:
-            assert action.type is s.type
+            assert action.type is (s.parse or s.type)
     ns = parser.parse_args(["-tp", "3", "--no-enable-chunked-prefill", "--swap-space", "2.5"])
     assert (ns.tensor_parallel_size, ns.enable_chunked_prefill, ns.swap_space) == (3, False, 2.5)
+
+
+@pytest.mark.parametrize("words, expected", [
+    (["--max-model-len", "auto"], {"max_model_len": -1}), (["--max-model-len", "-1"], {"max_model_len": -1}),
+    (["--max-model-len", "1k"], {"max_model_len": 1000}), (["--max-model-len", "1K"], {"max_model_len": 1024}),
+    (["--max-model-len", "25.6k"], {"max_model_len": 25600}),
+    (["--kv-cache-memory-bytes", "512M"], {"kv_cache_memory_bytes": 512 << 20}),
+    (["--kv-cache-memory-bytes", "1000000"], {"kv_cache_memory_bytes": 1000000}),
+    (["--performance-mode", "throughput"], {"performance_mode": "throughput"})])
+def test_vllms_newest_flags_parse_as_vllm_spells_them(words, expected):
+    ns = make_serve_parser().parse_args(words)
+    assert {k: getattr(ns, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("words", [["--max-model-len", "big"], ["--max-model-len", "1.5"],
+                                   ["--kv-cache-memory-bytes", "lots"], ["--performance-mode", "fast"]])
+def test_bad_values_of_the_new_flags_exit_2_naming_the_flag(words, capsys):
+    with pytest.raises(SystemExit) as e:
+        make_serve_parser().parse_args(words)
+    assert e.value.code == 2 and words[0] in capsys.readouterr().err
+
+
+def test_max_model_len_auto_is_the_only_value_below_the_minimum():
+    assert settings.problems({"max_model_len": -1}) == []
+    assert settings.problems({"max_model_len": 8}) == ["max_model_len must be >= 16 and <= 1048576 (or -1), got 8"]
+    assert settings.problems({"kv_cache_memory_bytes": 0}) == ["kv_cache_memory_bytes must be >= 1, got 0"]
+
+
+@pytest.mark.parametrize("mode, chunked, max_model_len, seqs, budget", [
+    ("balanced", True, 4096, 256, 2048), ("interactivity", True, 4096, 256, 2048),
+    ("throughput", True, 4096, 512, 4096), ("throughput", False, 8192, 512, 8192),
+    ("throughput", False, 1024, 512, 4096)])
+def test_throughput_mode_doubles_the_default_limits_as_vllm_does(mode, chunked, max_model_len, seqs, budget):
+    assert settings.default_max_num_seqs(mode) == seqs
+    assert settings.default_max_num_batched_tokens(chunked, max_model_len, mode) == budget
 
 
 def test_engine_args_fields_are_the_settings_with_the_same_defaults():
@@ -66,7 +101,8 @@ def test_the_derived_budget_default_is_vllms(chunked, max_model_len, expected):
 def test_deploy_defaults_differ_from_the_engine_only_where_the_model_decides():
     deployed = settings.deploy_defaults()
     differs = {s.name for s in SETTINGS if deployed[s.name] != s.default}
-    assert differs == {"max_model_len", "max_num_batched_tokens", "show_hidden_metrics_for_version"}
+    assert differs == {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "show_hidden_metrics_for_version",
+                       "performance_mode"}  # unset in a spec: no flag, so vLLM images before 0.17 start
     assert deployed["max_num_batched_tokens"] == 2048 and deployed["max_num_seqs"] == 256
 
 

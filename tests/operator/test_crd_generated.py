@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import celpy
 import pytest
 
 from kvpilot.api.spec import EngineSpec
@@ -36,10 +37,27 @@ def test_the_crd_carries_every_setting_with_its_bounds_default_and_rules():
     for name, field in settings.CRD_FIELDS.items():
         s, schema = settings.BY_NAME[name], engine["properties"][field]
         assert s.flag in schema["description"]
-        assert schema.get("default") == defaults[name] and schema.get("minimum") == s.minimum, field
+        low = None if s.minimum is None else min((s.minimum, *s.special))  # maxModelLen: -1 is auto
+        assert schema.get("default") == defaults[name] and schema.get("minimum") == low, field
         assert schema.get("enum") == (list(s.choices) if s.choices else None)
     assert [r["rule"] for r in engine["x-kubernetes-validations"]] == [r.cel for r in settings.RULES]
     assert list(engine["properties"])[:3] == ["runtime", "image", "imagePullPolicy"]
+
+
+def test_max_model_len_takes_auto_as_minus_one_and_nothing_else_below_16():
+    """vLLM's `--max-model-len -1` (auto) passes the CRD's rule; 0-15 do not (the schema's
+    minimum is -1, so the field's CEL rule is what refuses them)."""
+    engine = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "engine"]
+    field = engine["properties"]["maxModelLen"]
+    env = celpy.Environment()
+    program = env.program(env.compile(field["x-kubernetes-validations"][0]["rule"]))
+    for value in (-1, 0, 1, 15, 16, 2048):
+        assert bool(program.evaluate({"self": celpy.json_to_cel(value)})) == (value == -1 or value >= 16), value
+        assert (settings.BY_NAME["max_model_len"].problem(value) is None) == (value == -1 or value >= 16), value
+    for name in ("performanceMode", "kvCacheMemoryBytes"):
+        assert settings.BY_CRD[name].flag in engine["properties"][name]["description"]
+    assert engine["properties"]["performanceMode"]["enum"] == ["balanced", "interactivity", "throughput"]
 
 
 

@@ -216,3 +216,26 @@ def test_drift_compares_quantities_by_value():
     assert covers(stored, desired)
     assert not covers({**stored, "resources": {"limits": {**stored["resources"]["limits"], "cpu": "600m"}}}, desired)
     assert not covers({**stored, "replicas": "1"}, desired)  # only quantities compare by value
+
+
+def test_runtime_vllm_passes_vllms_newest_knobs_through_and_kvpilot_parses_them():
+    """performanceMode, kvCacheMemoryBytes and maxModelLen -1 (vLLM's auto) render as vLLM's
+    flags for both runtimes; the same words parse with `kvpilot serve`'s parser; unset, the
+    performance mode renders nothing (vLLM images before 0.17 do not know the flag)."""
+    from kvpilot.engine.entrypoints.cli_args import explicit_dests
+
+    engine = {"runtime": "vllm", "performanceMode": "throughput", "kvCacheMemoryBytes": 2 << 30, "maxModelLen": -1}
+    command = engine_command(InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "engine": engine}))
+    pairs = dict(zip(command, command[1:]))
+    assert command[:2] == ["vllm", "serve"]
+    assert pairs["--performance-mode"] == "throughput" and pairs["--kv-cache-memory-bytes"] == str(2 << 30)
+    assert pairs["--max-model-len"] == "-1"
+    given = explicit_dests(command[3:])
+    assert (given["performance_mode"], given["kv_cache_memory_bytes"], given["max_model_len"]) == (
+        "throughput", 2 << 30, -1)
+    plain = render_engine_args(EngineSpec())
+    assert "--performance-mode" not in plain and "--kv-cache-memory-bytes" not in plain
+    validate(spec(maxModelLen=-1, kvCacheMemoryBytes=1 << 20, performanceMode="interactivity"))
+    for bad in ({"maxModelLen": 8}, {"kvCacheMemoryBytes": 0}, {"performanceMode": "fast"}):
+        with pytest.raises(InvalidSpec):
+            validate(spec(**bad))

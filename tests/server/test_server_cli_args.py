@@ -39,3 +39,17 @@ def test_the_api_key_from_a_key_file_loses_its_newline_and_a_blank_key_is_refuse
         resolve_secrets(parser, ns, {"VLLM_API_KEY": " \n"})
     assert stopped.value.code == 2
 
+
+
+def test_serve_help_lists_vllms_newest_flags_with_their_meaning():
+    """`kvpilot serve --help` documents --performance-mode, --max-model-len auto and
+    --kv-cache-memory-bytes (issue 33), as the console script prints it."""
+    import subprocess
+    import sys
+
+    text = subprocess.run([sys.executable, "-m", "kvpilot.cli.main", "serve", "--help"], capture_output=True,
+                          text=True, check=True).stdout
+    flat = " ".join(text.split())
+    assert "--performance-mode {balanced,interactivity,throughput}" in flat
+    assert "--max-model-len N|auto" in flat and "auto or -1" in flat
+    assert "--kv-cache-memory-bytes BYTES" in flat and "gpu_memory_utilization" in flat

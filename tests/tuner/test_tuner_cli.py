@@ -3,13 +3,14 @@ SLOs and workload; the top-level CLI routes `tune` here; the tuner's own metrics
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
 from kvpilot.cli.main import main as kvpilot_main
 from kvpilot.tuner import cli
-from kvpilot.tuner.demo import DEMO_ARGS, Calibration
+from kvpilot.tuner.demo import BURST, CACHE_REQUESTS, Cache, Calibration, demo_args
 from kvpilot.tuner.exporter import TunerMetrics
 
 
@@ -44,19 +45,33 @@ def test_flags_build_the_space_slos_and_workload(tmp_path):
     assert a.report_dir == tmp_path and a.api_key
 
 
-def test_demo_flags_parse():
-    a = cli.parse(DEMO_ARGS)
-    assert a.local and a.trials >= 3 and a.engine_args[0] == "--num-gpu-blocks-override"
+CACHE = Cache(num_blocks=20, block_size=16, token_bytes=23040, dtype="bfloat16")
+CALIBRATION = Calibration(ttft_s=0.2, tpot_s=0.04)  # unloaded, on some machine: 64-token replies take 2.7 s
 
 
-def test_demo_slos_come_from_the_calibration_and_allow_one_prefill_stall():
-    # unloaded TTFT 0.4 s, TPOT 0.07 s, latency 3.5 s on some machine
-    a = cli.parse(DEMO_ARGS + Calibration(ttft_s=0.4, tpot_s=0.07, latency_s=3.5).args())
-    assert a.slo.ttft_p95_ms == pytest.approx(400 + 1.5 * 3500, abs=1)
+def test_demo_flags_parse(tmp_path):
+    a = cli.parse(demo_args(CALIBRATION, CACHE, tmp_path))
+    assert a.local and a.trials >= 3 and a.engine_args == ["--kv-cache-memory-bytes", str(20 * 16 * 23040)]
+    assert a.workload.num_requests == BURST and math.isinf(a.workload.request_rate)  # one burst per window
+    # not one at a time: a window would take BURST request-times
+    assert a.space.enable_chunked_prefill == (True,) and a.space.max_num_seqs[0] == 2
+
+
+def test_demo_slos_come_from_the_calibration():
+    a = cli.parse(demo_args(CALIBRATION, CACHE, Path("/tmp")))
+    rounds = -(-BURST // CACHE_REQUESTS) + 1  # the burst passes through a cache of CACHE_REQUESTS at a time
+    assert CALIBRATION.max_output_len == 64 and CALIBRATION.latency_s == pytest.approx(0.2 + 63 * 0.04)
+    assert a.slo.ttft_p95_ms == pytest.approx(200 + rounds * (200 + 63 * 40), abs=1)
     # an inter-token gap may hold one other request's prefill step (~ the unloaded TTFT)
-    assert a.slo.itl_p95_ms == pytest.approx(400 + 2 * 70, abs=1) and a.slo.itl_p95_ms > 400
-    assert a.workload.request_rate == pytest.approx(1.5 / 3.5, abs=1e-3)
+    assert a.slo.itl_p95_ms == pytest.approx(200 + 2 * 40, abs=1) and a.slo.itl_p95_ms > 200
     assert a.slo.max_preemptions_per_min == 0
+
+
+def test_a_slow_machine_gets_shorter_replies_not_a_longer_demo():
+    slow = Calibration(ttft_s=1.0, tpot_s=0.6)  # a busy 2-core machine
+    assert slow.max_output_len == 32 and Calibration(ttft_s=0.3, tpot_s=0.06).max_output_len == 45
+    a = cli.parse(demo_args(slow, CACHE, Path("/tmp")))
+    assert a.workload.max_output_len == 32
 
 
 def test_top_level_cli_routes_tune_and_bad_flags_exit_2(capsys):

@@ -125,6 +125,12 @@ def test_config_mismatches_normalise_booleans_and_numbers():
     assert config_mismatches(info, {"max_num_seqs": 16}) == {"max_num_seqs": ("16", "8")}
 
 
+def test_max_model_len_auto_matches_whatever_length_the_engine_chose():
+    info = {"max_model_len": "320", "max_num_seqs": "8"}
+    assert config_mismatches(info, {"max_model_len": -1, "max_num_seqs": 8}) == {}
+    assert config_mismatches(info, {"max_model_len": 256}) == {"max_model_len": ("256", "320")}
+
+
 def test_slack_marks_each_violated_slo_and_empty_windows():
     slo = SLO(ttft_p95_ms=500, itl_p95_ms=100, max_preemptions_per_min=1)
     ok = Measurement(duration_s=60, completed=10, ttft_p95_s=0.4, itl_p95_s=0.05, preemptions=1)
