@@ -19,14 +19,12 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.block_manager import BlockManager
 from kvpilot.engine.config import EngineConfig, SchedulerConfig
 from kvpilot.engine.detokenizer import IncrementalDetokenizer
-from kvpilot.engine.executor import create_executor, profile_rank_memory
-from kvpilot.engine.memory import GiB, KVCachePlan, check_fits, total_device_memory_bytes
+from kvpilot.engine.executor import create_executor
+from kvpilot.engine.kv_sizing import size_kv_cache
 from kvpilot.engine.model_loader import load_tokenizer
 from kvpilot.engine.outputs import CompletionOutput, RequestError, RequestMetrics, RequestOutput
-from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine import settings
 from kvpilot.engine.settings import LIVE_SETTINGS
 from kvpilot.engine.sequence import Sequence, SequenceStatus
 
@@ -52,11 +50,13 @@ class LLMEngine:
         # one rank: a ModelRunner; more: the multi-process executor with the same API
         self.runner = create_executor(config)
         try:
-            num_blocks, num_swap_blocks = self._size_kv_cache()
+            # with --max-model-len auto the config comes back with the length the cache holds
+            self.config, num_blocks, num_swap_blocks = size_kv_cache(config, self.runner)
             self.runner.initialize_kv_cache(num_blocks, num_swap_blocks)
         except BaseException:
             self.close()
             raise
+        config = self.config
         self.block_manager = BlockManager(
             num_blocks, config.cache.block_size, num_swap_blocks, config.cache.enable_prefix_caching
         )
@@ -76,64 +76,6 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args.create_engine_config())
-
-    # -------------------------------------------------------------- KV sizing
-    def _size_kv_cache(self) -> tuple[int, int]:
-        """Blocks every rank holds (the same number on all: block ids are global) and swap
-        blocks. Each rank's bytes per block are its stage's layers x its KV-head shard;
-        the count is the minimum over ranks' devices, or, on CPU where the ranks share the
-        machine's memory, what one pool fits for all of them (memory.KVCachePlan)."""
-        cfg = self.config
-        bs, max_len = cfg.cache.block_size, cfg.scheduler.max_model_len
-        rank_block_bytes = [bs * rank_kv_bytes_per_token(cfg.model, cfg.parallel, r)
-                            for r in range(cfg.parallel.world_size)]
-        block_bytes = sum(rank_block_bytes)  # one block id over all ranks
-        if cfg.cache.num_gpu_blocks_override is not None:
-            num_blocks = cfg.cache.num_gpu_blocks_override
-            self._fit_max_model_len(num_blocks, block_bytes, "num_gpu_blocks_override")
-        elif cfg.cache.kv_cache_memory_bytes is not None:  # per rank, as vLLM's is per GPU
-            num_blocks = cfg.cache.kv_cache_memory_bytes // max(rank_block_bytes)
-            logger.info("KV cache sizing: kv_cache_memory_bytes %d per rank = %d blocks of %d tokens "
-                        "(gpu_memory_utilization not used)", cfg.cache.kv_cache_memory_bytes, num_blocks, bs)
-            self._fit_max_model_len(num_blocks, block_bytes, "kv_cache_memory_bytes")
-        else:
-            plan = KVCachePlan.build(
-                total_bytes=total_device_memory_bytes(self.runner.device),
-                gpu_memory_utilization=cfg.cache.gpu_memory_utilization,
-                block_size=bs,
-                ranks=profile_rank_memory(self.runner, cfg),
-                shared_memory=self.runner.device.type == "cpu",
-                space_bytes=cfg.cache.cpu_kvcache_space_bytes if self.runner.device.type == "cpu" else None,
-            )
-            logger.info("KV cache sizing: %s", plan.describe())
-            num_blocks = plan.num_blocks
-            self._fit_max_model_len(num_blocks, plan.budgets[plan.limiting].block_bytes, plan.describe())
-        max_len = self.config.scheduler.max_model_len
-        # swap_space is per rank (vLLM: per GPU); the rank with the largest blocks bounds it
-        num_swap = int(cfg.cache.swap_space * GiB) // max(rank_block_bytes)
-        logger.info(
-            "# KV blocks: %d (%d tokens) on each of %d rank(s); maximum concurrency for %d tokens per "
-            "request: %.2fx; swap blocks: %d", num_blocks, num_blocks * bs, cfg.parallel.world_size,
-            max_len, num_blocks * bs / max_len, num_swap,
-        )
-        return num_blocks, num_swap
-
-    def _fit_max_model_len(self, num_blocks: int, block_bytes: int, how: str) -> None:
-        """Checks that one max_model_len sequence fits `num_blocks` (KVCacheTooSmallError with
-        the numbers otherwise). With `--max-model-len auto` it lowers max_model_len instead to
-        the most tokens the cache holds, when that is less than the model's context (vLLM's
-        auto: the model's context length if it fits, else the largest length that does)."""
-        cfg = self.config
-        bs, max_len = cfg.cache.block_size, cfg.scheduler.max_model_len
-        fits = num_blocks * bs
-        if cfg.auto_max_model_len and fits < max_len and fits >= settings.BY_NAME["max_model_len"].minimum:
-            scheduler = dataclasses.replace(cfg.scheduler, max_model_len=fits)
-            self.config = dataclasses.replace(cfg, scheduler=scheduler,
-                                              model=dataclasses.replace(cfg.model, max_model_len=fits))
-            logger.info("max_model_len auto: %d tokens (the KV cache holds %d blocks of %d; the model's context "
-                        "is %d)", fits, num_blocks, bs, max_len)
-            return
-        check_fits(num_blocks, bs, max_len, block_bytes, how)
 
     # ---------------------------------------------------------------- requests
     def add_request(
