@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, free_port, helm_template, wait_for
+from kube.tools import ROOT, Kubectl, free_port, helm_template, wait_for
 from openai import OpenAI
 from pod_to_podman import PodmanRun, podman_run
 from podman_tools import VERSION, podman

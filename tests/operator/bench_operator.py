@@ -18,7 +18,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from cluster.harness import TestCluster  # noqa: E402
-from cluster.tools import ROOT, Kubectl, Operator  # noqa: E402
+from kube.tools import ROOT, Kubectl, Operator  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -20,7 +20,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from cluster.harness import TestCluster  # noqa: E402
-from cluster.tools import ROOT, Kubectl, Operator  # noqa: E402
+from kube.tools import ROOT, Kubectl, Operator  # noqa: E402
 
 CHILDREN = (("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "configmaps"),
             ("", "v1", "secrets"), ("networking.k8s.io", "v1", "networkpolicies"))

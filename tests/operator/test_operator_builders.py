@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import yaml
-from cluster.tools import ROOT
+from kube.tools import ROOT
 
 from kvpilot.operator.builders import (HASH_ANNOTATION, build_configmap, build_deployment, build_podmonitor,
                                        build_service, shm_gib)

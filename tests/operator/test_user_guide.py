@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from cluster.tools import BIN, ROOT, Operator, free_port, wait_for
+from kube.tools import BIN, ROOT, Operator, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 GUIDE = ROOT / "docs" / "guide.md"

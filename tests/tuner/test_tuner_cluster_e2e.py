@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 from cluster.harness import TestCluster
-from cluster.rbac import access_of, missing
-from cluster.tools import ROOT, Kubectl, chart_operator_command, free_port, helm_template, wait_for
+from kube.rbac import access_of, missing
+from kube.tools import ROOT, Kubectl, chart_operator_command, free_port, helm_template, wait_for
 from engine_bridge import EngineBridge
 from prometheus_harness import Prometheus
 

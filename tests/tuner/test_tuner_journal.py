@@ -8,7 +8,7 @@ import gzip
 import optuna
 import yaml
 from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, wait_for
+from kube.tools import ROOT, Kubectl, wait_for
 from synthetic import SyntheticRunner
 
 from kvpilot.engine.memory import GiB

@@ -1,0 +1,64 @@
+"""Child processes of the test control plane: each logs to a file, stops with SIGTERM (then
+SIGKILL) and is never left behind."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """One component: `argv` started with its output in `log`."""
+
+    def __init__(self, name: str, argv: list[str], log: pathlib.Path, env: dict[str, str] | None = None):
+        self.name, self.argv, self.log = name, argv, log
+        self.proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check(self) -> None:
+        """Raises RuntimeError with the log's tail when the process has exited."""
+        if not self.alive():
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; {self.log}:\n{tail}")
+
+    def stop(self, timeout_s: float = 20) -> None:
+        """SIGTERM, then SIGKILL after timeout_s, to the process and its process group."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # anything it started in its group goes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def poll(check: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.2) -> T:
+    """check() until it returns something truthy; TimeoutError naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
