@@ -3,10 +3,12 @@ deleted at the end), a kubeconfig whose context defaults to it, and reads of the
 it, so that test modules sharing one API server never see each other's objects."""
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import re
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -68,3 +70,12 @@ class Cluster:
         if labels:
             path += "?" + urllib.parse.urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())})
         return json.loads(self.control_plane.api("GET", path))["items"]
+
+
+@contextlib.contextmanager
+def standalone(workdir: pathlib.Path, namespace: str, audit: bool = False) -> Iterator[Cluster]:
+    """A control plane of its own with one namespace, for a benchmark run outside pytest."""
+    (workdir / "controlplane").mkdir(parents=True, exist_ok=True)
+    with ControlPlane(workdir / "controlplane", audit=audit) as control_plane, \
+            Cluster(control_plane, namespace, workdir) as cluster:
+        yield cluster

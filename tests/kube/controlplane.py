@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
-import shutil
 import ssl
 import subprocess
 import urllib.request
@@ -92,7 +91,7 @@ class ControlPlane:
         pki.mkdir(parents=True, exist_ok=True)
         ca = Authority(pki)
         serving = ca.issue("apiserver", "kube-apiserver", server_names=(
-            "127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default",
+            "127.0.0.1", "localhost", "10.0.0.1", "10.0.2.2", "kubernetes", "kubernetes.default",
             "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))
         service_account = ca.service_account_keys()
         self.ca = ca.pair
@@ -171,14 +170,15 @@ class ControlPlane:
                 return ""
             raise
 
-    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None,
+            content_type: str = "application/json") -> str:
         """One request to the API server as the admin; the response body.
         Raises urllib.error.HTTPError (an OSError) on an error status."""
         context = ssl.create_default_context(cafile=str(self.ca.cert))
         context.load_cert_chain(str(self.admin.cert), str(self.admin.key))
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": content_type})
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
             return response.read().decode()
 
@@ -199,7 +199,3 @@ class ControlPlane:
         return "\n".join(f"--- {p.log}\n{p.log.read_text(errors='replace')[-2000:]}"
                          for p in self.processes if p.log.exists())
 
-
-def kubectl_path(control_plane: ControlPlane) -> str:
-    found = control_plane.bin_dir / "kubectl"
-    return str(found if found.exists() else shutil.which("kubectl"))

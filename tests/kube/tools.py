@@ -59,8 +59,8 @@ class Kubectl:
 
     def apply(self, manifest: str | pathlib.Path, check: bool = True) -> subprocess.CompletedProcess:
         if isinstance(manifest, pathlib.Path):
-            return self("apply", "--validate=false", "-f", str(manifest), check=check)
-        return self("apply", "--validate=false", "-f", "-", check=check, stdin=manifest)
+            return self("apply", "-f", str(manifest), check=check)
+        return self("apply", "-f", "-", check=check, stdin=manifest)
 
 
 def helm_template(*sets: str) -> list[dict[str, Any]]:
