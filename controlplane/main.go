@@ -5,8 +5,11 @@
 //	kvpilot-controlplane kube-apiserver FLAGS...           (kube-apiserver's own flags)
 //	kvpilot-controlplane kube-controller-manager FLAGS...
 //	kvpilot-controlplane kube-scheduler FLAGS...
-//	kvpilot-controlplane kubectl ARGS...                   (or invoked through a link named kubectl)
+//	kvpilot-controlplane kubectl ARGS...                   (or through a link named kubectl)
+//	kvpilot-controlplane helm ARGS...                      (Helm 4; or through a link named helm)
 //	kvpilot-controlplane version
+//
+// kwok, which fakes nodes for tests, is its own module and binary (kwok/).
 //
 // Each component runs alone in its process, as in a real cluster, so global flags, feature
 // gates and metrics registries never clash. The entry points are the ones the upstream
@@ -29,7 +32,6 @@ var commands = map[string]func(args []string) int{
 	"kube-scheduler":          runScheduler,
 	"kubectl":                 runKubectl,
 	"helm":                    runHelm,
-	"kwok":                    runKwok,
 	"version":                 runVersion,
 }
 

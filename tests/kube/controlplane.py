@@ -111,8 +111,10 @@ class ControlPlane:
         path.chmod(0o600)
         return path
 
-    def _run(self, name: str, *args: str) -> Process:
-        process = Process(name, [str(self.binary), name, *args], self.workdir / f"{name}.log")
+    def _run(self, name: str, *args: str, binary: pathlib.Path | None = None) -> Process:
+        """Starts component `name` (a subcommand of the control plane binary, or `binary`)."""
+        argv = [str(binary), *args] if binary else [str(self.binary), name, *args]
+        process = Process(name, argv, self.workdir / f"{name}.log")
         self.processes.append(process)
         return process
 

@@ -1,6 +1,6 @@
 """Fake nodes for tests that need a pod to be scheduled, Running and Ready but no container
-in it: kwok (sigs.k8s.io/kwok, built into the control plane binary) manages every Node that
-carries its annotation; the pod stages in kwok-stages.yaml make a pod bound to the node
+in it: kwok (sigs.k8s.io/kwok v0.7.0, built beside the control plane from controlplane/kwok/)
+manages every Node that carries its annotation; the pod stages in kwok-stages.yaml make a pod bound to the node
 Running and Ready at once, with a pod IP from --cidr (or stuck in ImagePullBackOff for the
 tests' broken image). Source: kwok.sigs.k8s.io, "kwok in a cluster" and its Stage API."""
 from __future__ import annotations
@@ -34,7 +34,8 @@ def start_kwok(control_plane: ControlPlane) -> None:
     stages = pathlib.Path(__file__).with_name("kwok-stages.yaml")
     process = control_plane._run("kwok", f"--kubeconfig={control_plane.kubeconfig}", f"--config={stages}",
                                  f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                                 "--cidr=10.244.0.0/16", "--node-ip=10.244.0.1", "--node-lease-duration-seconds=40")
+                                 "--cidr=10.244.0.0/16", "--node-ip=10.244.0.1", "--node-lease-duration-seconds=40",
+                                 binary=control_plane.bin_dir / "kwok")
     control_plane.api("POST", "/api/v1/nodes", node_manifest())
 
     def ready() -> bool:

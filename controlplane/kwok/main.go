@@ -1,3 +1,7 @@
+// Command kwok is sigs.k8s.io/kwok's cmd/kwok, built in its own module at the versions kwok
+// v0.7.0 was released with (Kubernetes 0.33 libraries): kwok v0.7.0 does not compile against
+// the 0.34 libraries of the control plane's module (metav1.InitialEventsListBlueprintAnnotationKey
+// is gone), and kwok v0.8.0 needs 0.36. It fakes nodes and the pods bound to them.
 package main
 
 import (
@@ -10,9 +14,7 @@ import (
 	"sigs.k8s.io/kwok/pkg/utils/signals"
 )
 
-// runKwok is cmd/kwok's main: fake nodes whose pods reach Running and Ready with no
-// container behind them (sigs.k8s.io/kwok), for tests that need no container.
-func runKwok(_ []string) int {
+func main() {
 	flags := pflag.NewFlagSet("global", pflag.ContinueOnError)
 	flags.ParseErrorsWhitelist.UnknownFlags = true
 	flags.Usage = func() {}
@@ -22,13 +24,12 @@ func runKwok(_ []string) int {
 	if err != nil {
 		_, _ = os.Stderr.Write([]byte(flags.FlagUsages()))
 		logger.Error("Init config flags", err)
-		return 1
+		os.Exit(1)
 	}
 	command := cmd.NewCommand(ctx)
 	command.PersistentFlags().AddFlagSet(flags)
 	if err := command.ExecuteContext(ctx); err != nil {
 		logger.Error("Execute exit", err)
-		return 1
+		os.Exit(1)
 	}
-	return 0
 }
