@@ -16,13 +16,33 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache="${KVPILOT_CACHE:-$HOME/.cache/kvpilot}/controlplane"
 export GOTOOLCHAIN=local GOFLAGS="-trimpath -mod=readonly" CGO_ENABLED=0
 export GOMODCACHE="$cache/gomod" GOCACHE="$cache/gocache"
-hash="$( (go version; cd "$here" && cat go.mod go.sum ./*.go kwok/go.mod kwok/go.sum kwok/*.go) | sha256sum | cut -c1-16)"
+hash="$( (go version; cd "$here" && cat build.sh go.mod go.sum ./*.go kwok/go.mod kwok/go.sum kwok/*.go) | sha256sum | cut -c1-16)"
 out="$cache/bin/$hash"
+
+# The version stamps that Kubernetes' and Helm's own release builds set with -X (hack/lib/version.sh,
+# Helm's Makefile), read from go.mod: /version, `kubectl version` and Helm's
+# .Capabilities.KubeVersion report v1.34.x instead of v0.0.0-master.
+version_flags() {
+    local kube helm minor
+    kube="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+    helm="$(cd "$here" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
+    minor="$(echo "$kube" | cut -d. -f2)"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        printf -- ' -X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean' \
+            "$pkg" "$kube" "$pkg" "$pkg" "$minor" "$pkg"
+    done
+    printf -- ' -X helm.sh/helm/v4/internal/version.version=%s' "$helm"
+    printf -- ' -X helm.sh/helm/v4/internal/version.kubeClientVersionMajor=1'
+    printf -- ' -X helm.sh/helm/v4/internal/version.kubeClientVersionMinor=%s' "$minor"
+    for pkg in pkg/chart/common pkg/chart/v2/lint/rules pkg/internal/v3/lint/rules; do
+        printf -- ' -X helm.sh/helm/v4/%s.k8sVersionMajor=1 -X helm.sh/helm/v4/%s.k8sVersionMinor=%s' "$pkg" "$pkg" "$minor"
+    done
+}
 if [ ! -x "$out/kvpilot-controlplane" ]; then
     echo "building kvpilot-controlplane into $out (cold: tens of minutes on 2 cores)" >&2
     mkdir -p "$out"
     start=$(date +%s)
-    (cd "$here" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w" -o "$out/kvpilot-controlplane.tmp" .)
+    (cd "$here" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w $(version_flags)" -o "$out/kvpilot-controlplane.tmp" .)
     (cd "$here/kwok" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w" -o "$out/kwok" .)
     ln -sf kvpilot-controlplane "$out/kubectl"
     ln -sf kvpilot-controlplane "$out/helm"

@@ -130,6 +130,10 @@ class ControlPlane:
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
             f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={self.ca.cert}", "--authorization-mode=RBAC", "--allow-privileged=true",
+            # the front-proxy CA that the controller manager and scheduler read (kubeadm's flags)
+            f"--requestheader-client-ca-file={self.ca.cert}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={service_account.cert}",

@@ -77,7 +77,7 @@ def test_every_schema_case_is_enforced_by_the_api_server(create):
         if case.constraint:
             if code != 422 or case.field not in message or MESSAGES[case.constraint] not in message:
                 wrong.append((case.field, case.constraint, code, message))
-        elif f"{case.field}:" in message:  # the bound itself is valid (other rules may still apply)
+        elif f"{case.field} in body" in message:  # the bound itself passes the schema (CEL may still refuse)
             wrong.append((case.field, "bound", code, message))
     assert wrong == []
 
