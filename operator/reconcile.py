@@ -34,7 +34,7 @@ class OperatorConfig:
 
     images: Images = field(default_factory=Images)
     resync_seconds: float = 30.0
-    watch_timeout_seconds: float = 300.0
+    watch_timeout_seconds: int = 300  # the API server's ?timeoutSeconds= takes an integer only
     podmonitor_check_seconds: float = 300.0
     network: NetworkPolicyConfig = field(default_factory=NetworkPolicyConfig)
     policy: Policy = field(default_factory=Policy)
@@ -45,7 +45,7 @@ class OperatorConfig:
                         vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
         return cls(images=images,
                    resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 30)),
-                   watch_timeout_seconds=float(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
+                   watch_timeout_seconds=int(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
                    network=NetworkPolicyConfig.from_env(env), policy=Policy.from_env(env))
 
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 NODE_NAME = "kwok-node-0"
-# Room for the operator benchmark's 200 InferenceServices and their engine pods.
-CAPACITY = {"cpu": "1000", "memory": "4Ti", "pods": "1000", "ephemeral-storage": "1Ti"}
+# Room for the operator benchmark's 200 InferenceServices and their engine pods, and GPUs for
+# the tests whose InferenceServices ask for one (nvidia.com/gpu, as the device plugin reports).
+CAPACITY = {"cpu": "1000", "memory": "4Ti", "pods": "1000", "ephemeral-storage": "1Ti", "nvidia.com/gpu": "64"}
 
 
 def node_manifest(name: str = NODE_NAME) -> dict:
