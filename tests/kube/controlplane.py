@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from .certs import Authority, Pair
-from .processes import Process, free_port, poll
+from .processes import Process
+from .tools import free_port, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVICE_CIDR = "10.0.0.0/24"
@@ -142,7 +143,7 @@ class ControlPlane:
         def ready() -> bool:
             process.check()
             return self.get("/readyz", quiet=True) == "ok"
-        poll(ready, START_TIMEOUT_S, "the API server's /readyz")
+        wait_for(ready, START_TIMEOUT_S, what="the API server's /readyz")
         self.version = json.loads(self.get("/version"))
 
     def _audit_flags(self) -> list[str]:

@@ -9,7 +9,7 @@ import json
 import pathlib
 from typing import TYPE_CHECKING
 
-from .processes import poll
+from .tools import wait_for
 
 if TYPE_CHECKING:
     from .controlplane import ControlPlane
@@ -44,4 +44,4 @@ def start_kwok(control_plane: ControlPlane) -> None:
         node = json.loads(control_plane.get(f"/api/v1/nodes/{NODE_NAME}"))
         conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
         return conditions.get("Ready") == "True"
-    poll(ready, 60, f"kwok to make {NODE_NAME} Ready")
+    wait_for(ready, 60, what=f"kwok to make {NODE_NAME} Ready")

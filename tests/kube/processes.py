@@ -5,19 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Callable
-from typing import TypeVar
-
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Process:
@@ -51,14 +39,3 @@ class Process:
             pass
         self.proc.wait()
 
-
-def poll(check: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.2) -> T:
-    """check() until it returns something truthy; TimeoutError naming `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
