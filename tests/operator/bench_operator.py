@@ -5,8 +5,9 @@ container). The operator runs with the chart's command line as the chart's Servi
 Phase 1: N InferenceServices (default 200) applied by one `kubectl apply`: the time until
 every child (Deployment, Service, ConfigMap, admin-token Secret, NetworkPolicy) exists and
 every status says Ready at its generation. Phase 2: spec changes at a fixed rate (default 10
-per second for 60 s, spec.engine.seed of a random resource): the lag from each change to its
-status at the new generation. For each phase: the operator's CPU seconds, its peak RSS, and
+per second for 60 s, spec.engine.seed of a random resource): the lag from a resource's latest
+change to its Ready status at that generation (a change overtaken by the next one to the same
+resource is not timed). For each phase: the operator's CPU seconds, its peak RSS, and
 the API requests it sent (from the API server's audit log) per reconcile.
 
     .venv/bin/python tests/operator/bench_operator.py [--count 200] [--rate 10] [--seconds 60] [--json PATH]
@@ -21,6 +22,7 @@ import platform
 import random
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -100,33 +102,49 @@ def apply_many(cluster: Cluster, kubectl: Kubectl, count: int, timeout_s: float,
 
 
 def change_specs(cluster: Cluster, count: int, rate: float, seconds: float, timeout_s: float) -> dict:
-    """`rate` merge patches per second (spec.engine.seed) for `seconds`; the lag of each to
-    a Ready status at its generation."""
+    """`rate` merge patches per second (spec.engine.seed of a random resource) for `seconds`,
+    while a watcher thread lists the resources every 0.2 s: the lag from each resource's latest
+    change to a Ready status at (or past) that generation."""
     rng = random.Random(31)
     path = f"/apis/kvpilot.dev/v1alpha1/namespaces/{cluster.namespace}/inferenceservices"
-    sent: dict[str, tuple[int, float]] = {}  # name -> (generation, when) of its latest change
+    pending: dict[str, tuple[int, float]] = {}  # name -> (generation, when) of its latest unobserved change
     lags: list[float] = []
-    start, n = time.monotonic(), 0
+    lock, sending_done = threading.Lock(), threading.Event()
+
+    def watch() -> None:
+        deadline = None
+        while True:
+            items = cluster.objects("kvpilot.dev", "v1alpha1", "inferenceservices")
+            now = time.monotonic()
+            with lock:
+                for obj in items:
+                    name = obj["metadata"]["name"]
+                    if name in pending and fresh_ready(obj) and obj["status"]["observedGeneration"] >= pending[name][0]:
+                        lags.append(now - pending.pop(name)[1])
+                if sending_done.is_set():
+                    deadline = deadline or now + timeout_s
+                    if not pending or now > deadline:
+                        return
+            time.sleep(0.2)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    start, n, changed = time.monotonic(), 0, set()
     while time.monotonic() - start < seconds:
-        target = start + n / rate
-        time.sleep(max(0.0, target - time.monotonic()))
+        time.sleep(max(0.0, start + n / rate - time.monotonic()))
         name = f"bench-{rng.randrange(count):03d}"
         answer = json.loads(cluster.control_plane.api(
             "PATCH", f"{path}/{name}", {"spec": {"engine": {"seed": n + 1}}}, "application/merge-patch+json"))
-        sent[name] = (answer["metadata"]["generation"], time.monotonic())
+        with lock:
+            pending[name] = (answer["metadata"]["generation"], time.monotonic())
+        changed.add(name)
         n += 1
-    deadline = time.monotonic() + timeout_s
-    pending = dict(sent)
-    while pending and time.monotonic() < deadline:
-        for obj in cluster.objects("kvpilot.dev", "v1alpha1", "inferenceservices"):
-            name = obj["metadata"]["name"]
-            if name in pending and (obj.get("status") or {}).get("observedGeneration", 0) >= pending[name][0] \
-                    and fresh_ready(obj):
-                lags.append(time.monotonic() - pending.pop(name)[1])
-        time.sleep(0.2)
-    return {"changes": n, "rate_per_s": rate, "seconds": seconds, "resources_changed": len(sent),
-            "not_converged": len(pending), "lag_p50_s": round(percentile(lags, 0.5), 2),
-            "lag_p95_s": round(percentile(lags, 0.95), 2), "lag_max_s": round(max(lags, default=float("nan")), 2)}
+    elapsed = time.monotonic() - start
+    sending_done.set()
+    watcher.join()
+    return {"changes": n, "rate_per_s": rate, "achieved_rate_per_s": round(n / elapsed, 1), "seconds": seconds,
+            "resources_changed": len(changed), "not_converged": len(pending),
+            "lag_p50_s": round(percentile(lags, 0.5), 2), "lag_p95_s": round(percentile(lags, 0.95), 2),
+            "lag_max_s": round(max(lags, default=float("nan")), 2)}
 
 
 def main() -> int:
@@ -177,7 +195,8 @@ def print_table(result: dict) -> None:
             ("create", "every status Ready at its generation", f"{create['all_ready_s']} s"),
             ("create", "operator CPU", f"{create['operator_cpu_s']} s"),
             ("create", "API requests per reconcile", f"{create['api_requests_per_reconcile']}"),
-            ("change", f"{change['changes']} spec changes at {change['rate_per_s']}/s", f"{change['seconds']} s"),
+            ("change", f"{change['changes']} spec changes asked at {change['rate_per_s']}/s",
+             f"{change['achieved_rate_per_s']}/s sent for {change['seconds']} s"),
             ("change", "lag to Ready status p50 / p95 / max",
              f"{change['lag_p50_s']} / {change['lag_p95_s']} / {change['lag_max_s']} s"),
             ("change", "not converged", f"{change['not_converged']}"),
