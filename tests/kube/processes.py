@@ -2,10 +2,19 @@
 SIGKILL) and is never left behind."""
 from __future__ import annotations
 
+import ctypes
 import os
 import pathlib
 import signal
 import subprocess
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the test process dies, even by SIGKILL, so that
+    no component outlives a killed pytest."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Process:
@@ -14,7 +23,8 @@ class Process:
     def __init__(self, name: str, argv: list[str], log: pathlib.Path, env: dict[str, str] | None = None):
         self.name, self.argv, self.log = name, argv, log
         self.proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
