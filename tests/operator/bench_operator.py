@@ -15,6 +15,7 @@ the API requests it sent (from the API server's audit log) per reconcile.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import pathlib
@@ -67,11 +68,15 @@ class Meter:
         return self.process.memory_info().rss
 
     def phase(self) -> dict:
-        """CPU seconds and API requests since the last call."""
-        cpu, requests = self._cpu(), len(self.cluster.requests(self.username))
-        out = {"operator_cpu_s": round(cpu - self.cpu_s, 2), "api_requests": requests - self.requests,
-               "operator_peak_rss_bytes": self.peak_rss_bytes()}
-        self.cpu_s, self.requests = cpu, requests
+        """CPU seconds and API requests (in all, and by verb and resource) since the last call."""
+        events = self.cluster.requests(self.username)
+        cpu, new = self._cpu(), events[self.requests:]
+        by_kind = collections.Counter(f"{e['verb']} {(e.get('objectRef') or {}).get('resource', e['requestURI'])}"
+                                      + (f"/{e['objectRef']['subresource']}" if (e.get("objectRef") or {}).get(
+                                          "subresource") else "") for e in new)
+        out = {"operator_cpu_s": round(cpu - self.cpu_s, 2), "api_requests": len(new),
+               "api_requests_by_kind": dict(by_kind.most_common()), "operator_peak_rss_bytes": self.peak_rss_bytes()}
+        self.cpu_s, self.requests = cpu, len(events)
         return out
 
 

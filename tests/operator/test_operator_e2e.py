@@ -146,6 +146,10 @@ def test_a_deleted_child_comes_back_and_a_hand_edit_is_undone(cluster, kubectl, 
             json.dumps({"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil:latest"}]}}}}))
     wait_for(lambda: children(cluster, "smollm2")["deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
              == "kvpilot/engine-cpu:0.1.0", what="the Deployment restored")
+    # the resync loop (not a Kopf handler) says what it repaired in an Event
+    wait_for(lambda: [e for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=smollm2")["items"]
+                      if e["reason"] == "DriftRepaired" and e["message"].startswith("updated Deployment smollm2")],
+             what="a DriftRepaired event")
     kubectl("delete", "configmap", "smollm2-engine")
     wait_for(lambda: children(cluster, "smollm2")["configmap"], what="the ConfigMap recreated")
 
