@@ -47,9 +47,9 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
 
     def __call__(self, *args: str, check: bool = True, stdin: str | None = None,
-                 cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+                 cwd: pathlib.Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         result = subprocess.run([tool("kubectl"), *args], capture_output=True, text=True,
-                                env=self.env, input=stdin, timeout=60, cwd=cwd)
+                                env=self.env, input=stdin, timeout=timeout, cwd=cwd)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result

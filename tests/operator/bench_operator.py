@@ -90,7 +90,7 @@ def apply_many(cluster: Cluster, kubectl: Kubectl, count: int, timeout_s: float,
     manifest = workdir / "many.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
     start = time.monotonic()
-    kubectl.apply(manifest)
+    kubectl("apply", "-f", str(manifest), timeout=timeout_s)
     applied_s = time.monotonic() - start
     children_s = ready_s = None
     while time.monotonic() - start < timeout_s and ready_s is None:
