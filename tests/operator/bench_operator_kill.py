@@ -68,10 +68,10 @@ def main() -> int:
             operator.proc = None
             result["kills"] += 1
             operator.start()
-            t0 = time.monotonic()
-            while not converged(cluster, i) and time.monotonic() - t0 < args.timeout:
+            t0, seen = time.monotonic(), False
+            while not (seen := converged(cluster, i)) and time.monotonic() - t0 < args.timeout:
                 time.sleep(0.2)
-            if converged(cluster, i):
+            if seen:  # judged once: a second look could catch a later, transient status
                 result["converged"] += 1
                 result["seconds_to_converge"].append(round(time.monotonic() - t0, 1))
             for group, version, plural in CHILDREN:
