@@ -13,6 +13,10 @@
 # Usage: controlplane/build.sh            (progress on stderr, the binary's path on stdout)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+    PATH="/usr/local/go/bin:$PATH"  # the official tarball's place, when no profile put it on PATH
+fi
+command -v go >/dev/null 2>&1 || { echo "build.sh: Go 1.24+ is needed (https://go.dev/dl)" >&2; exit 1; }
 cache="${KVPILOT_CACHE:-$HOME/.cache/kvpilot}/controlplane"
 export GOTOOLCHAIN=local GOFLAGS="-trimpath -mod=readonly" CGO_ENABLED=0
 export GOMODCACHE="$cache/gomod" GOCACHE="$cache/gocache"
