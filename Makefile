@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean controlplane
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,8 +22,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/kvpilot demo
 
-test: install
+test: install controlplane
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# issue 31: the tests' Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok, kubectl and helm at the server's version), built from controlplane/'s
+# go.mod into ~/.cache/kvpilot/controlplane once per source state; prints the binary's path.
+controlplane:
+	@bash controlplane/build.sh
 
 bench: install
 	$(BIN)/kvpilot bench throughput

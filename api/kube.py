@@ -29,7 +29,7 @@ MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_S = 30
 
 PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
-           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
+           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Event": "events"}
 
 
 class ApiError(Exception):

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kvpilot.engine.settings import CRD_FIELDS, RULES, SETTINGS, Setting, deploy_defaults
+from kvpilot.engine.settings import CRD_FIELDS, RULES, SETTINGS, Rule, Setting, deploy_defaults
 
 BASE = Path(__file__).with_name("crd_base.yaml")
 FILE_NAME = "inferenceservices.kvpilot.dev.yaml"
@@ -55,11 +55,20 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def guarded_cel(rule: Rule) -> str:
+    """rule.cel, skipped (true) when one of its settings is absent, as rule_problems skips it.
+    Objects always carry them after defaulting, but the API server also checks the rules
+    against spec.engine's own `default: {}`, where nested defaults are not applied (it refuses
+    the CRD with "no such key" otherwise)."""
+    absent = " || ".join(f"!has(self.{CRD_FIELDS[name]})" for name in rule.names)
+    return f"{absent} || ({rule.cel})"
+
+
 def engine_rules() -> list[dict[str, str]]:
     """The settings' rules as CEL over spec.engine (camelCase names, without values)."""
     def show(key: str) -> str:
         return CRD_FIELDS[key.rstrip(":")]
-    return [{"rule": rule.cel, "message": rule.message(show), "fieldPath": "." + CRD_FIELDS[rule.field]}
+    return [{"rule": guarded_cel(rule), "message": rule.message(show), "fieldPath": "." + CRD_FIELDS[rule.field]}
             for rule in RULES]
 
 

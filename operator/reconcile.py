@@ -22,6 +22,7 @@ from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_s
                        build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
                        service_url)
 from .engine_args import engine_command
+from .events import announce
 from .network import NetworkPolicyConfig, build_networkpolicy
 from .policy import Policy
 from .status import deployment_conditions, failed_conditions, merge_conditions
@@ -34,7 +35,7 @@ class OperatorConfig:
 
     images: Images = field(default_factory=Images)
     resync_seconds: float = 30.0
-    watch_timeout_seconds: float = 300.0
+    watch_timeout_seconds: int = 300  # the API server's ?timeoutSeconds= takes an integer only
     podmonitor_check_seconds: float = 300.0
     network: NetworkPolicyConfig = field(default_factory=NetworkPolicyConfig)
     policy: Policy = field(default_factory=Policy)
@@ -45,7 +46,7 @@ class OperatorConfig:
                         vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
         return cls(images=images,
                    resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 30)),
-                   watch_timeout_seconds=float(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
+                   watch_timeout_seconds=int(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
                    network=NetworkPolicyConfig.from_env(env), policy=Policy.from_env(env))
 
 
@@ -194,11 +195,11 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
                                                  failed_conditions(reason, str(e), generation), now_iso())}
         await write_status(ctx.kube, body, status)
         if not was_failed or deleted:
-            kopf.warn(body, reason=reason, message=str(e))
+            await announce(ctx.kube, body, cause != "resync", "Warning", reason, str(e))
         raise kopf.PermanentError(f"{reason}: {e}")
 
     if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec):
-        kopf.event(body, type="Normal", reason="Created", message=f"created Secret {admin_secret_name(name)}")
+        await announce(ctx.kube, body, cause != "resync", "Normal", "Created", f"created Secret {admin_secret_name(name)}")
     podmonitor = await ctx.podmonitors_available()
     for child in desired_children(body, spec, ctx.config, podmonitor):
         action = await ensure_child(ctx.kube, child)
@@ -208,7 +209,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             message = f"{action} {kind} {child_name}"
             if kind == "Deployment":
                 message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
-            kopf.event(body, type="Normal", reason=reason, message=message)
+            await announce(ctx.kube, body, cause != "resync", "Normal", reason, message)
             logger.info(message)
     await refresh_status(ctx, body, spec)
 

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from cluster.tools import ROOT  # noqa: E402
+from kube.tools import ROOT  # noqa: E402
 from podman_tools import VERSION, podman  # noqa: E402
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import tomllib
 
-from cluster.tools import ROOT
+from kube.tools import ROOT
 
 PODMAN = ROOT / "images" / "podman.sh"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

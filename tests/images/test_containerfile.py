@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 import pytest
-from cluster.tools import ROOT
+from kube.tools import ROOT
 
 from kvpilot.operator.builders import CACHE_ENV, HOME
 

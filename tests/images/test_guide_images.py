@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from cluster.tools import ROOT, free_port, wait_for
+from kube.tools import ROOT, free_port, wait_for
 from podman_tools import VERSION, podman
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
-from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, free_port, helm_template, wait_for
+from kube.tools import ROOT, Kubectl, free_port, helm_template, wait_for
 from openai import OpenAI
 from pod_to_podman import PodmanRun, podman_run
 from podman_tools import VERSION, podman
@@ -129,34 +128,34 @@ def operator_image_builds_the_tuners_load(image: str, port: int, model: str, set
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(images, tmp_path, capsys):
-    deployment = next(d for d in helm_template("--set=watch.namespaces={default}") if d["kind"] == "Deployment")
+def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(images, cluster, tmp_path, capsys):
+    watch = f"--set=watch.namespaces={{{cluster.namespace}}}"
+    deployment = next(d for d in helm_template(watch) if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == images["operator"], "the chart's operator image is what make images tags"
     probe = container["livenessProbe"]["httpGet"]
     port_of = {p["name"]: p["containerPort"] for p in container["ports"]}
     ports = {p: free_port() for p in port_of.values()}
-    (tmp_path / "cluster").mkdir()
-    with TestCluster(tmp_path / "cluster") as cluster:
-        kubectl = Kubectl(cluster.kubeconfig)
-        kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
-        # In place of the pod's service-account token: a kubeconfig for the test cluster, which
-        # the container reaches on the host's loopback through slirp4netns (10.0.2.2).
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(cluster.kubeconfig.read_text().replace("127.0.0.1", "10.0.2.2"))
-        kubeconfig.chmod(0o644)
-        run = podman_run(pod, images["operator"], tmp_path, ports, {},
-                         {"KVPILOT_OPERATOR_NAMESPACE": "kvpilot-system"})
-        extra = ("--network", "slirp4netns:allow_host_loopback=true", "-v", f"{kubeconfig}:/var/run/kvpilot/kubeconfig:ro",
-                 "-e", "KUBECONFIG=/var/run/kvpilot/kubeconfig")
-        with running(run, *extra) as name:
-            healthz = wait_http(f"http://127.0.0.1:{ports[port_of[probe['port']]]}{probe['path']}", name, timeout=300)
-            kubectl.apply(EXAMPLE)
-            engine_image = next(e["value"] for e in container["env"] if e["name"] == "KVPILOT_ENGINE_IMAGE")
-            created = wait_for(lambda: kubectl.json("get", "deployment", "smollm2")["spec"]["template"]["spec"]
-                               ["containers"][0]["image"], timeout=120, what="the engine Deployment")
-            uid, root_options = proc1(name)
+    kubectl = Kubectl(cluster.kubeconfig)
+    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"))
+    # In place of the pod's service-account token: the admin's kubeconfig, for the API
+    # server that the container reaches on the host's loopback through slirp4netns
+    # (10.0.2.2, a name in the API server's serving certificate).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig.read_text().replace("127.0.0.1", "10.0.2.2"))
+    kubeconfig.chmod(0o644)
+    run = podman_run(pod, images["operator"], tmp_path, ports, {},
+                     {"KVPILOT_OPERATOR_NAMESPACE": "kvpilot-system"})
+    extra = ("--network", "slirp4netns:allow_host_loopback=true", "-v", f"{kubeconfig}:/var/run/kvpilot/kubeconfig:ro",
+             "-e", "KUBECONFIG=/var/run/kvpilot/kubeconfig")
+    with running(run, *extra) as name:
+        healthz = wait_http(f"http://127.0.0.1:{ports[port_of[probe['port']]]}{probe['path']}", name, timeout=300)
+        kubectl.apply(EXAMPLE)
+        engine_image = next(e["value"] for e in container["env"] if e["name"] == "KVPILOT_ENGINE_IMAGE")
+        created = wait_for(lambda: kubectl.json("get", "deployment", "smollm2")["spec"]["template"]["spec"]
+                           ["containers"][0]["image"], timeout=120, what="the engine Deployment")
+        uid, root_options = proc1(name)
     assert created == engine_image
     assert uid.split()[1:] == ["1000"] * 4, uid
     assert "ro" in root_options.split(",")

@@ -1,38 +1,40 @@
-"""Fixtures for the operator tests: the emulated cluster, kubectl against it, and the real
-operator (`kvpilot.cli.operator`, i.e. `kopf run` of our handlers) as a subprocess."""
+"""Fixtures for the operator tests: this module's namespace on the session's real control
+plane (tests/conftest.py), kubectl against it, the chart installed with `helm install`, and
+the real operator (`kvpilot.cli.operator`, i.e. `kopf run` of our handlers) as a subprocess
+with the chart's command line and the chart's ServiceAccount's credentials."""
 from __future__ import annotations
 
-import pathlib
-import sys
 from collections.abc import Iterator
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from cluster.harness import TestCluster  # noqa: E402
-from cluster.tools import ROOT, Kubectl, Operator  # noqa: E402
+from kube.cluster import Cluster
+from kube.release import Release
+from kube.tools import Kubectl, Operator
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    with TestCluster(tmp_path_factory.mktemp("cluster")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def kubectl(cluster: TestCluster) -> Kubectl:
+def kubectl(cluster: Cluster) -> Kubectl:
     return Kubectl(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="module")
-def crd_installed(kubectl: Kubectl) -> None:
-    kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
+def release(cluster: Cluster) -> Iterator[Release]:
+    """The chart, installed in this module's namespace (its crds/ bring the CRD)."""
+    installed = Release(cluster, f"kv-{cluster.namespace}").install()
+    yield installed
+    installed.uninstall()
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: TestCluster, crd_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+def crd_installed(release: Release) -> None:
+    """The CRD comes with the chart."""
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    workdir = tmp_path_factory.mktemp("operator")
+    running = Operator(release.operator_kubeconfig(workdir / "kubeconfig"), workdir / "operator.log",
+                       cluster.namespace)
     running.start()
     yield running
     running.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from kvpilot.api.spec import EngineSpec
 from kvpilot.engine import settings
-from kvpilot.operator.crd import COPIES, build_crd, render_crd
+from kvpilot.operator.crd import COPIES, build_crd, guarded_cel, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,8 @@ def test_the_crd_carries_every_setting_with_its_bounds_default_and_rules():
         low = None if s.minimum is None else min((s.minimum, *s.special))  # maxModelLen: -1 is auto
         assert schema.get("default") == defaults[name] and schema.get("minimum") == low, field
         assert schema.get("enum") == (list(s.choices) if s.choices else None)
-    assert [r["rule"] for r in engine["x-kubernetes-validations"]] == [r.cel for r in settings.RULES]
+    assert [r["rule"] for r in engine["x-kubernetes-validations"]] == [guarded_cel(r) for r in settings.RULES]
+    assert all(r.cel in guarded_cel(r) and "!has(self." in guarded_cel(r) for r in settings.RULES)
     assert list(engine["properties"])[:3] == ["runtime", "image", "imagePullPolicy"]
 
 

@@ -1,5 +1,5 @@
-"""kvpilot.api.kube, the one Kubernetes client of the operator and the tuner, against the test
-cluster over HTTP with a kubeconfig. Behaviour checked is the Kubernetes API's: POST answers
+"""kvpilot.api.kube, the one Kubernetes client of the operator and the tuner, against the real
+API server (tests/kube) over HTTPS with a kubeconfig and a client certificate. Behaviour checked is the Kubernetes API's: POST answers
 201 with the object, a second POST of the same name 409 AlreadyExists, a missing object 404,
 a merge patch (RFC 7386) changes only the given keys, DELETE of a gone object 404."""
 from __future__ import annotations
@@ -11,14 +11,17 @@ import pytest
 from kvpilot.api.kube import ApiError, AsyncKubeClient, KubeClient, object_path
 
 
+NAMESPACE = "kube-client"  # this module's namespace (tests/kube/cluster.py)
+
+
 def configmap(name: str, data: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"},
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
             "data": data}
 
 
 def test_sync_client_creates_patches_and_deletes_plain_dicts(cluster):
     kube = KubeClient.from_environment(str(cluster.kubeconfig), user_agent="kvpilot-test")
-    path = object_path("v1", "configmaps", "default", "kube-client")
+    path = object_path("v1", "configmaps", NAMESPACE, "kube-client")
     try:
         assert kube.get(path) is None
         created = kube.create(configmap("kube-client", {"a": "1", "b": "2"}))
@@ -35,8 +38,8 @@ def test_sync_client_creates_patches_and_deletes_plain_dicts(cluster):
         assert e.value.status == 404 and "kube-client" in e.value.message
     finally:
         kube.close()
-    assert ("kvpilot-test", "POST", "/api/v1/namespaces/default/configmaps") in [
-        (agent, method, p) for agent, method, p in list(cluster.server.requests)]
+    assert ("kvpilot-test", "create", f"/api/v1/namespaces/{NAMESPACE}/configmaps") in [
+        (e["userAgent"], e["verb"], e["requestURI"].split("?")[0]) for e in cluster.requests()]
 
 
 def test_async_client_runs_the_same_calls_off_the_event_loop(cluster):
@@ -44,8 +47,8 @@ def test_async_client_runs_the_same_calls_off_the_event_loop(cluster):
         kube = AsyncKubeClient.from_environment(str(cluster.kubeconfig))
         try:
             await kube.create(configmap("kube-client-async", {"x": "1"}))
-            got = await kube.get(object_path("v1", "configmaps", "default", "kube-client-async"))
-            gone = await kube.delete(object_path("v1", "configmaps", "default", "kube-client-async"))
+            got = await kube.get(object_path("v1", "configmaps", NAMESPACE, "kube-client-async"))
+            gone = await kube.delete(object_path("v1", "configmaps", NAMESPACE, "kube-client-async"))
             served = await kube.has_resource("apps", "v1", "deployments")
             missing = await kube.has_resource("monitoring.example.com", "v1", "widgets")
             return got["data"], gone, served, missing

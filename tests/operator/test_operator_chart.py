@@ -1,17 +1,16 @@
-"""The Helm chart (helm lint/template, kubernetes-validate), the example manifest against the
-CRD schema, and the Grafana dashboard (JSON schema, promtool over every expression)."""
+"""The Helm chart (helm lint/template, kubernetes-validate) and the Grafana dashboard (JSON
+schema, promtool over every expression). The example manifest against the CRD, as the API
+server validates it, is in test_crd_api_server.py; `helm install` in test_operator_e2e.py."""
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
 import subprocess
 
-import jsonschema
 import pytest
 import yaml
-from cluster.tools import BIN, ROOT
+from kube.tools import BIN, ROOT, tool
 
 CHART = ROOT / "charts" / "kvpilot"
 CRD = ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"
@@ -19,7 +18,7 @@ DASHBOARD = CHART / "dashboards" / "kvpilot.json"
 
 
 def helm(*args: str) -> str:
-    result = subprocess.run([str(BIN / "helm"), *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr + result.stdout
     return result.stdout
 
@@ -78,23 +77,6 @@ def test_chart_ships_the_repository_crd_and_the_dashboard_for_the_sidecar():
     monitor = next(d for d in docs if d["kind"] == "PodMonitor")
     assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "kvpilot-engine"}
     assert not [d for d in render() if d["kind"] == "PodMonitor"]
-
-
-def _defaulted(schema: dict, value: dict) -> dict:
-    import sys
-    sys.path.insert(0, str(ROOT / "tests"))
-    from cluster.schema import apply_defaults
-    return apply_defaults(copy.deepcopy(value), schema)
-
-
-def test_example_manifest_validates_against_the_crd_schema():
-    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    example = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
-    jsonschema.Draft4Validator(schema).validate(_defaulted(schema, example))
-    broken = copy.deepcopy(example)
-    broken["spec"]["engine"]["maxNumSeqs"] = 0
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft4Validator(schema).validate(broken)
 
 
 def load_dashboard() -> dict:

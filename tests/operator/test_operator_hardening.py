@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import yaml
-from cluster.tools import BIN
+from kube.tools import BIN
 from test_operator_chart import render
 
 from kvpilot.operator.builders import build_admin_secret, build_deployment

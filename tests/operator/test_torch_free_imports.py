@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from cluster.tools import ROOT, Operator
+from kube.tools import ROOT, Operator
 
 HEAVY = ("torch", "transformers")
 # the operator's and the tuner's entry points and every module they load on a path
@@ -65,11 +65,11 @@ def test_the_probe_would_see_torch_if_an_entry_point_loaded_it():
     assert "torch" in imported_heavy(r.stderr)
 
 
-def test_the_running_operator_with_the_tuner_daemon_loads_no_torch(cluster, crd_installed, tmp_path):
+def test_the_running_operator_with_the_tuner_daemon_loads_no_torch(cluster, release, tmp_path):
     # the chart's command line (`kvpilot operator ... --tuner --metrics-port`), run until its
     # liveness endpoint answers, i.e. with the handlers, the daemon and the exporter loaded
     log = tmp_path / "operator.log"
-    running = Operator(cluster.kubeconfig, log)
+    running = Operator(release.operator_kubeconfig(tmp_path / "kubeconfig"), log, cluster.namespace)
     assert "--tuner" in running.args
     running.env["PYTHONPROFILEIMPORTTIME"] = "1"  # = python -X importtime, to stderr (the log)
     running.start()

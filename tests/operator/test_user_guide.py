@@ -1,6 +1,8 @@
-"""docs/guide.md, run: every `sh` line and the `python` block, in order, against the test
-cluster with the chart's operator, and the engine the pod would run. What is mirrored rather
-than run as written (helm install/uninstall, port-forward) is listed at the end of the guide."""
+"""docs/guide.md, run: every `sh` line and the `python` block, in order, against the real API
+server (tests/kube) with the real `helm install`/`helm uninstall` (Helm 4), the operator the
+chart installs run as its ServiceAccount, and the engine the pod would run. What is mirrored
+rather than run as written (port-forward: the kwok node runs no container) is listed at the
+end of the guide."""
 from __future__ import annotations
 
 import base64
@@ -16,7 +18,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from cluster.tools import BIN, ROOT, Operator, free_port, wait_for
+from kube.cluster import Cluster
+from kube.release import Release
+from kube.tools import ROOT, Kubectl, Operator, free_port, tool, wait_for
 
 pytestmark = pytest.mark.slow
 GUIDE = ROOT / "docs" / "guide.md"
@@ -31,23 +35,30 @@ def blocks(text: str) -> Iterator[tuple[str, str]]:
 class Guide:
     """Runs the guide's commands; `outputs` keeps each command's stdout by its text."""
 
-    def __init__(self, cluster, kubectl, workdir):
-        self.cluster, self.kubectl, self.workdir = cluster, kubectl, workdir
-        self.operator = Operator(cluster.kubeconfig, workdir / "operator.log")
+    def __init__(self, cluster, workdir):
+        # the guide works in the `default` namespace, as a user's fresh cluster would
+        self.cluster = Cluster(cluster.control_plane, "default", workdir)
+        self.kubectl, self.workdir = Kubectl(self.cluster.kubeconfig), workdir
+        self.operator: Operator | None = None
         self.engine: subprocess.Popen | None = None
         self.port = free_port()
         self.outputs: dict[str, str] = {}
         (workdir / "examples").symlink_to(ROOT / "examples")  # the guide's paths are the repository's
 
-    def helm_release(self, argv: list[str], include_crds: bool) -> str:
-        """`helm install/uninstall NAME [CHART] --namespace NS ...` as `helm template` of the same."""
-        name, rest = argv[2], argv[3:]
-        chart = rest.pop(0) if rest and not rest[0].startswith("-") else str(ROOT / "charts" / "kvpilot")
-        rest = [a for a in rest if a != "--create-namespace"]
-        rendered = subprocess.run([str(BIN / "helm"), "template", name, chart, *rest, "--set", "watch.namespaces={default}",
-                                   *(["--include-crds"] if include_crds else [])],
-                                  capture_output=True, text=True, check=True, timeout=60).stdout
-        return rendered
+    def helm(self, argv: list[str]) -> str:
+        """`helm ...` as written, with the Helm 4 built beside the API server."""
+        return subprocess.run([tool("helm"), *argv[1:]], capture_output=True, text=True, check=True, timeout=300,
+                              env={**self.kubectl.env, "PATH": "/usr/bin:/bin"}).stdout
+
+    def start_operator(self, argv: list[str]) -> None:
+        """What the chart's operator Deployment runs, with its ServiceAccount's token (the
+        kwok node runs no container): the chart's command line, watching `default`."""
+        namespace = argv[argv.index("--namespace") + 1]
+        (self.workdir / "release").mkdir(exist_ok=True)
+        release = Release(Cluster(self.cluster.control_plane, namespace, self.workdir / "release"), argv[2])
+        kubeconfig = release.operator_kubeconfig(self.workdir / "release" / "kubeconfig")
+        self.operator = Operator(kubeconfig, self.workdir / "operator.log", "default")
+        self.operator.start()
 
     def run(self, line: str) -> str:
         argv = shlex.split(line)
@@ -55,21 +66,16 @@ class Guide:
         if ">" in argv:
             argv, target = argv[:argv.index(">")], argv[argv.index(">") + 1]
         if argv[:2] == ["helm", "install"]:
-            namespace = argv[argv.index("--namespace") + 1]
-            if "--create-namespace" in argv:
-                self.kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n")
-            out = self.kubectl.apply(self.helm_release(argv, include_crds=True)).stdout
-            self.operator.start()  # what the chart's operator Deployment runs (tests/cluster/tools.py)
+            out = self.helm(argv)
+            self.start_operator(argv)
         elif argv[:2] == ["helm", "uninstall"]:
-            self.operator.stop()
-            out = self.kubectl("delete", "-f", "-", stdin=self.helm_release(argv, include_crds=False)).stdout
+            if self.operator is not None:
+                self.operator.stop()
+            out = self.helm(argv)
         elif argv[:2] == ["kubectl", "port-forward"]:
             out = self.start_engine(argv[2].split("/", 1)[1])
         elif argv[0] == "kubectl":
-            args = argv[1:]
-            if args[0] == "apply":
-                args.insert(1, "--validate=false")
-            out = self.kubectl(*args, cwd=self.workdir).stdout
+            out = self.kubectl(*argv[1:], cwd=self.workdir).stdout
         elif argv[0] == "curl":  # through bash, for "$(cat api-key.txt)"
             out = subprocess.run(["bash", "-c", line.replace("localhost:8000", f"127.0.0.1:{self.port}")],
                                  capture_output=True, text=True, check=True, timeout=120, cwd=self.workdir).stdout
@@ -130,12 +136,13 @@ class Guide:
         if self.engine is not None:
             self.engine.terminate()
             self.engine.wait(30)
-        self.operator.stop()
+        if self.operator is not None:
+            self.operator.stop()
 
 
-def test_every_command_of_the_user_guide_works(cluster, kubectl, tmp_path):
+def test_every_command_of_the_user_guide_works(cluster, tmp_path):
     text = GUIDE.read_text()
-    guide = Guide(cluster, kubectl, tmp_path)
+    guide = Guide(cluster, tmp_path)
     python_out = ""
     try:
         for language, body in blocks(text):
@@ -161,6 +168,7 @@ def check_after(guide: Guide, line: str) -> None:
     kubectl, out = guide.kubectl, guide.outputs[line]
     if line.startswith("helm install"):
         assert kubectl.json("get", "role", "kvpilot", "-n", "default")["rules"]
+        assert "STATUS: deployed" in out
     elif line == "kubectl get isvc":
         wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, what="smollm2 Ready")
         sample = re.search(r"```text\n(NAME.*?)\n(smollm2.*?)\n```", GUIDE.read_text(), re.S)
@@ -200,7 +208,9 @@ def check_after(guide: Guide, line: str) -> None:
     elif line.startswith("kubectl delete isvc"):
         wait_for(lambda: kubectl("get", "isvc", "smollm2", check=False).returncode != 0, what="smollm2 deleted")
     elif line.startswith("helm uninstall"):
+        assert 'release "kvpilot" uninstalled' in out
         assert kubectl("get", "deployment", "kvpilot", "-n", "kvpilot-system", check=False).returncode != 0
+        assert kubectl("get", "role", "kvpilot", "-n", "default", check=False).returncode != 0
 
 
 def test_the_guide_explains_every_failed_reason_the_operator_sets():

@@ -1,11 +1,11 @@
-"""Makes tests/tuner's helpers (synthetic engine, Prometheus, engine bridge) and tests/cluster importable."""
+"""Makes tests/tuner's helpers (synthetic engine, Prometheus, engine bridge) and tests/kube importable."""
 from __future__ import annotations
 
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the `cluster` package
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the `kube` package
 
 
 import pytest  # noqa: E402

@@ -1,5 +1,5 @@
-"""Stands in for the engine containers of the test cluster's pods: the test cluster's
-kubelet only marks pods Ready, so this runs the command of the Ready pods of the current
+"""Stands in for the engine containers of the test cluster's pods: the test cluster's node is
+a kwok node (tests/kube/nodes.py), which only marks pods Ready, so this runs the command of the Ready pods of the current
 rollout as one local `kvpilot serve` on a fixed port, where the tuner's load and Prometheus
 reach it (as they would reach the Service). When a new rollout's flags differ only in the
 scheduler limits, the running engine is reconfigured live instead of restarted (a shortcut

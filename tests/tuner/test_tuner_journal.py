@@ -1,4 +1,4 @@
-"""The study kept in a ConfigMap on the test cluster: a restarted tuner (new client, new
+"""The study kept in a ConfigMap on a real API server (tests/kube): a restarted tuner (new client, new
 process state) resumes with every trial; the ConfigMap is owned by the InferenceService."""
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import gzip
 
 import optuna
 import yaml
-from cluster.harness import TestCluster
-from cluster.tools import ROOT, Kubectl, wait_for
+from kube.tools import ROOT, Kubectl, wait_for
 from synthetic import SyntheticRunner
 
 from kvpilot.engine.memory import GiB
@@ -31,28 +30,28 @@ def run(kube, isvc, n_trials):
     return study
 
 
-def test_study_in_a_configmap_survives_a_restart_and_goes_with_its_owner(tmp_path):
-    with TestCluster(tmp_path) as cluster:
-        kubectl = Kubectl(cluster.kubeconfig)
-        kubectl.apply(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml")
-        doc = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
-        kubectl.apply(yaml.safe_dump(doc))
-        first = KubeClient.from_environment(str(cluster.kubeconfig))
-        isvc = first.get_isvc("default", "smollm2")
-        assert len(run(first, isvc, 3).trials) >= 3
-        first.close()
+def test_study_in_a_configmap_survives_a_restart_and_goes_with_its_owner(cluster):
+    kubectl = Kubectl(cluster.kubeconfig)
+    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvpilot.dev")
+    doc = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
+    kubectl.apply(yaml.safe_dump(doc))
+    first = KubeClient.from_environment(str(cluster.kubeconfig))
+    isvc = first.get_isvc(cluster.namespace, "smollm2")
+    assert len(run(first, isvc, 3).trials) >= 3
+    first.close()
 
-        second = KubeClient.from_environment(str(cluster.kubeconfig))  # "a restarted tuner"
-        study = run(second, isvc, 5)
-        numbers = [t.number for t in study.trials]
-        assert numbers == list(range(len(numbers))) and len(numbers) >= 5
-        assert sum(t.user_attrs.get("is_defaults", False) for t in study.trials) == 1  # not enqueued twice
+    second = KubeClient.from_environment(str(cluster.kubeconfig))  # "a restarted tuner"
+    study = run(second, isvc, 5)
+    numbers = [t.number for t in study.trials]
+    assert numbers == list(range(len(numbers))) and len(numbers) >= 5
+    assert sum(t.user_attrs.get("is_defaults", False) for t in study.trials) == 1  # not enqueued twice
 
-        cm = kubectl.json("get", "configmap", "smollm2-tuning")
-        assert [r["uid"] for r in cm["metadata"]["ownerReferences"]] == [isvc["metadata"]["uid"]]
-        lines = gzip.decompress(base64.b64decode(cm["binaryData"][KEY])).decode().splitlines()
-        assert len(lines) == len(list(ConfigMapJournal(second, "default", "smollm2-tuning").read_logs(0)))
+    cm = kubectl.json("get", "configmap", "smollm2-tuning")
+    assert [r["uid"] for r in cm["metadata"]["ownerReferences"]] == [isvc["metadata"]["uid"]]
+    lines = gzip.decompress(base64.b64decode(cm["binaryData"][KEY])).decode().splitlines()
+    assert len(lines) == len(list(ConfigMapJournal(second, cluster.namespace, "smollm2-tuning").read_logs(0)))
 
-        kubectl("delete", "isvc", "smollm2")
-        wait_for(lambda: kubectl("get", "configmap", "smollm2-tuning", check=False).returncode != 0,
-                 what="the journal ConfigMap garbage-collected")
+    kubectl("delete", "isvc", "smollm2")
+    wait_for(lambda: kubectl("get", "configmap", "smollm2-tuning", check=False).returncode != 0,
+             what="the journal ConfigMap garbage-collected")

@@ -1,6 +1,8 @@
-"""Helpers for tests that drive the test cluster: kubectl, the operator process, polling."""
+"""Helpers for tests that drive the test cluster: kubectl and helm (built with the control
+plane, at the API server's version), the operator process, polling."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -13,6 +15,15 @@ from typing import Any, TypeVar
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 T = TypeVar("T")
+
+
+@functools.cache
+def tool(name: str) -> str:
+    """kubectl or helm, built with the control plane (`make controlplane`: kubectl 1.34 and
+    Helm 4 against the same client libraries as the API server)."""
+    from .controlplane import build
+
+    return str(build().parent / name)
 
 
 def wait_for(check: Callable[[], T], timeout: float = 20, what: str = "condition") -> T:
@@ -36,9 +47,9 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
 
     def __call__(self, *args: str, check: bool = True, stdin: str | None = None,
-                 cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(BIN / "kubectl"), *args], capture_output=True, text=True,
-                                env=self.env, input=stdin, timeout=60, cwd=cwd)
+                 cwd: pathlib.Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        result = subprocess.run([tool("kubectl"), *args], capture_output=True, text=True,
+                                env=self.env, input=stdin, timeout=timeout, cwd=cwd)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
@@ -48,15 +59,15 @@ class Kubectl:
 
     def apply(self, manifest: str | pathlib.Path, check: bool = True) -> subprocess.CompletedProcess:
         if isinstance(manifest, pathlib.Path):
-            return self("apply", "--validate=false", "-f", str(manifest), check=check)
-        return self("apply", "--validate=false", "-f", "-", check=check, stdin=manifest)
+            return self("apply", "-f", str(manifest), check=check)
+        return self("apply", "-f", "-", check=check, stdin=manifest)
 
 
 def helm_template(*sets: str) -> list[dict[str, Any]]:
     """The documents `helm template kv charts/kvpilot` renders with these --set flags."""
     import yaml
 
-    rendered = subprocess.run([str(BIN / "helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
+    rendered = subprocess.run([tool("helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
                               capture_output=True, text=True, timeout=60, check=True).stdout
     return [d for d in yaml.safe_load_all(rendered) if d]
 
@@ -73,13 +84,13 @@ class Operator:
     """The operator process, started with the chart's command line (its liveness endpoint on
     a free local port); start() and stop() may be called again (restarts)."""
 
-    def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path):
+    def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path, namespace: str = "default"):
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
                     "KVPILOT_WATCH_TIMEOUT_SECONDS": "30"}
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.liveness_port = free_port()
-        command = chart_operator_command()
+        command = chart_operator_command(namespace)
         assert command[:2] == ["kvpilot", "operator"], command
         self.metrics_port = free_port()
         self.args = [a.replace("http://0.0.0.0:8080/", f"http://127.0.0.1:{self.liveness_port}/")
