@@ -11,7 +11,7 @@ import urllib.error
 import pytest
 import yaml
 from kube.schema_cases import MESSAGES, schema_cases
-from kube.tools import ROOT, Kubectl
+from kube.tools import ROOT, Kubectl, wait_for
 
 CRD = yaml.safe_load((ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -27,6 +27,7 @@ CEL_CASES = {
     "maxNumBatchedTokens is smaller than maxModelLen with chunked prefill off":
         {"spec": {"engine": {"enableChunkedPrefill": False, "maxNumBatchedTokens": 512}}},
     "preemptionMode swap needs swapSpace > 0": {"spec": {"engine": {"preemptionMode": "swap", "swapSpace": 0}}},
+    "must be >= 16 and <= 1048576 (or -1)": {"spec": {"engine": {"maxModelLen": 8}}},
 }
 
 
@@ -47,7 +48,12 @@ def merged(base: dict, change: dict) -> dict:
 @pytest.fixture(scope="module")
 def create(cluster):
     Kubectl(cluster.kubeconfig)("apply", "--server-side", "-f", str(ROOT / "crds" / "inferenceservices.kvpilot.dev.yaml"))
-    Kubectl(cluster.kubeconfig)("wait", "--for=condition=Established", "crd/inferenceservices.kvpilot.dev")
+    # not `kubectl wait --for=condition=Established`: it fails at once ("accessor error: <nil>")
+    # when it reads the CRD before the API server has written any condition
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_for(lambda: Kubectl(cluster.kubeconfig)("get", "crd/inferenceservices.kvpilot.dev", "-o",
+                                                 f"jsonpath={established}").stdout.strip() == "True",
+             what="the CRD to be Established")
     path = f"/apis/kvpilot.dev/v1alpha1/namespaces/{cluster.namespace}/inferenceservices"
 
     def post(obj: dict, dry_run: bool = True) -> tuple[int, dict]:
