@@ -41,7 +41,7 @@ class OpenAIServingTokenization:
                 raise bad_request("continue_final_message is not supported", param="continue_final_message")
             ids = chat_prompt(self.state, req)
             if req.add_special_tokens:  # what encode(add_special_tokens=True) adds, e.g. a BOS
-                ids = list(tokenizer.build_inputs_with_special_tokens(ids))
+                ids = with_special_tokens(tokenizer, ids)
         else:
             ids = list(tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
         strs = tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
@@ -55,3 +55,16 @@ class OpenAIServingTokenization:
         if bad is not None:
             raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
         return DetokenizeResponse(prompt=tokenizer.decode(req.tokens))
+
+
+def with_special_tokens(tokenizer, ids: list[int]) -> list[int]:
+    """ids wrapped in the special tokens `encode(text, add_special_tokens=True)` puts around a
+    text. transformers 5's tokenizers backend has no `build_inputs_with_special_tokens` (an
+    AttributeError, a 500, before): then the wrapping is read off the encoding of one letter."""
+    build = getattr(tokenizer, "build_inputs_with_special_tokens", None)
+    if build is not None:
+        return list(build(ids))
+    plain = list(tokenizer.encode("a", add_special_tokens=False))
+    full = list(tokenizer.encode("a", add_special_tokens=True))
+    start = next((i for i in range(len(full)) if full[i:i + len(plain)] == plain), len(full))
+    return full[:start] + list(ids) + full[start + len(plain):]

@@ -62,3 +62,12 @@ def test_tokenization_needs_the_api_key(server, path):
     body = {"model": MODEL, "prompt": "hi"} if path == "/tokenize" else {"model": MODEL, "tokens": [1]}
     assert post(server, path, body, None).status_code == 401
     assert post(server, path, body, {"Authorization": "Bearer wrong"}).json()["error"]["code"] == "invalid_api_key"
+
+
+def test_tokenize_chat_with_special_tokens_is_answered(server, auth):
+    """transformers 5's tokenizers have no build_inputs_with_special_tokens: this was a 500
+    (found by the liveness fuzz, issue 30). SmolLM2's encode adds no special token."""
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = post(server, "/tokenize", {"model": MODEL, "messages": messages}, auth).json()
+    r = post(server, "/tokenize", {"model": MODEL, "messages": messages, "add_special_tokens": True}, auth)
+    assert r.status_code == 200 and r.json()["tokens"] == plain["tokens"]
