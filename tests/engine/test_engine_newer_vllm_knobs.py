@@ -20,6 +20,7 @@ def test_kv_cache_memory_bytes_sizes_the_cache_and_auto_fits_max_model_len_to_it
     engine = llm.engine
     assert engine.block_manager.num_blocks == 20  # whole blocks; 0.01 of the memory would not hold one
     assert engine.config.scheduler.max_model_len == 20 * 16 == engine.config.model.max_model_len
+    assert engine.scheduler.config.max_model_len == 20 * 16  # it ends sequences at that length
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
 
