@@ -7,7 +7,9 @@ import pytest
 import torch
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
-from kvpilot.engine.attention import cpu_decode, cpu_prefill, torch_backend
+from kvpilot.engine.attention import torch_backend
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import prefill as cpu_prefill
 from kvpilot.engine.attention.backend import AttentionMetadata
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
 from kvpilot.engine.cpu_info import detect_cpu

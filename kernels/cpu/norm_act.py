@@ -1,9 +1,8 @@
 """RMSNorm (with vLLM's fused residual add) and SiLU-and-mul for float32 or bfloat16 CPU rows,
-each one call of the C library built by attention/cpu_decode.py instead of 3-10 small torch ops
-(bf16: stored values widened to float32 for the math, rounded back as HF's Llama rounds them).
-
-`lib()` is None where the library is not built (no compiler, KVPILOT_CPU_KERNELS=0); the
-callers (layers/layernorm.py, layers/activation.py) then use their torch path.
+each one call of the attention library (csrc/layernorm.c, csrc/activation.c) instead of 3-10
+small torch ops (bf16: stored values widened to float32 for the math, rounded back as HF's
+Llama rounds them). The callers (engine/layers/layernorm.py, activation.py) use them where the
+engine's kernel path says so (engine/cpu_kernel_path.py).
 Source: vLLM csrc/layernorm_kernels.cu (fused_add_rms_norm) and
 csrc/activation_kernels.cu (silu_and_mul), for the semantics.
 """
@@ -14,16 +13,17 @@ import ctypes
 
 import torch
 
-from kvpilot.engine.attention import cpu_decode
-from kvpilot.engine.cpu_build import kernel_range
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu.loader import kernel_range
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-def lib(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
-    """The CPU kernel library for `dtype` with the argument types of its layer functions set, or None."""
+def lib(dtype: torch.dtype = torch.float32) -> ctypes.CDLL:
+    """The CPU kernel library for `dtype` with the argument types of its layer functions set.
+    Raises loader.KernelsNotBuilt where the install built no kernels."""
     lib = cpu_decode.load(dtype)
-    if lib is not None and not getattr(lib, "_kvp_layer_ops", False):
+    if not getattr(lib, "_kvp_layer_ops", False):
         norm = getattr(lib, cpu_decode.kernel_name("kvp_rms_norm", dtype))
         norm.restype = None
         norm.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float]
@@ -35,10 +35,8 @@ def lib(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether x [rows, features] can go to the C ops: float32 or bfloat16, CPU, contiguous,
-    library built."""
-    return (x.dtype in cpu_decode.SUFFIX and x.device.type == "cpu" and x.is_contiguous()
-            and lib(x.dtype) is not None)
+    """Whether x [rows, features] can go to the C ops: float32 or bfloat16, CPU, contiguous."""
+    return x.dtype in cpu_decode.SUFFIX and x.device.type == "cpu" and x.is_contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -1,50 +1,28 @@
-"""The C source of the small-M bfloat16 matmul for CPUs with AVX512_BF16 (layers/bf16_gemm.py
-builds and calls it).
+/*
+ * The small-M bfloat16 matmul for CPUs with AVX512_BF16 (kernels/cpu/bf16_gemm.py
+ * builds and calls it).
+ *
+ * y[m, n] = sum_k x[m, k] w[n, k]: x [M, K] bf16 rows, w packed once from the [N, K] bf16 weight,
+ * y [M, N] bf16. Every product of two bf16 values is exact in float32 and the sums are float32,
+ * rounded to bf16 once at the store (round to nearest even), which is the arithmetic of oneDNN's
+ * bf16 matmul and of HF `nn.Linear` in bf16 on such a CPU, in another summation order.
+ *
+ * `vdpbf16ps` (`_mm512_dpbf16_ps`) adds to each of 16 float32 lanes the products of one pair of
+ * bf16 values of each operand. The lanes are output columns: the weight is packed in groups of 64
+ * columns (4 vectors of 16) and pairs of k, `wp[g][p][j][i][e] = w[64 g + 16 j + i][2 p + e]`, so
+ * that one k-pair of a group is 256 contiguous bytes, and each row's pair (x[m][2p], x[m][2p+1]) is
+ * broadcast as one 32-bit value. A register tile is up to 6 rows x 64 columns (24 accumulators, 4
+ * weight vectors, a broadcast: 29 of the 32 zmm registers); the (group, row tile) pairs are shared
+ * out over the OpenMP team, and a group's packed weight (K x 128 bytes) stays in L2 while the
+ * tiles of later rows read it.
+ * This is the shape of oneDNN's and BLIS's micro-kernels (Van Zee and van de Geijn, ACM TOMS 2015)
+ * with the bf16 dot-product instruction (Intel SDM, VDPBF16PS). Builds without AVX512_BF16 get the
+ * same layout in plain float32 C (`kvp_bf16_gemm_simd()` is 0 there and the engine keeps oneDNN;
+ * tests use it to check the layout on any CPU).
+ */
 
-y[m, n] = sum_k x[m, k] w[n, k]: x [M, K] bf16 rows, w packed once from the [N, K] bf16 weight,
-y [M, N] bf16. Every product of two bf16 values is exact in float32 and the sums are float32,
-rounded to bf16 once at the store (round to nearest even), which is the arithmetic of oneDNN's
-bf16 matmul and of HF `nn.Linear` in bf16 on such a CPU, in another summation order.
+#include "kvp.h"
 
-`vdpbf16ps` (`_mm512_dpbf16_ps`) adds to each of 16 float32 lanes the products of one pair of
-bf16 values of each operand. The lanes are output columns: the weight is packed in groups of 64
-columns (4 vectors of 16) and pairs of k, `wp[g][p][j][i][e] = w[64 g + 16 j + i][2 p + e]`, so
-that one k-pair of a group is 256 contiguous bytes, and each row's pair (x[m][2p], x[m][2p+1]) is
-broadcast as one 32-bit value. A register tile is up to 6 rows x 64 columns (24 accumulators, 4
-weight vectors, a broadcast: 29 of the 32 zmm registers); the (group, row tile) pairs are shared
-out over the OpenMP team, and a group's packed weight (K x 128 bytes) stays in L2 while the
-tiles of later rows read it.
-This is the shape of oneDNN's and BLIS's micro-kernels (Van Zee and van de Geijn, ACM TOMS 2015)
-with the bf16 dot-product instruction (Intel SDM, VDPBF16PS). Builds without AVX512_BF16 get the
-same layout in plain float32 C (`kvp_bf16_gemm_simd()` is 0 there and the engine keeps oneDNN;
-tests use it to check the layout on any CPU).
-"""
-
-# bfloat16 <-> float32 in plain C, shared with the attention library's bf16 build
-# (attention/cpu_kernels_source.py). Needs <stdint.h> and <string.h>.
-BF16_CONVERT_SOURCE = r"""
-/* bf16 bits -> float: the upper half of a float32. */
-static inline float bf16_ld(uint16_t x) {
-    const uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* float -> bf16 bits, round to nearest even (c10/util/BFloat16.h round_to_nearest_even); NaN
-   stays a quiet NaN. */
-static inline uint16_t bf16_st(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-"""
-
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-""" + BF16_CONVERT_SOURCE + r"""
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -127,4 +105,3 @@ void kvp_bf16_gemm(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16_t 
         group_rows(x + r0 * ldx, ldx, wp + g * 64 * k, pairs, y + r0 * ldy + g * 64, ldy, rows);
     }
 }
-"""

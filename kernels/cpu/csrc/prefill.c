@@ -1,31 +1,33 @@
-"""The C source of the CPU prefill/extend attention (spliced into the kernel library of
-attention/cpu_kernels_source.py; attention/cpu_prefill.py calls it).
+/*
+ * Prefill/extend attention over the paged KV cache (built into the attention library with
+ * attention.c; Python face: kernels/cpu/prefill.py).
+ *
+ * `kvp_paged_prefill_f32` (`_bf16` in the bf16 build: K/V, q and out stored as bf16, widened
+ * to float32 as they are loaded) runs the causal attention of every prefill or extend chunk of a layer
+ * in one call, reading K/V in place from the paged cache through each sequence's block table
+ * (the chunk's own K/V already written there), as vLLM's CPU backend and its Triton
+ * `context_attention_fwd` do. It is FlashAttention's loop (Dao et al., NeurIPS 2022: tiles of
+ * keys, an online softmax with a running maximum and sum per query row, the output rescaled
+ * when the maximum grows), laid out for an AVX2 CPU:
+ *
+ * - a work item is one sequence, one KV head and PF_BQ consecutive query positions, i.e. the
+ *   PF_BQ x (num_heads / num_kv_heads) query rows of its GQA group that share every K/V row read;
+ *   items run over the OpenMP team, longest first (an item costs its rows x its last position);
+ * - per tile of up to PF_BK keys: the keys transposed into a [head_dim, PF_BK] panel (8 x 8
+ *   register transposes), scores in register tiles of 6 query rows x 16 keys (BLIS's micro-kernel
+ *   shape: 12 ymm accumulators, one broadcast of q per row and dim), the causal limit per row (key
+ *   position <= query position), the online softmax update (expf vectorized through libmvec),
+ *   then p . V in register tiles of 6 rows x 16 dims (one broadcast of p per row and key).
+ *   Rows are padded to a multiple of 6 (a group of 3 heads x 16 positions is 48 rows).
+ *
+ * torch's flash attention on CPU runs the same loop through MKL GEMM calls on [q-block x
+ * kv-block] tiles, one SDPA call per sequence; here one call per layer covers all chunks and
+ * the GQA group's rows share each K/V load. head_dim a multiple of 16; AVX2 + FMA builds only: elsewhere
+ * `kvp_prefill_simd()` returns 0 and the caller keeps torch's SDPA.
+ */
 
-`kvp_paged_prefill_f32` (`_bf16` in the bf16 build: K/V, q and out stored as bf16, widened
-to float32 as they are loaded) runs the causal attention of every prefill or extend chunk of a layer
-in one call, reading K/V in place from the paged cache through each sequence's block table
-(the chunk's own K/V already written there), as vLLM's CPU backend and its Triton
-`context_attention_fwd` do. It is FlashAttention's loop (Dao et al., NeurIPS 2022: tiles of
-keys, an online softmax with a running maximum and sum per query row, the output rescaled
-when the maximum grows), laid out for an AVX2 CPU:
+#include "kvp.h"
 
-- a work item is one sequence, one KV head and PF_BQ consecutive query positions, i.e. the
-  PF_BQ x (num_heads / num_kv_heads) query rows of its GQA group that share every K/V row read;
-  items run over the OpenMP team, longest first (an item costs its rows x its last position);
-- per tile of up to PF_BK keys: the keys transposed into a [head_dim, PF_BK] panel (8 x 8
-  register transposes), scores in register tiles of 6 query rows x 16 keys (BLIS's micro-kernel
-  shape: 12 ymm accumulators, one broadcast of q per row and dim), the causal limit per row (key
-  position <= query position), the online softmax update (expf vectorized through libmvec),
-  then p . V in register tiles of 6 rows x 16 dims (one broadcast of p per row and key).
-  Rows are padded to a multiple of 6 (a group of 3 heads x 16 positions is 48 rows).
-
-torch's flash attention on CPU runs the same loop through MKL GEMM calls on [q-block x
-kv-block] tiles, one SDPA call per sequence; here one call per layer covers all chunks and
-the GQA group's rows share each K/V load. head_dim a multiple of 16; AVX2 + FMA builds only: elsewhere
-`kvp_prefill_simd()` returns 0 and the caller keeps torch's SDPA.
-"""
-
-PREFILL_SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define PF_BQ 16  /* query positions per work item */
@@ -293,4 +295,3 @@ int KVP_FN(kvp_paged_prefill)(const kvp_t *q, int64_t q_stride_token, int64_t q_
     return -3;
 #endif
 }
-"""

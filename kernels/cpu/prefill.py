@@ -2,11 +2,11 @@
 
 The torch path runs one `scaled_dot_product_attention` per chunk, on torch's CPU flash
 attention (MKL GEMMs over [query block x key block] tiles), after gathering the cached
-blocks of an extend into a dense copy. `kvp_paged_prefill_f32` (attention/cpu_prefill_c.py)
+blocks of an extend into a dense copy. `kvp_paged_prefill_f32` (csrc/prefill.c)
 attends every chunk of the layer in one call, reading K/V in place through the block tables
 (the chunks' own K/V are written to the cache first, as for the decodes), the query rows of a
-GQA group sharing each K/V load. Where the library or its AVX2 build is missing the caller
-keeps the torch path (`available()`).
+GQA group sharing each K/V load. In a variant without AVX2 (generic) the caller keeps the torch
+path (`available()`).
 Source: FlashAttention's online softmax (Dao et al., NeurIPS 2022); vLLM's CPU backend and its
 `context_attention_fwd` for the paged layout.
 """
@@ -17,15 +17,15 @@ import ctypes
 
 import torch
 
-from kvpilot.engine.attention import cpu_decode
-from kvpilot.engine.cpu_build import kernel_range
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu.loader import kernel_range
 
 
-def _fn(dtype: torch.dtype = torch.float32):
-    """kvp_paged_prefill_f32 / _bf16 of cpu_decode.load(dtype)'s library with its argtypes, or None
-    where the library or its AVX2 build is missing."""
-    lib = cpu_decode.load(dtype)
-    if lib is None or not lib.kvp_prefill_simd():
+def _fn(dtype: torch.dtype = torch.float32, variant: str | None = None):
+    """kvp_paged_prefill_f32 / _bf16 of the attention library for `dtype` with its argtypes, or
+    None in a variant without AVX2."""
+    lib = cpu_decode.load(dtype, variant)
+    if not lib.kvp_prefill_simd():
         return None
     fn = getattr(lib, cpu_decode.kernel_name("kvp_paged_prefill", dtype))
     if fn.argtypes is None:
@@ -35,9 +35,9 @@ def _fn(dtype: torch.dtype = torch.float32):
     return fn
 
 
-def available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether the kernel is built for `dtype` (the CPU kernel library with AVX2 and FMA)."""
-    return _fn(dtype) is not None
+def available(dtype: torch.dtype = torch.float32, variant: str | None = None) -> bool:
+    """Whether the kernel runs for `dtype` in this CPU's variant (or `variant`): AVX2 and FMA."""
+    return _fn(dtype, variant) is not None
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -56,8 +56,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                   chunk's queries sit at its last positions and attend to keys at or before them
     out:          [num_tokens, num_heads, head_dim], last two dims contiguous
     Uses torch.get_num_threads() threads. Raises ValueError on bad shapes, dtypes or a head_dim
-    not a multiple of 16, RuntimeError when the kernel is not built (check `available()`) or
-    runs out of memory."""
+    not a multiple of 16, RuntimeError in a variant without it (check `available()`) or when
+    it runs out of memory."""
     fn = _fn(q.dtype) if q.dtype in cpu_decode.SUFFIX else None
     if fn is None:
         raise RuntimeError(f"the CPU prefill attention kernel is not available for {q.dtype}")
@@ -88,8 +88,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel can serve a layer's prefill/extend chunks: what the decode kernel needs
-    (`cpu_decode.supports`: float32 or bfloat16 on CPU, a contiguous cache, head_dim contiguous,
-    the library built), head_dim a multiple of 16, and the library's AVX2 build."""
+    (`attention.supports`: float32 or bfloat16 on CPU, a contiguous cache, head_dim contiguous),
+    head_dim a multiple of 16, and a variant with AVX2."""
     return cpu_decode.supports(query, k_cache) and query.shape[-1] % 16 == 0 and available(query.dtype)
 
 

@@ -1,34 +1,32 @@
-"""The C source of the decode stack (layers/cpu_decode_stack.py builds and calls it).
+/*
+ * The decode stack (Python face: kernels/cpu/decode_stack.py; engine/models/cpu_decode_stack.py
+ * fills its structs from a model).
+ *
+ * `kvp_decode_stack` runs every decoder layer of a decode-only step in one call, then the final
+ * norm, by calling the engine's existing C functions through pointers it is given (so each does
+ * exactly what the per-module path does, bit for bit):
+ *   layer 0:  h = rms_norm(residual)                       (residual = the embeddings)
+ *   other:    residual += h; h = rms_norm(residual)        (vLLM's fused_add_rms_norm)
+ *   qkv = h W_qkv^T; attn = fused RoPE + K/V write + paged attention (qkv)
+ *   h = attn W_o^T; residual += h; h = rms_norm(residual)
+ *   h = (silu(gate) * up)(h W_gate_up^T) W_down^T
+ *   end:      residual += h; h = rms_norm(residual)        (the model's final norm)
+ * The glue itself is a loop over plain structs: no arithmetic of its own beyond gathering
+ * the step's RoPE cos/sin rows from the tables.
+ * One source, two builds: float32 (elements `float`, the GGUF matmul `kvp_gguf_matmul`) and, with
+ * -DKVP_BF16, bfloat16 (elements bf16 bits, the matmul `kvp_bf16_gemm` of bf16_gemm.c over
+ * its packed weights; the attention library's `_bf16` norm, activation and attention).
+ */
 
-`kvp_decode_stack` runs every decoder layer of a decode-only step in one call, then the final
-norm, by calling the engine's existing C functions through pointers it is given (so each does
-exactly what the per-module path does, bit for bit):
-  layer 0:  h = rms_norm(residual)                       (residual = the embeddings)
-  other:    residual += h; h = rms_norm(residual)        (vLLM's fused_add_rms_norm)
-  qkv = h W_qkv^T; attn = fused RoPE + K/V write + paged attention (qkv)
-  h = attn W_o^T; residual += h; h = rms_norm(residual)
-  h = (silu(gate) * up)(h W_gate_up^T) W_down^T
-  end:      residual += h; h = rms_norm(residual)        (the model's final norm)
-The glue itself is a loop over plain structs: no arithmetic of its own beyond gathering
-the step's RoPE cos/sin rows from the tables.
-One source, two builds: float32 (elements `float`, the GGUF matmul `kvp_gguf_matmul`) and, with
--DKVP_BF16, bfloat16 (elements bf16 bits, the matmul `kvp_bf16_gemm` of layers/bf16_gemm_c.py over
-its packed weights; the attention library's `_bf16` norm, activation and attention).
-"""
-
-SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
+#include "kvp.h"
 
 #ifdef KVP_BF16
-typedef uint16_t kvp_t;  /* bf16 bits */
 typedef void (*matmul_fn)(const kvp_t *x, int64_t ldx, const kvp_t *wp, kvp_t *y, int64_t ldy, int64_t m,
                           int64_t n, int64_t k, int64_t threads);
 /* kvp_bf16_gemm cannot fail */
 #define MATMUL(L, x, ldx, y, ldy) \
     (md->matmul((x), (ldx), (const kvp_t *)(L).w, (y), (ldy), m, (L).n, (L).k, threads), 0)
 #else
-typedef float kvp_t;
 typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
                          int64_t m, float *y, int64_t y_stride, int threads, int act8);
 #define MATMUL(L, x, ldx, y, ldy) \
@@ -74,7 +72,7 @@ typedef struct {
 /* residual [m, hidden]: the embeddings in, the residual stream out; h [m, hidden]: the
    final-normed hidden states out. work: m * (head_dim + qkv_n + num_heads * head_dim
    + 3 * intermediate) elements. threads: the matmuls' OpenMP threads; attn_threads: the
-   attention's (cpu_decode.attention_threads). Returns 0, or the first non-zero code of a kernel
+   attention's (attention.attention_threads). Returns 0, or the first non-zero code of a kernel
    (-1 attention scratch, -2 matmul scratch out of memory; any other: a bad argument). */
 int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n_layers, kvp_t *residual,
                      kvp_t *h, int64_t m, const int64_t *positions, const int64_t *slots, const int32_t *tables,
@@ -107,4 +105,3 @@ int kvp_decode_stack(const kvp_model_t *md, const kvp_layer_t *layers, int64_t n
     md->norm(h, residual, md->final_norm, h, m, hid, (float)md->final_eps);
     return 0;
 }
-"""

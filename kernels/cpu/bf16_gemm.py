@@ -1,57 +1,48 @@
-"""Decode-sized bfloat16 matmuls on CPUs with AVX512_BF16: our own kernel (layers/bf16_gemm_c.py)
+"""Decode-sized bfloat16 matmuls on CPUs with AVX512_BF16: our own kernel (csrc/bf16_gemm.c)
 instead of oneDNN's for up to `BF16_GEMM_MAX_TOKENS` rows.
 
 Why: at the row counts of a decode step oneDNN's bf16 matmuls read the 135M model's 212 MB of
 layer weights at 16-22 GB/s on a 2-core Zen 4 EPYC where a plain read runs at ~30 GB/s
-(benchmarks/results/throughput/README.md, Zen 4 part, section 15). The kernel streams a packed
+(benchmarks/results/throughput/README.md, Zen 4). The kernel streams a packed
 copy of each weight (`pack`: the same bytes in `vdpbf16ps` order, kept beside oneDNN's, which
 still serves prefill-sized matmuls) once per call, its row tiles reusing each 64-column group
 from L2. Arithmetic: exact bf16 products, float32 sums, one rounding to bf16 (as oneDNN's).
 
-Needs a C compiler and a CPU with AVX512_BF16 and no AMX (`available()`); elsewhere, or with
-`KVPILOT_CPU_KERNELS=0`, the engine keeps oneDNN. Built by engine/cpu_build.py.
+Runs in the avx512_bf16 and amx variants (`simd()`); whether the engine uses it on a CPU is
+decided by engine/cpu_kernel_path.py. Other variants hold the same layout in plain C (tests
+check the layout with it on any CPU).
 Source: Intel SDM (VDPBF16PS); the packing is BLIS's (Van Zee and van de Geijn, 2015).
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-from functools import lru_cache
 
 import torch
 
-from kvpilot.engine.cpu_build import build_library, kernel_range
-from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
-from kvpilot.engine.layers.bf16_gemm_c import SOURCE
-
-logger = logging.getLogger("kvpilot.engine.layers.bf16_gemm")
+from kvpilot.kernels.cpu.loader import kernel_range
+from kvpilot.kernels.cpu.loader import load as load_library
 
 # Up to this many rows a bf16 matmul takes the kernel (decode steps); above, oneDNN.
 BF16_GEMM_MAX_TOKENS = 32
 GROUP = 64  # output columns per packed group: 4 vectors of 16 float32 lanes
 
-_FLAG_SETS = ((["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]), (["-O2"], []))
 
-
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The compiled library (AVX512_BF16 kernel or the portable loop), or None (logged once)."""
-    lib = build_library("bf16_gemm", SOURCE, _FLAG_SETS, logger, "oneDNN's bf16 matmuls")
-    if lib is None:
-        return None
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    lib.kvp_bf16_gemm.restype = None
-    lib.kvp_bf16_gemm.argtypes = [p, i, p, p, i, i, i, i, i]
-    lib.kvp_bf16_gemm_simd.restype = ctypes.c_int
+def load(variant: str | None = None) -> ctypes.CDLL:
+    """The library of this CPU's variant (or `variant`) with its argument types set.
+    Raises loader.KernelsNotBuilt where the install built no kernels."""
+    lib = load_library("bf16_gemm", variant)
+    if lib.kvp_bf16_gemm.argtypes is None:
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        lib.kvp_bf16_gemm.restype = None
+        lib.kvp_bf16_gemm.argtypes = [p, i, p, p, i, i, i, i, i]
+        lib.kvp_bf16_gemm_simd.restype = ctypes.c_int
     return lib
 
 
-def available() -> bool:
-    """Whether the engine uses the kernel here: its AVX512_BF16 build, on a CPU without AMX
-    (cpu_info.has_bf16_matmul_kernel: with AMX, oneDNN's tiles serve)."""
-    lib = load()
-    return lib is not None and bool(lib.kvp_bf16_gemm_simd()) and has_bf16_matmul_kernel(detect_cpu())
+def simd(variant: str | None = None) -> bool:
+    """Whether the loaded variant runs the AVX512_BF16 kernel (vdpbf16ps), not the plain-C loop."""
+    return bool(load(variant).kvp_bf16_gemm_simd())
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -74,10 +65,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """x [M, K] bf16 CPU, rows contiguous -> x weight^T [M, out_features] bf16, a new tensor, for
     packed = pack(weight [out_features, K]). Uses torch.get_num_threads() threads. Raises
-    ValueError on mismatched shapes or dtypes, RuntimeError when the library is not built."""
+    ValueError on mismatched shapes or dtypes, loader.KernelsNotBuilt where the install built no
+    kernels."""
     lib = load()
-    if lib is None:
-        raise RuntimeError("the bf16 matmul kernel is not available")
     m, k = x.shape
     if (x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or x.stride(1) != 1 or k % 2
             or out_features % GROUP or packed.numel() != out_features * k or not packed.is_contiguous()):

@@ -1,6 +1,5 @@
-"""A fused paged decode-attention kernel for CPU in plain C, built with the system's C
-compiler at first use and called through ctypes; float32, and bfloat16 from a second build of
-the same source (bf16 storage, float32 math: cpu_kernels_source.py).
+"""Decode attention on CPU over the paged KV cache, one C call per layer (csrc/attention.c),
+float32, or bfloat16 from the library's -DKVP_BF16 build (bf16 storage, float32 math).
 
 Why: the pure-torch decode path gathers every sequence's K/V blocks into a dense
 workspace (two copies per layer), then runs SDPA with a boolean length mask that SDPA
@@ -10,59 +9,31 @@ place through its block table (`slot = block_table[t // block_size] * block_size
 t % block_size`, as vLLM's PagedAttention) in one call per layer, reading each K/V row
 once for all query heads of its GQA group. A layer's attention is shared out over
 `torch.get_num_threads()` threads of torch's own OpenMP team, long sequences cut into parts
-merged by their softmax maxima and sums (vLLM's paged_attention_v2; attention/cpu_attend_c.py):
-the library is built with `-fopenmp`, and its `libgomp.so.1` resolves to the one torch has
-loaded (same soname), so the attention's parallel region reuses the threads torch's matmuls
-just used instead of waking a second pool beside them (split over Python threads instead, an
-offline float32 run took 84 s against 77 s on one thread: README section 11). `FusedDecode`
-does the whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the
-new token's slot, then the attention (the C source: attention/cpu_kernels_source.py and
-cpu_attend_c.py).
-
-Needs only a C compiler (`$CC`, else `cc`); built and cached by engine/cpu_build.py, keyed
-by the source, the flags and the CPU's ISA flags (`-march=native`). Where it cannot build (no compiler, a
-build error, a read-only cache with no writable temp dir) or `KVPILOT_CPU_KERNELS=0`,
-`load()` returns None once with a warning and the torch path is used.
+merged by their softmax maxima and sums (vLLM's paged_attention_v2): the library is built with
+`-fopenmp`, and its `libgomp.so.1` resolves to the one torch has loaded (same soname), so the
+attention's parallel region reuses the threads torch's matmuls just used. `FusedDecode` does the
+whole decode side of a layer in that one call: RoPE of q and k, the K/V write at the new token's
+slot, then the attention.
 Source: vLLM PagedAttention (SOSP'23); two-pass softmax as in the math of SDPA.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-from functools import lru_cache
 
 import torch
 
-from kvpilot.engine.attention import cpu_kernels_source
-from kvpilot.engine.cpu_build import build_library, kernel_range
-
-logger = logging.getLogger("kvpilot.engine.attention.cpu_decode")
+from kvpilot.kernels.cpu.loader import kernel_range
+from kvpilot.kernels.cpu.loader import load as load_library
 
 # Below this many (cached token x KV head) pairs, summed over a layer's sequences, its attention
 # costs less than waking the OpenMP team for it: one sequence of 256 tokens (3 KV heads) took
-# 0.084 ms on one thread and 0.049 on two, one of 128 tokens 0.046 and 0.049 (README section 13).
+# 0.084 ms on one thread and 0.049 on two, one of 128 tokens 0.046 and 0.049.
 PARALLEL_MIN_WORK = 768
 
-_SOURCE = cpu_kernels_source.SOURCE
-
-# Tried in order; the first that builds wins: (compile flags, link flags). -ffast-math lets
-# gcc vectorize expf through glibc's libmvec and reassociate the dot products (finite inputs
-# only: the cache holds finite values everywhere, attention/backend.py). It is a compile flag
-# only: linking a shared library with -ffast-math adds crtfastmath.o, whose constructor sets
-# the FTZ/DAZ bits of the whole process when the library loads, so every later float
-# computation in the server (numpy, hypothesis, torch) would flush subnormals to zero.
-# The sets without -fopenmp run every call on one thread.
-_FLAG_SETS = (
-    (["-O3", "-march=native", "-fopenmp", "-ffast-math"], ["-fopenmp", "-lmvec", "-lm"]),
-    (["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"], ["-lmvec", "-lm"]),
-    (["-O3", "-march=native", "-fopenmp-simd"], ["-lm"]),
-    (["-O2"], ["-lm"]),
-)
-
-
-# The dtypes the library is built for, with the suffix of their exported names.
+# The dtypes the library is built for, with the suffix of their exported names and the library.
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+LIBRARY = {torch.float32: "attention", torch.bfloat16: "attention_bf16"}
 
 
 def kernel_name(base: str, dtype: torch.dtype) -> str:
@@ -70,34 +41,28 @@ def kernel_name(base: str, dtype: torch.dtype) -> str:
     return f"{base}_{SUFFIX[dtype]}"
 
 
-@lru_cache(maxsize=2)
-def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
-    """The compiled kernel library for `dtype` (float32, or bfloat16: the same source built with
-    -DKVP_BF16), or None (logged once) where it cannot be built, the dtype has no build, or
-    KVPILOT_CPU_KERNELS=0 disables it (engine/cpu_build.py)."""
+def load(dtype: torch.dtype = torch.float32, variant: str | None = None) -> ctypes.CDLL:
+    """The attention / norm / activation library for `dtype` (float32 or bfloat16) in this CPU's
+    variant (or `variant`), with the decode kernel's argument types set. Raises ValueError for
+    another dtype, loader.KernelsNotBuilt where the install built no kernels."""
     if dtype not in SUFFIX:
-        return None
-    if dtype == torch.float32:
-        lib = build_library("paged_decode", _SOURCE, _FLAG_SETS, logger, "the torch path")
-    else:
-        flag_sets = tuple((["-DKVP_BF16", *cf], lf) for cf, lf in _FLAG_SETS)
-        lib = build_library("paged_decode_bf16", _SOURCE, flag_sets, logger, "the torch path")
-    if lib is None:
-        return None
+        raise ValueError(f"the CPU attention kernels serve float32 and bfloat16, not {dtype}")
+    lib = load_library(LIBRARY[dtype], variant)
     fn = getattr(lib, kernel_name("kvp_paged_decode", dtype))
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_float, ctypes.c_int64]
+    if fn.argtypes is None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_int64, ctypes.c_float, ctypes.c_int64]
     return lib
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel can serve this layer: float32 or bfloat16 on CPU (query and cache
-    alike), contiguous caches, a contiguous head_dim in the query, and the library built."""
+    alike), contiguous caches, a contiguous head_dim in the query."""
     return (query.dtype in SUFFIX and k_cache.dtype == query.dtype and query.device.type == "cpu"
-            and k_cache.is_contiguous() and query.stride(-1) == 1 and load(query.dtype) is not None)
+            and k_cache.is_contiguous() and query.stride(-1) == 1)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -111,11 +76,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
     seq_lens:     [num_seqs] int32, tokens in the cache including the new one (>= 1)
     out:          [num_seqs, num_heads, head_dim], contiguous; written and returned
-    Raises ValueError on mismatched shapes or dtypes, RuntimeError when the kernel is not
-    built (check `supports` first) or runs out of memory."""
+    Raises ValueError on mismatched shapes or dtypes, loader.KernelsNotBuilt where the install
+    built no kernels, RuntimeError when the kernel runs out of memory."""
+    if q.dtype not in SUFFIX:
+        raise ValueError(f"paged_decode_attention: q must be float32 or bfloat16, not {q.dtype}")
     lib = load(q.dtype)
-    if lib is None:
-        raise RuntimeError(f"the CPU decode kernel is not available for {q.dtype}")
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if (kd != head_dim or v_cache.shape != k_cache.shape or num_heads % num_kv_heads
@@ -142,7 +107,7 @@ def attention_threads(lens: list[int], num_kv_heads: int) -> int:
     """Threads for one layer's decode attention over sequences of `lens` cached tokens:
     torch's thread count when the layer's work reaches PARALLEL_MIN_WORK, else 1 (no parallel
     region). Fewer sequences than threads still take them all: the kernel cuts long sequences
-    into parts (cpu_attend_c.py)."""
+    into parts (csrc/attention.c)."""
     threads = torch.get_num_threads()
     return threads if threads > 1 and sum(lens) * num_kv_heads >= PARALLEL_MIN_WORK else 1
 
@@ -167,16 +132,13 @@ class FusedDecode:
     slots:        [num_seqs] int64, contiguous: flat cache slot of each row's new token
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, contiguous
     seq_lens:     [num_seqs] int32 (>= 1, the new token included), contiguous
-    Raises ValueError on mismatched shapes/dtypes, RuntimeError when the library is not
-    built (check `supports` first). Source: vLLM PagedAttention; HF Llama rotate_half."""
+    Raises ValueError on mismatched shapes/dtypes (check `supports` first),
+    loader.KernelsNotBuilt where the install built no kernels. Source: vLLM PagedAttention; HF Llama rotate_half."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, seq_lens_cpu: list[int], num_heads: int, scale: float) -> None:
         self.dtype = cos.dtype
-        lib = load(self.dtype)
-        if lib is None:
-            raise RuntimeError(f"the CPU decode kernel is not available for {self.dtype}")
-        self.fn = _bind_fused(lib, self.dtype)
+        self.fn = _bind_fused(load(self.dtype), self.dtype)
         n = len(seq_lens_cpu)
         cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
         if (cos.shape != sin.shape or cos.shape[0] != n or cos.stride() != sin.stride() or cos.stride(-1) != 1

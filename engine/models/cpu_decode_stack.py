@@ -1,6 +1,6 @@
 """One C call for all decoder layers of a small decode-only step on CPU: the float32
-`--quantization gguf` path and the bfloat16 path where layers/bf16_gemm.py's kernel serves
-(the C glue: layers/cpu_decode_stack_c.py, built once per dtype).
+`--quantization gguf` path and the bfloat16 path where the bf16 matmul kernel serves (the C
+glue: kernels/cpu/csrc/decode_stack.c, its library and structs: kernels/cpu/decode_stack.py).
 
 Why: at batch 1 a SmolLM2 decode step is 121 GGUF matmuls of ~60 us each, and the Python
 around them (module calls, wrapper checks, tensor allocations, ctypes argument
@@ -21,8 +21,8 @@ layers quantized, at most as many rows as the layers' matmuls read the blocks fo
 every layer's linear layers packed for the bf16 kernel, at most `BF16_GEMM_MAX_TOKENS` rows.
 Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
 from the same OpenMP team.
-Any other step returns None and the modules run. KVPILOT_DECODE_STACK=0 turns the stack off
-(every step through the modules, as before it existed: comparisons). Source: the per-layer order of
+Any other step returns None and the modules run. Whether a model gets a stack at all is
+engine/cpu_kernel_path.py's choice (KVPILOT_DECODE_STACK=0 turns it off). Source: the per-layer order of
 models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
 whole decode step without returning to the host language.
 """
@@ -31,86 +31,29 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-from functools import lru_cache
 
 import torch
 
-from kvpilot.engine.attention import cpu_decode
-from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
-from kvpilot.engine.cpu_build import build_library, kernel_range
-from kvpilot.engine.layers import bf16_gemm, cpu_ops, gguf_kernel
-from kvpilot.engine.layers.activation import SiluAndMul
-from kvpilot.engine.layers.cpu_decode_stack_c import SOURCE
-from kvpilot.engine.layers.layernorm import RMSNorm
+from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.cpu_kernel_path import CpuKernelPath
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import bf16_gemm, gguf
+from kvpilot.kernels.cpu.decode_stack import Layer as _Layer
+from kvpilot.kernels.cpu.decode_stack import Model as _Model
+from kvpilot.kernels.cpu.decode_stack import QLinear as _QLinear
+from kvpilot.kernels.cpu.decode_stack import kernels as _kernels
+from kvpilot.kernels.cpu.decode_stack import load
+from kvpilot.kernels.cpu.loader import kernel_range
 
-logger = logging.getLogger("kvpilot.engine.layers.cpu_decode_stack")
-
-_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-DISABLE_ENV = "KVPILOT_DECODE_STACK"
-
-
-class _QLinear(ctypes.Structure):
-    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("qtype", _I), ("act8", _I)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_norm", _P), ("input_eps", _D), ("post_eps", _D),
-                ("qkv", _QLinear), ("o", _QLinear), ("gate_up", _QLinear), ("down", _QLinear),
-                ("k_cache", _P), ("v_cache", _P)]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [("matmul", _P), ("norm", _P), ("silu", _P), ("attn", _P),
-                ("hidden", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I),
-                ("intermediate", _I), ("scale", _D), ("final_norm", _P), ("final_eps", _D),
-                ("cos_table", _P), ("sin_table", _P)]
-
-
-_ARGTYPES = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int, ctypes.c_int]
-
-
-@lru_cache(maxsize=2)
-def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
-    """The glue library for `dtype` (float32: over the GGUF matmul; bfloat16: over the bf16
-    kernel, built with -DKVP_BF16), or None (logged once) where it or the kernels it calls
-    cannot be built or run here, or KVPILOT_CPU_KERNELS=0."""
-    if dtype == torch.float32:
-        if gguf_kernel.load() is None or cpu_ops.lib() is None:
-            return None
-        lib = build_library("decode_stack", SOURCE, ((["-O2"], []),), logger, "the per-module decode path")
-    elif dtype == torch.bfloat16:
-        if not bf16_gemm.available() or cpu_ops.lib(dtype) is None:
-            return None
-        lib = build_library("decode_stack_bf16", SOURCE, ((["-O2", "-DKVP_BF16"], []),), logger,
-                            "the per-module decode path")
-    else:
-        return None
-    if lib is not None:
-        lib.kvp_decode_stack.restype = ctypes.c_int
-        lib.kvp_decode_stack.argtypes = _ARGTYPES
-    return lib
-
-
-def _fn_ptr(lib: ctypes.CDLL, name: str) -> int:
-    return ctypes.cast(lib[name], _P).value  # lib[name]: a fresh handle, whatever wraps lib.name
-
-
-def _kernels(dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """Addresses of the matmul, RMSNorm, SiLU*mul and fused decode functions the glue calls for `dtype`."""
-    clib = cpu_ops.lib(dtype)
-    matmul = (_fn_ptr(gguf_kernel.load(), "kvp_gguf_matmul") if dtype == torch.float32
-              else _fn_ptr(bf16_gemm.load(), "kvp_bf16_gemm"))
-    return (matmul, *(_fn_ptr(clib, cpu_decode.kernel_name(base, dtype))
-                      for base in ("kvp_rms_norm", "kvp_silu_mul", "kvp_rope_cache_decode")))
+logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")  # the path's one start-up line
 
 
 def _qlinear(module, n: int, k: int) -> _QLinear | None:
     """float32: the layer's GGUF blocks, or None where it has none of the right shape."""
     w = getattr(module, "qweight", None)
-    if (w is None or module.qtype not in gguf_kernel.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
-            or tuple(w.shape) != (n, k // gguf_kernel.BLOCK_WEIGHTS * gguf_kernel.BLOCK_BYTES[module.qtype])
-            or k % gguf_kernel.BLOCK_WEIGHTS):
+    if (w is None or module.qtype not in gguf.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
+            or tuple(w.shape) != (n, k // gguf.BLOCK_WEIGHTS * gguf.BLOCK_BYTES[module.qtype])
+            or k % gguf.BLOCK_WEIGHTS):
         return None
     return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
 
@@ -144,7 +87,7 @@ def _layer(layer, cfg) -> tuple[_Layer, tuple] | None:
              linear(mlp.down_proj, cfg.hidden_size, cfg.intermediate_size))
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size, cfg.dtype) for n in norms)
-            or not isinstance(attn.backend, TorchAttentionBackend) or attn.head_dim % 2):
+            or not getattr(attn.backend, "fuse_rope_cache", False) or attn.head_dim % 2):
         return None
     tensors = (norms[0].weight, norms[1].weight,
                *(getattr(mod, weight_name) for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
@@ -166,6 +109,8 @@ class DecodeStack:
         self.lib, self.fn = lib, lib.kvp_decode_stack
         self.model = model
         self.backend = model.layers[model.start_layer].self_attn.backend
+        # the per-module switches a comparison may turn off (cpu_kernel_path.apply sets them)
+        self.norm, self.act = model.layers[model.start_layer].input_layernorm, model.layers[model.start_layer].mlp.act_fn
         attn = model.layers[model.start_layer].self_attn
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.qkv_n = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
@@ -193,8 +138,6 @@ class DecodeStack:
         kernels (see the module docstring)."""
         from kvpilot.engine import parallel_state as ps
 
-        if os.environ.get(DISABLE_ENV, "1") == "0":
-            return None
         cfg = model.config
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
                 or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR):
@@ -204,8 +147,7 @@ class DecodeStack:
         if (any(layer is None for layer in layers) or not _norm_ok(model.norm, cfg.hidden_size, cfg.dtype)
                 or not (model.rotary_emb.cos.is_contiguous() and model.rotary_emb.sin.is_contiguous())):
             return None
-        lib = load(cfg.dtype)
-        return None if lib is None else cls(model, lib, layers)
+        return cls(model, load(cfg.dtype), layers)
 
     def _set_caches(self, kv_caches: list) -> bool:
         """Points the layer structs at this step's caches (validated when they change)."""
@@ -234,7 +176,7 @@ class DecodeStack:
         out of memory."""
         m = input_ids.shape[0]
         if (not self.enabled or not 0 < m <= self.max_rows or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
-                or not (RMSNorm.use_c_kernel and SiluAndMul.use_c_kernel)
+                or not (self.norm.use_c_kernel and self.act.use_c_kernel)
                 or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
                 or max(meta.seq_lens_cpu) > self.max_positions):
             return None
@@ -258,13 +200,16 @@ class DecodeStack:
         return hidden
 
 
-def attach(model) -> None:
-    """Gives `model` its decode stack where one can serve it (`DecodeStack.build`) and logs which
-    path small decode steps take. Called by the model runner once weights are packed or quantized."""
-    model.decode_stack = DecodeStack.build(model)
-    if model.decode_stack is not None:
-        logger.info("%s decode steps of up to %d rows run all layers in one C call (layers/cpu_decode_stack.py)",
-                    str(model.config.dtype).removeprefix("torch."), model.decode_stack.max_rows)
-    else:
-        logger.info("decode steps run layer by layer (the C decode stack serves float32 with --quantization gguf "
-                    "and bfloat16 where the bf16 matmul kernel runs; %s=0 turns it off)", DISABLE_ENV)
+def apply(model, path: CpuKernelPath | None = None) -> None:
+    """Sets `model`'s modules to the kernel path (default: cpu_kernel_path.current()), gives it a
+    decode stack where the path and the model allow, and logs the path once. Called by the model
+    runner once weights are packed or quantized."""
+    path = path or cpu_kernel_path.current()
+    for module in model.modules():
+        if hasattr(module, "use_c_kernel"):
+            module.use_c_kernel = path.kernels
+        backend = getattr(module, "backend", None)
+        if hasattr(backend, "use_cpu_kernel"):
+            backend.use_cpu_kernel = path.kernels
+    model.decode_stack = DecodeStack.build(model) if path.kernels and path.decode_stack else None
+    logger.info("%s", cpu_kernel_path.describe(model, path))

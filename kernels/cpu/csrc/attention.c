@@ -1,20 +1,31 @@
-"""The C source of a layer's decode attention over the paged KV cache (`attend_rows`), the
-part of the CPU kernel library (attention/cpu_kernels_source.py) behind both decode entry points.
+/*
+ * Decode attention over the paged KV cache, float32 or (with -DKVP_BF16) bfloat16 storage:
+ * - `kvp_paged_decode_*`: one new query token per sequence over its paged K/V (vLLM
+ *   PagedAttention), the slot of token t being block_table[t / block_size] * block_size +
+ *   t % block_size;
+ * - `kvp_rope_cache_decode_*`: the whole decode side of an attention layer in one call: RoPE of
+ *   q and k (HF Llama's rotate_half), the K/V write at the new token's cache slot, then the
+ *   attention.
+ * Built into one library with prefill.c, layernorm.c and activation.c (kernels/cpu/build.py);
+ * Python face: kernels/cpu/attention.py.
+ *
+ * `attend_rows`, behind both entry points:
+ *
+ * Each sequence's tokens are cut into work items of `partition_tokens` (vLLM's
+ * paged_attention_v2 partitions): with one thread an item is a whole sequence; with more, a
+ * sequence longer than total tokens / (2 x threads) (at least 128 tokens, a multiple of
+ * block_size) is cut into parts of that length, so that a step with a few long sequences (the end
+ * of an offline batch, one stream) still keeps every thread reading K/V. An item's attention is
+ * two passes over its blocks, each K and V token row read once for all query heads of its GQA
+ * group: scores = q.K^T * scale, exp(score - the item's max), then acc = p.V; a sequence's
+ * items are merged with their maxima and sums (the log-sum-exp rescaling of FlashDecoding /
+ * paged_attention_v2's reduce kernel): out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i.
+ * Sources: vLLM PagedAttention (SOSP'23) and csrc/attention/paged_attention_v2.cu; Dao et al.,
+ * Flash-Decoding (2023).
+ */
 
-Each sequence's tokens are cut into work items of `partition_tokens` (vLLM's
-paged_attention_v2 partitions): with one thread an item is a whole sequence; with more, a
-sequence longer than total tokens / (2 x threads) (at least 128 tokens, a multiple of
-block_size) is cut into parts of that length, so that a step with a few long sequences (the end
-of an offline batch, one stream) still keeps every thread reading K/V. An item's attention is
-two passes over its blocks, each K and V token row read once for all query heads of its GQA
-group: scores = q.K^T * scale, exp(score - the item's max), then acc = p.V; a sequence's
-items are merged with their maxima and sums (the log-sum-exp rescaling of FlashDecoding /
-paged_attention_v2's reduce kernel): out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i.
-Sources: vLLM PagedAttention (SOSP'23) and csrc/attention/paged_attention_v2.cu; Dao et al.,
-Flash-Decoding (2023).
-"""
+#include "kvp.h"
 
-SOURCE = r"""
 /* Software prefetch of n elements from p (one hint per 64-byte line). The cache blocks of a
    sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
    each token row of a block asks for the same row of the block two ahead in its table. */
@@ -196,4 +207,71 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
     free(first); free(item_seq); free(partial); free(qrot);
     return failed ? -1 : 0;
 }
-"""
+
+/* One new query token per sequence over its paged K/V (kvp_t: float or bf16, above).
+   q: rows [s] at q + s*q_stride_seq, heads at + h*q_stride_head, head_dim contiguous.
+   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
+   tables: [num_seqs, max_blocks] int32; lens: [num_seqs] int32 (>= 1, tokens in cache).
+   out: [num_seqs, num_heads, head_dim] contiguous. Rows [seq_begin, seq_end) are shared out over
+   num_threads OpenMP threads (one thread: no parallel region; a build without OpenMP runs
+   them serially). Returns 0, or -1 if out of memory. */
+int KVP_FN(kvp_paged_decode)(const kvp_t *q, int64_t q_stride_seq, int64_t q_stride_head,
+                         const kvp_t *k_cache, const kvp_t *v_cache,
+                         const int32_t *tables, int64_t max_blocks, const int32_t *lens,
+                         kvp_t *out, int64_t seq_begin, int64_t seq_end,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, float scale, int64_t num_threads) {
+    const kvp_attn_args a = {q, q_stride_seq, q_stride_head, k_cache, v_cache, tables, max_blocks, lens, out,
+                             seq_begin, seq_end, num_heads, num_kv_heads, head_dim, block_size, scale};
+    return attend_rows(a, NULL, num_threads);
+}
+
+/* Rotate-half RoPE of n_heads heads (x1 = x[:half], x2 = x[half:]) into floats:
+   dst = (x1 cos - x2 sin, x2 cos + x1 sin), as HF Llama's rotate_half. */
+static void rope_heads(const kvp_t *src, float *dst, int64_t n_heads, int64_t head_dim,
+                       const kvp_t *cos, const kvp_t *sin) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n_heads; ++h) {
+        const kvp_t *x = src + h * head_dim;
+        float *y = dst + h * head_dim;
+        #pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+            const float x1 = kvp_ld(x[i]), x2 = kvp_ld(x[i + half]), c = kvp_ld(cos[i]), sn = kvp_ld(sin[i]);
+            y[i] = x1 * c - x2 * sn;
+            y[i + half] = x2 * c + x1 * sn;
+        }
+    }
+}
+
+/* Row s's RoPE of q (into qrot) and k, and its K/V write at cache slot slots[s]. */
+static void rope_row(const kvp_rope_args *r, int64_t s, const kvp_attn_args *a, float *qrot) {
+    const int64_t row = a->num_kv_heads * a->head_dim;
+    const kvp_t *src = r->qkv + s * r->qkv_stride, *c = r->cos + s * r->rope_stride, *sn = r->sin + s * r->rope_stride;
+    float krot[row];
+    kvp_t *kc = r->k_cache + r->slots[s] * row;
+    rope_heads(src, qrot, a->num_heads, a->head_dim, c, sn);
+    rope_heads(src + a->num_heads * a->head_dim, krot, a->num_kv_heads, a->head_dim, c, sn);
+    for (int64_t i = 0; i < row; ++i) kc[i] = kvp_st(krot[i]);
+    memcpy(r->v_cache + r->slots[s] * row, src + (a->num_heads + a->num_kv_heads) * a->head_dim, sizeof(kvp_t) * row);
+}
+
+/* The whole decode side of an attention layer in one call, per decode row s:
+   rotates q and k of row s (RoPE with the row's cos/sin), stores the rotated k and the v
+   at flat cache slot slots[s], then attends over the lens[s] tokens of its sequence (the
+   new one included).
+   qkv: row s at qkv + s*qkv_stride: num_heads q heads, then num_kv_heads k heads, then
+        num_kv_heads v heads, each head_dim contiguous (the fused qkv projection).
+   cos, sin: row s at + s*rope_stride, head_dim/2 values (the row's position).
+   slots: [num_seqs] int64. Other arguments as kvp_paged_decode_f32. Returns 0 or -1. */
+int KVP_FN(kvp_rope_cache_decode)(const kvp_t *qkv, int64_t qkv_stride, const kvp_t *cos, const kvp_t *sin,
+                              int64_t rope_stride, const int64_t *slots, kvp_t *k_cache, kvp_t *v_cache,
+                              const int32_t *tables, int64_t max_blocks, const int32_t *lens,
+                              kvp_t *out, int64_t seq_begin, int64_t seq_end,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                              int64_t block_size, float scale, int64_t num_threads) {
+    const kvp_attn_args a = {NULL, 0, 0, k_cache, v_cache, tables, max_blocks, lens, out,
+                             seq_begin, seq_end, num_heads, num_kv_heads, head_dim, block_size, scale};
+    const kvp_rope_args r = {qkv, cos, sin, qkv_stride, rope_stride, slots, k_cache, v_cache};
+    return attend_rows(a, &r, num_threads);
+}
+

@@ -1,13 +1,13 @@
 """y = x W^T for W kept in GGUF's Q4_1 or Q8_0 blocks, in plain C (AVX2 where the CPU
-has it, a scalar loop elsewhere), built with the system's C compiler at first use
-(engine/cpu_build.py) and called through ctypes; float32 activations, or (the default of
+has it, a scalar loop in the generic variant; csrc/gguf.c), called through ctypes; float32
+activations, or (the default of
 `--quantization gguf`, as vLLM's GGUF path) activations quantized to 8-bit blocks.
 
 Why: one decode step at batch 1 reads every weight once, so its time is the weight bytes
 over the memory bandwidth. Q4_1 takes 20 bytes per 32 weights (6.4x fewer than float32)
 and Q8_0 34 bytes. The blocks are dequantized in registers, never in memory, as llama.cpp's
 CPU `ggml_vec_dot_*` and vLLM's `ggml_mul_mat_vec_a8` (GGUF, batch <= 8) do.
-activations="q8_1" (their way; gguf_q8_c.py) quantizes each activation row to blocks of 32
+activations="q8_1" (their way) quantizes each activation row to blocks of 32
 int8 with a float scale and runs integer dot products: 3-4x fewer instructions per block,
 results within the activations' 8-bit rounding. activations="float32" keeps x in float32,
 so results differ from the dense float32 matmul only by rounding order; per block of 32
@@ -25,72 +25,36 @@ torch's keeps one set of threads; ctypes releases the GIL during the call.
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-from functools import lru_cache
 
 import torch
 
-from kvpilot.engine.cpu_build import build_library, kernel_range
-from kvpilot.engine.layers.gguf_matmul_c import SOURCE
-
-logger = logging.getLogger("kvpilot.engine.layers.gguf_kernel")
+from kvpilot.kernels.cpu.loader import kernel_range
+from kvpilot.kernels.cpu.loader import load as load_library
 
 # GGML type numbers (gguf.GGMLQuantizationType) -> bytes per block of 32 weights
 Q4_1, Q8_0 = 3, 8
 BLOCK_WEIGHTS = 32
 BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 
-
 # Activation formats: "q8_1" (8-bit blocks, integer dot products) or "float32" (exact x).
 ACTIVATIONS = ("q8_1", "float32")
-ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
-
-# -ffp-contract=off keeps d * q + m and the sums as written; AVX2 needs FMA and F16C (every
-# AVX2 x86 CPU has them). The portable set builds the scalar loops anywhere; without
-# -fopenmp (a compiler without it) a call runs on the calling thread alone.
-NATIVE_FLAGS = (["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-pthread"], ["-fopenmp", "-pthread"])
-PORTABLE_FLAGS = (["-O2", "-fopenmp", "-pthread"], ["-fopenmp", "-pthread"])
-SERIAL_FLAGS = (["-O2", "-pthread"], ["-pthread"])
 
 
-def activations_from_env() -> str:
-    """KVPILOT_GGUF_ACTIVATIONS, "q8_1" when unset. Raises ValueError on another value."""
-    value = os.environ.get(ACTIVATIONS_ENV, "").strip() or ACTIVATIONS[0]
-    if value not in ACTIVATIONS:
-        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: use one of {', '.join(ACTIVATIONS)} "
-                         "(q8_1: 8-bit activations, the default; float32: exact activations)")
-    return value
-
-
-def build(flag_sets=(NATIVE_FLAGS, PORTABLE_FLAGS, SERIAL_FLAGS)) -> ctypes.CDLL | None:
-    """Builds (or finds in the cache) the library with the first flag set that works and
-    declares its functions; None (logged) where it cannot be built or is disabled."""
-    lib = build_library("gguf_matmul", SOURCE, flag_sets, logger, "the dense float32 weights")
-    if lib is None:
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.kvp_gguf_matmul.restype = ctypes.c_int
-    lib.kvp_gguf_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int, ctypes.c_int]
-    lib.kvp_quantize_q8_1.restype = None
-    lib.kvp_quantize_q8_1.argtypes = [ptr, i64, i64, i64, ptr, ptr]
-    lib.kvp_gguf_simd.restype = ctypes.c_int
-    lib.kvp_gguf_set_tiled_min_m.restype = ctypes.c_int
-    lib.kvp_gguf_set_tiled_min_m.argtypes = [ctypes.c_int]
-    return lib
-
-
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None (logged once) where it cannot be built or
-    KVPILOT_CPU_KERNELS=0 disables it."""
-    return build()
-
-
-def _lib() -> ctypes.CDLL:
-    lib = load()
-    if lib is None:
-        raise RuntimeError("the GGUF matmul kernel is not available")
+def load(variant: str | None = None) -> ctypes.CDLL:
+    """The library of this CPU's variant (or `variant`: "generic" holds the scalar loops, the
+    others the AVX2 ones) with its functions declared. Raises loader.KernelsNotBuilt where the
+    install built no kernels, ValueError where this CPU cannot run `variant`."""
+    lib = load_library("gguf", variant)
+    if lib.kvp_gguf_matmul.argtypes is None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.kvp_gguf_matmul.restype = ctypes.c_int
+        lib.kvp_gguf_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int,
+                                        ctypes.c_int]
+        lib.kvp_quantize_q8_1.restype = None
+        lib.kvp_quantize_q8_1.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+        lib.kvp_gguf_simd.restype = ctypes.c_int
+        lib.kvp_gguf_set_tiled_min_m.restype = ctypes.c_int
+        lib.kvp_gguf_set_tiled_min_m.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -103,7 +67,7 @@ def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     if x.dtype != torch.float32 or x.stride(1) != 1 or k % BLOCK_WEIGHTS:
         raise ValueError(f"quantize_q8_1: x must be [M, K] float32, K a multiple of 32, got {tuple(x.shape)} {x.dtype}")
     q, ds = torch.empty(m, k, dtype=torch.int8), torch.empty(m, k // BLOCK_WEIGHTS, 2)
-    _lib().kvp_quantize_q8_1(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), ds.data_ptr())
+    load().kvp_quantize_q8_1(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), ds.data_ptr())
     return q, ds[..., 0], ds[..., 1]
 
 
@@ -118,8 +82,9 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features:
     activations: "q8_1" (x quantized to 8-bit blocks, integer dot products) or "float32"
     returns  [M, N] float32. Uses torch.get_num_threads() threads.
     Raises ValueError on mismatched shapes, dtypes, an unsupported qtype or activations,
-    RuntimeError when the library is not built (check `load()` first) or runs out of memory."""
-    lib = _lib()
+    loader.KernelsNotBuilt where the install built no kernels, RuntimeError when the kernel runs
+    out of memory."""
+    lib = load()
     if activations not in ACTIVATIONS:
         raise ValueError(f"gguf_matmul: activations must be one of {ACTIVATIONS}, not {activations!r}")
     if qtype not in BLOCK_BYTES:
