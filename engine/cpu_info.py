@@ -7,7 +7,7 @@ measured). Elsewhere (AVX2 only, or AVX-512 without BF16) PyTorch falls back to 
 bf16 path: 1-2 GFLOP/s against 15-110 in fp32 on a 2-core AVX2 AMD EPYC (oneDNN's
 weight prepacking refuses there: it needs avx512bw/vl/dq or avx_ne_convert); reading half
 the weight bytes still wins at batch 1-2, but batched decode, which is what a server
-runs, is faster in float32 there (benchmarks/results/throughput/dtype_avx2.json).
+runs, is faster in float32 there (`git show bbe6366:benchmarks/results/throughput/dtype_avx2.json`).
 So `auto` on CPU is bfloat16 with native bf16 and float32 otherwise, with the reason
 logged. (vLLM's CPU platform lists bf16 as supported on every x86 CPU and keeps the
 checkpoint's dtype; it does not choose by ISA. PyTorch's own check is

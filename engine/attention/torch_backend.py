@@ -179,8 +179,8 @@ class TorchAttentionBackend(AttentionBackend):
         (g.start, g.end are rows of the whole batch), with 4-D [1, heads, q_len, head_dim]
         inputs (as HF's attention passes them): on CPU, torch 2.13 takes its flash-attention
         kernel for 4-D inputs with GQA and falls back to the math path (the full score matrix)
-        for 3-D ones, 3-5x slower at 512-1024 tokens (benchmarks/results/throughput/README.md,
-        section 9)."""
+        for 3-D ones, 3-5x slower at 512-1024 tokens (section 9 of the throughput notebook,
+        `git show bbe6366:benchmarks/results/throughput/README.md`)."""
         prefill = self._prefill(meta, query, k_cache)
         if prefill is not None:
             s = prefill.first_row - offset

@@ -8,7 +8,7 @@ On CPU, `pack_weights_for_cpu` reorders each weight once into oneDNN's blocked l
 (as PyTorch Inductor's weight prepacking does when freezing), which saves the per-call
 reorder: in bfloat16 about 1.4-1.6x faster matmuls at decode batch sizes (AMX machine);
 in float32 on an AVX2-only EPYC 1.3-1.8x over F.linear's MKL sgemm at 1-64 rows for the
-model's 30 layers and LM head (benchmarks/results/throughput/README.md, section 8).
+model's 30 layers and LM head (section 8 of the throughput notebook, `git show bbe6366:benchmarks/results/throughput/README.md`).
 Source: Shoeybi et al., Megatron-LM (2019); vLLM `vllm/model_executor/layers/linear.py`.
 """
 
@@ -29,7 +29,7 @@ _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many ro
 
 GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
 # float32 activations: the kernel's tiled path (gguf_tiled_c.py) beat oneDNN's packed float32
-# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (throughput README section 12)
+# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (section 12 of `git show bbe6366:benchmarks/results/throughput/README.md`)
 GGUF_FLOAT_MAX_TOKENS = 64
 
 

@@ -3,7 +3,7 @@ instead of oneDNN's for up to `BF16_GEMM_MAX_TOKENS` rows.
 
 Why: at the row counts of a decode step oneDNN's bf16 matmuls read the 135M model's 212 MB of
 layer weights at 16-22 GB/s on a 2-core Zen 4 EPYC where a plain read runs at ~30 GB/s
-(benchmarks/results/throughput/README.md, Zen 4). The kernel streams a packed
+(section 15 of `git show bbe6366:benchmarks/results/throughput/README.md`). The kernel streams a packed
 copy of each weight (`pack`: the same bytes in `vdpbf16ps` order, kept beside oneDNN's, which
 still serves prefill-sized matmuls) once per call, its row tiles reusing each 64-column group
 from L2. Arithmetic: exact bf16 products, float32 sums, one rounding to bf16 (as oneDNN's).

@@ -15,7 +15,7 @@
  *
  * At 9-64 rows a decode step's float32 matmuls are bound neither by the weight stream alone
  * nor by the FMAs alone but by their sum (oneDNN at 16 rows: 63 ms for a SmolLM2 step's 121
- * matmuls with 2 threads on an AVX2 EPYC, throughput README section 11). Here the weights
+ * matmuls with 2 threads on an AVX2 EPYC, section 11 of `git show bbe6366:benchmarks/results/throughput/README.md`). Here the weights
  * stream as the GGUF's blocks (Q4_1: 5 bits a weight, 6.4x fewer bytes than float32), and the
  * arithmetic is a plain float32 GEMM:
  *   1. TILE_N weight rows are dequantized into a per-thread panel [TILE_N, k] float32 that
