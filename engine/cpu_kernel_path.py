@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvpilot.engine.cpu_info import CpuInfo, detect_cpu, has_bf16_matmul_kernel
@@ -78,6 +79,19 @@ def current() -> CpuKernelPath:
     if _current is None:
         _current = choose()
     return _current
+
+
+@contextmanager
+def chosen(path: CpuKernelPath) -> Iterator[CpuKernelPath]:
+    """Within the block, `current()` is `path` (engines built there load with it): for
+    comparisons of two paths in one process (`kvpilot bench decode-step --cpu-kernel on,bf16-gemm`)
+    and tests."""
+    global _current
+    saved, _current = _current, path
+    try:
+        yield path
+    finally:
+        _current = saved
 
 
 def reset() -> None:

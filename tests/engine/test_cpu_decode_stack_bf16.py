@@ -32,8 +32,7 @@ PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)
 def llm():
     # the kernel path with the bf16 matmul kernel on whatever the CPU: its AVX512_BF16 build where
     # the CPU has one (AMX CPUs too), else the plain-C loop of the same layout
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_kernel_path, "_current", dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True))
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)):
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
                   swap_space=0)
 
