@@ -14,10 +14,10 @@ The kernels come from the variant kernels/cpu/loader.py selected (built at insta
 the install built none, choosing fails with loader.KernelsNotBuilt instead of quietly running
 the torch path.
 
-Environment: KVPILOT_CPU_KERNELS=0 (path 4), KVPILOT_DECODE_STACK=0 (no path 1). The module
-flags that `apply` sets (RMSNorm.use_c_kernel, SiluAndMul.use_c_kernel, the attention backend's
-use_cpu_kernel / fuse_rope_cache, DecodeStack.enabled) remain per-instance switches for
-benchmarks and tests.
+Environment: KVPILOT_CPU_KERNELS=0 (path 4), KVPILOT_DECODE_STACK=0 (no path 1); nothing else
+reads them. The module flags `apply` sets from the path (RMSNorm.use_c_kernel,
+SiluAndMul.use_c_kernel, the attention backend's use_cpu_kernel), and fuse_rope_cache and
+DecodeStack.enabled, remain per-instance switches for benchmarks and tests.
 """
 
 from __future__ import annotations
