@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
 from kvpilot.kernels.cpu import bf16_gemm
+from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
 
 BF16 = torch.bfloat16
@@ -22,7 +23,7 @@ def lib(request, monkeypatch):
     variant = None if request.param == "selected" else "generic"
     lib = bf16_gemm.load(variant)
     cpu = detect_cpu()
-    assert bf16_gemm.simd(variant) == (request.param == "selected" and "avx512_bf16" in cpu.flags)
+    assert bf16_gemm.simd(variant) == (request.param == "selected" and selected_variant() in ("avx512_bf16", "amx"))
     assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and has_bf16_matmul_kernel(cpu))
     monkeypatch.setattr(bf16_gemm, "load", lambda variant=None: lib)
     return lib

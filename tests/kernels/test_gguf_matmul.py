@@ -1,6 +1,6 @@
 """The GGUF block matmul for CPU (engine/layers/gguf_kernel.py) with float32 activations
 against a float64 dequantize-then-matmul reference (gguf-py's block layouts), at
-decode-sized M, in both builds: the native one (AVX2 here) and the portable scalar one."""
+decode-sized M, in two variants: the one this CPU loads (AVX2 code above generic) and the generic scalar one."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvpilot.engine.cpu_info import detect_cpu
 from kvpilot.kernels.cpu import gguf as gguf_kernel
 from kvpilot.kernels.cpu.gguf import Q4_1, Q8_0, gguf_matmul
+from kvpilot.kernels.cpu.loader import selected_variant
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +25,9 @@ def kernel():
 def build_lib(request, kernel):
     """Two variants of the library, as (name, lib): the one this CPU loads (AVX2 where the CPU
     has it) and the generic build (the scalar loops); tests route gguf_matmul to it."""
-    from kvpilot.engine.cpu_info import detect_cpu
-
     if request.param == "selected":
         lib = kernel.load()
-        assert lib.kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+        assert lib.kvp_gguf_simd() == int(selected_variant() != "generic")
     else:
         lib = kernel.load("generic")
         assert lib.kvp_gguf_simd() == 0
@@ -108,7 +106,7 @@ def test_tiled_path_dequantizes_to_gguf_pys_float32_values_exactly(kernel, tiled
     tiled_from(1)
     got = gguf_matmul(torch.eye(k), raw, qtype, 10, activations="float32")
     # the tiled path is the AVX2 build's (the scalar build's row loop gives the same exact values)
-    assert kernel.load().kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+    assert kernel.load().kvp_gguf_simd() == int(selected_variant() != "generic")
     assert torch.equal(got.T, torch.from_numpy(weight).float())
 
 
