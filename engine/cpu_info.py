@@ -7,7 +7,7 @@ measured). Elsewhere (AVX2 only, or AVX-512 without BF16) PyTorch falls back to 
 bf16 path: 1-2 GFLOP/s against 15-110 in fp32 on a 2-core AVX2 AMD EPYC (oneDNN's
 weight prepacking refuses there: it needs avx512bw/vl/dq or avx_ne_convert); reading half
 the weight bytes still wins at batch 1-2, but batched decode, which is what a server
-runs, is faster in float32 there (benchmarks/results/throughput/dtype_avx2.json).
+runs, is faster in float32 there (`git show bbe6366:benchmarks/results/throughput/dtype_avx2.json`).
 So `auto` on CPU is bfloat16 with native bf16 and float32 otherwise, with the reason
 logged. (vLLM's CPU platform lists bf16 as supported on every x86 CPU and keeps the
 checkpoint's dtype; it does not choose by ISA. PyTorch's own check is
@@ -17,63 +17,14 @@ Source: the ISA flags (avx512_bf16, amx_bf16) as Linux lists them in /proc/cpuin
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kvpilot.kernels.cpu.cpu_flags import (  # noqa: F401 (re-exported)
+    ISA_FLAGS, NATIVE_BF16_FLAGS, CpuInfo, detect_cpu)
 
 if TYPE_CHECKING:  # torch-free at import: the tuner asks for the dtype's name
     import torch
-
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# flags reported in benchmark JSON (the ones that decide kernels and dtypes)
-ISA_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-             "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
-
-
-@dataclass(frozen=True)
-class CpuInfo:
-    """model_name: /proc/cpuinfo's 'model name'; flags: its ISA flags (lower case)."""
-
-    model_name: str
-    flags: frozenset[str]
-    machine: str = "x86_64"
-
-    @classmethod
-    def parse(cls, text: str, machine: str = "x86_64") -> CpuInfo:
-        """Reads the first processor's 'model name' and 'flags' lines of /proc/cpuinfo text."""
-        model, flags = "unknown", frozenset()
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and model == "unknown":
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = frozenset(value.lower().split())
-        return cls(model, flags, machine)
-
-    @property
-    def native_bf16(self) -> bool:
-        return any(f in self.flags for f in NATIVE_BF16_FLAGS)
-
-    def as_dict(self) -> dict:
-        """For benchmark JSON: model, architecture, the ISA flags that matter, torch's view."""
-        import torch
-
-        return {"model_name": self.model_name, "machine": self.machine,
-                "isa_flags": sorted(f for f in ISA_FLAGS if f in self.flags),
-                "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
-@lru_cache(maxsize=1)
-def detect_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
-    """This machine's CpuInfo (empty flags where /proc/cpuinfo is unreadable)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        text = ""
-    return CpuInfo.parse(text, platform.machine())
 
 
 @dataclass(frozen=True)
@@ -104,7 +55,7 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
 
 
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
-    """Whether a bfloat16 engine runs engine/layers/bf16_gemm.py's kernel (`vdpbf16ps`) on this
+    """Whether a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel (`vdpbf16ps`) on this
     CPU: AVX512F with AVX512_BF16 and no AMX (where AMX tiles exist oneDNN uses them, and the
     kernel was measured only against oneDNN's AVX512_BF16 path, on a Zen 4 EPYC). There the engine
     keeps the kernel's packed copy of each weight, so its embedding / LM-head weights are held

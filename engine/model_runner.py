@@ -17,11 +17,11 @@ import torch
 from kvpilot.engine import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.layers import cpu_decode_stack
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
 from kvpilot.engine.memory import PeakMemoryProbe, estimate_activation_bytes
 from kvpilot.engine.model_loader import iter_weights
+from kvpilot.engine.models import cpu_decode_stack
 from kvpilot.engine.models.llama import LlamaForCausalLM
 from kvpilot.engine.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
@@ -48,7 +48,7 @@ class ModelRunner:
         self.packed_weights_bytes += maybe_quantize(self.model, config.quantization, config.quantized_weights_path,
                                                     self.device, self.dtype)
         if self.device.type == "cpu":
-            cpu_decode_stack.attach(self.model)
+            cpu_decode_stack.apply(self.model)
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

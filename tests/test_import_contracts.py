@@ -48,6 +48,12 @@ def test_the_layering_contracts_hold():
     # torch through the engine: the LLM class loads the model code at module level
     ("tuner/cli.py", "from kvpilot.engine.llm import LLM", "kvpilot.tuner is not allowed to import torch"),
     ("kernels/__init__.py", "import kvpilot.engine.config", "kvpilot.kernels is not allowed to import kvpilot.engine"),
+    # issue 32: the CPU kernels' home is under the same contract, its build script stays stdlib-only,
+    # and engine/layers never import engine/attention (the loop that used to run between them)
+    ("kernels/cpu/attention.py", "import kvpilot.engine.cpu_info", "kvpilot.kernels is not allowed to import kvpilot.engine"),
+    ("kernels/cpu/build.py", "import torch", "kvpilot.kernels.cpu.build is not allowed to import torch"),
+    ("engine/layers/linear.py", "import kvpilot.engine.attention.backend",
+     "kvpilot.engine.layers is not allowed to import kvpilot.engine.attention"),
 ])
 def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken):
     src = copy_sources(tmp_path)

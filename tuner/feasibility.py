@@ -112,7 +112,7 @@ class Hardware:
 
     A CPU engine (shared_memory) in bfloat16 also keeps a oneDNN-packed copy of its linear
     and LM-head weights (engine/layers/linear.py), so its weights count twice (where this
-    machine's CPU has AVX512_BF16, layers/bf16_gemm.py's copy replaces the plain linear weights
+    machine's CPU has AVX512_BF16, kernels/cpu/bf16_gemm.py's copy replaces the plain linear weights
     and adds a third copy of the embedding / LM head); in float32 the packed copies replace the
     plain ones, and only the embedding / LM-head weights count twice.
     """

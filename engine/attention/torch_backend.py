@@ -9,11 +9,11 @@ length, longest first, so buckets are tight; any order is still correct.
 Prefill/extend chunks run one sequence at a time; a fresh prefill (nothing cached) attends
 to its own new K/V without a gather.
 
-In float32 or bfloat16 on CPU, where the C kernel of attention/cpu_decode.py builds, all decodes of a
+In float32 or bfloat16 on CPU, where the C kernel of kernels/cpu/attention.py serves, all decodes of a
 layer run in one call of that kernel instead (no gather, no mask, K/V read in place);
 through `forward_qkv` the same call also applies RoPE and writes the new K/V
 (cpu_decode.FusedDecode), so a decode-only layer's attention is one C call. Likewise all
-prefill/extend chunks of a layer attend in one call of attention/cpu_prefill.py's kernel
+prefill/extend chunks of a layer attend in one call of kernels/cpu/prefill.py's kernel
 (AVX2 builds), reading K/V in place. The buckets and per-chunk SDPA are the fallback and
 the path for other dtypes and devices.
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvpilot.engine.attention import cpu_decode, cpu_prefill
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import prefill as cpu_prefill
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 from kvpilot.engine.layers.rotary_embedding import apply_rotary
 
@@ -173,13 +174,13 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _extends(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale, out, offset: int):
         """Prefill/extend chunks; query/key/value/out hold the batch's rows from `offset` on.
-        Where the C kernel serves them (float32/bf16 CPU, attention/cpu_prefill.py), one call attends
+        Where the C kernel serves them (float32/bf16 CPU, kernels/cpu/prefill.py), one call attends
         every chunk over the paged cache (their K/V are written already). Else one SDPA per chunk
         (g.start, g.end are rows of the whole batch), with 4-D [1, heads, q_len, head_dim]
         inputs (as HF's attention passes them): on CPU, torch 2.13 takes its flash-attention
         kernel for 4-D inputs with GQA and falls back to the math path (the full score matrix)
-        for 3-D ones, 3-5x slower at 512-1024 tokens (benchmarks/results/throughput/README.md,
-        section 9)."""
+        for 3-D ones, 3-5x slower at 512-1024 tokens (section 9 of the throughput notebook,
+        `git show bbe6366:benchmarks/results/throughput/README.md`)."""
         prefill = self._prefill(meta, query, k_cache)
         if prefill is not None:
             s = prefill.first_row - offset

@@ -6,7 +6,8 @@ regions there) and stepping it on another leaves two teams, more OpenMP threads 
 small machine has cores, and libgomp then cuts its spin-wait to 1,000 spins (its
 GOMP_SPINCOUNT rule when OMP_WAIT_POLICY is unset), so every parallel region pays a futex
 wake-up: one float32 decode step took 59-66 ms instead of 40-56 ms on a 2-core AVX2 EPYC
-(benchmarks/results/throughput/README.md, section 10, omp_threads.py). A daemon thread, so a server that
+(section 10 of the throughput notebook, `git show
+bbe6366:benchmarks/results/throughput/README.md`). A daemon thread, so a server that
 exits without a clean shutdown is not held open by it.
 """
 

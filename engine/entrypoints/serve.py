@@ -96,7 +96,7 @@ def freeze_gc_heap() -> int:
     garbage collector's permanent generation, as vLLM does once its server has started
     (`freeze_gc_heap`): the full collections a long-running server still triggers then skip
     them. One full collection over them took ~180 ms on the AVX2 EPYC, a stall of every stream
-    in flight (throughput README section 13). Frozen objects are still freed by reference
+    in flight (section 13 of `git show bbe6366:benchmarks/results/throughput/README.md`). Frozen objects are still freed by reference
     counting. Returns how many objects are frozen."""
     gc.collect()
     gc.freeze()

@@ -1,5 +1,5 @@
 """SiLU-and-mul over the fused gate/up projection (vLLM's SiluAndMul): x [rows, 2 d] ->
-silu(x[:, :d]) * x[:, d:]; one C call on float32 or bfloat16 CPU (layers/cpu_ops.py), torch elsewhere.
+silu(x[:, :d]) * x[:, d:]; one C call on float32 or bfloat16 CPU (kvpilot.kernels.cpu.norm_act), torch elsewhere.
 Source: vLLM `vllm/model_executor/layers/activation.py`; Shazeer, GLU variants (2020).
 """
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.layers import cpu_ops
+from kvpilot.kernels.cpu import norm_act as cpu_ops
 
 
 class SiluAndMul(nn.Module):

@@ -1,7 +1,7 @@
 """`--quantization gguf` on CPU: every linear layer and the LM head keep the GGUF's raw
 Q4_1 / Q8_0 blocks beside their dense float32 weight; decode-sized matmuls (at most
 `linear.gguf_max_tokens` rows: 8, or 64 with float32 activations) read the blocks through
-the C kernel (gguf_kernel.py), larger ones (prefill) the dense weight. The kernel quantizes
+the C kernel (kvpilot.kernels.cpu.gguf), larger ones (prefill) the dense weight. The kernel quantizes
 the activations to 8-bit blocks first (vLLM's GGUF path always does for small batches)
 unless KVPILOT_GGUF_ACTIVATIONS=float32 keeps them exact; `maybe_quantize` logs which at
 start-up.
@@ -19,6 +19,7 @@ quantized matmul for batches up to 8 tokens, MMVQ_MAX_BATCH_SIZE, dequantize oth
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +27,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.config import ModelConfig
-from kvpilot.engine.layers import gguf_kernel
-from kvpilot.engine.layers.gguf_kernel import BLOCK_BYTES, BLOCK_WEIGHTS
+from kvpilot.kernels.cpu.gguf import ACTIVATIONS, BLOCK_BYTES, BLOCK_WEIGHTS
 
 logger = logging.getLogger("kvpilot.engine.layers.gguf_quant")
+
+ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
+
+
+def activations_from_env() -> str:
+    """KVPILOT_GGUF_ACTIVATIONS, "q8_1" when unset. Raises ValueError on another value."""
+    value = os.environ.get(ACTIVATIONS_ENV, "").strip() or ACTIVATIONS[0]
+    if value not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: use one of {', '.join(ACTIVATIONS)} "
+                         "(q8_1: 8-bit activations, the default; float32: exact activations)")
+    return value
 
 
 # GGUF tensor (in block N) -> (our module under layers.N, index of the fused part or None)
@@ -48,8 +60,9 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"the GGUF kernel runs on CPU only, not {device.type}"
     if dtype != torch.float32:
         return f"the GGUF kernel takes float32 activations, not {str(dtype).removeprefix('torch.')}"
-    if gguf_kernel.load() is None:
-        return "the GGUF kernel did not build (see the log line above)"
+    path = cpu_kernel_path.current()
+    if not path.kernels:
+        return f"the C kernels are off ({path.reason})"
     return None
 
 
@@ -114,7 +127,7 @@ def _targets(model: nn.Module, name: str) -> list[tuple[nn.Module, int | None]]:
 def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8_1") -> int:
     """Gives each linear layer of `model` (this stage, this rank's shard) and its LM head
     the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`), read with
-    `activations` ("q8_1" or "float32", gguf_kernel.ACTIVATIONS), and returns their bytes.
+    `activations` ("q8_1" or "float32", ACTIVATIONS), and returns their bytes.
     A fused layer (qkv, gate_up) is quantized only when all its parts share one type; a
     layer whose input shard is not a whole number of blocks keeps the dense path."""
     from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -145,7 +158,7 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
     ValueError when KVPILOT_GGUF_ACTIVATIONS names no activation format."""
     if quantization != "gguf":
         return 0
-    activations = gguf_kernel.activations_from_env()
+    activations = activations_from_env()
     reason = unavailable_reason(device, dtype)
     if reason is not None or gguf_path is None:
         logger.warning("--quantization gguf: %s; using the dense weights", reason or "no GGUF file")
@@ -155,8 +168,8 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
     extra = attach_gguf_blocks(model, Path(gguf_path), activations)
     max_tokens = gguf_max_tokens(activations)
     how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
-           f"{gguf_kernel.ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
-           else f"float32 activations ({gguf_kernel.ACTIVATIONS_ENV}=float32)")
+           f"{ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
+           else f"float32 activations ({ACTIVATIONS_ENV}=float32)")
     logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens, %s",
                 extra / 2**20, max_tokens, how)
     return extra

@@ -1,6 +1,6 @@
 """RMSNorm with vLLM's fused residual add: `norm(x)` -> normed; `norm(x, residual)` ->
 (normed, residual + x), so the decoder layer's residual stream costs no separate add.
-On float32 or bfloat16 CPU one C call does both (layers/cpu_ops.py); elsewhere torch's F.rms_norm.
+On float32 or bfloat16 CPU one C call does both (kvpilot.kernels.cpu.norm_act); elsewhere torch's F.rms_norm.
 Source: Zhang & Sennrich, RMSNorm (2019); vLLM `vllm/model_executor/layers/layernorm.py`;
 HF `LlamaRMSNorm` for float32 statistics.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.layers import cpu_ops
+from kvpilot.kernels.cpu import norm_act as cpu_ops
 
 
 class RMSNorm(nn.Module):

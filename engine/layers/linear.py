@@ -8,7 +8,7 @@ On CPU, `pack_weights_for_cpu` reorders each weight once into oneDNN's blocked l
 (as PyTorch Inductor's weight prepacking does when freezing), which saves the per-call
 reorder: in bfloat16 about 1.4-1.6x faster matmuls at decode batch sizes (AMX machine);
 in float32 on an AVX2-only EPYC 1.3-1.8x over F.linear's MKL sgemm at 1-64 rows for the
-model's 30 layers and LM head (benchmarks/results/throughput/README.md, section 8).
+model's 30 layers and LM head (section 8 of the throughput notebook, `git show bbe6366:benchmarks/results/throughput/README.md`).
 Source: Shoeybi et al., Megatron-LM (2019); vLLM `vllm/model_executor/layers/linear.py`.
 """
 
@@ -19,16 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
-from kvpilot.engine.layers import bf16_gemm
-from kvpilot.engine.layers.gguf_kernel import gguf_matmul
+from kvpilot.kernels.cpu import bf16_gemm
+from kvpilot.kernels.cpu.gguf import gguf_matmul
 
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
 
 
 GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
 # float32 activations: the kernel's tiled path (gguf_tiled_c.py) beat oneDNN's packed float32
-# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (throughput README section 12)
+# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (section 12 of `git show bbe6366:benchmarks/results/throughput/README.md`)
 GGUF_FLOAT_MAX_TOKENS = 64
 
 
@@ -39,7 +40,7 @@ def gguf_max_tokens(activations: str) -> int:
 
 class _Linear(nn.Module):
     """Holds `weight` [out, in] and, once packed, its oneDNN copy `packed` (and in bf16, where
-    layers/bf16_gemm.py's kernel runs, its copy `bf16_packed` for decode-sized matmuls); with
+    kernels/cpu/bf16_gemm.py's kernel runs, its copy `bf16_packed` for decode-sized matmuls); with
     `--quantization gguf`, also the GGUF blocks `qweight` [out, in / 32 * block bytes]
     uint8 of type `qtype` and the kernel's activation format `qactivations`
     (layers/gguf_quant.py)."""
@@ -58,7 +59,7 @@ class _Linear(nn.Module):
 
     def set_qweight(self, qtype: int, blocks, activations: str = "q8_1") -> None:
         """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
-        read with `activations` "q8_1" (8-bit) or "float32" (gguf_kernel.ACTIVATIONS)."""
+        read with `activations` "q8_1" (8-bit) or "float32" (kvpilot.kernels.cpu.gguf.ACTIVATIONS)."""
         self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
         self.qtype = qtype
         self.qactivations = activations
@@ -85,7 +86,8 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
     matmul reproduces F.linear on a random input (bf16 within 2e-2, fp32 within 1e-4 of
     the output's scale), so a CPU or build without the op keeps the plain path.
 
-    In bfloat16, where layers/bf16_gemm.py's AVX512_BF16 kernel is built, every layer (the
+    In bfloat16, where the engine's kernel path takes the AVX512_BF16 kernel of
+    kernels/cpu/bf16_gemm.py (engine/cpu_kernel_path.py), every layer (the
     LM head too) also gets that kernel's copy (checked the same way), which serves matmuls of
     up to BF16_GEMM_MAX_TOKENS rows.
 
@@ -123,10 +125,10 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
 
 
 def _pack_bf16_gemm(module: _Linear, x: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
-    """Gives a bf16 layer layers/bf16_gemm.py's packed copy where the kernel is built and its
+    """Gives a bf16 layer kernels/cpu/bf16_gemm.py's packed copy where the kernel path takes it and its
     product of x matches `want` (F.linear's) within tol of want's scale."""
     w = module.weight
-    if not (bf16_gemm.supports(w) and bf16_gemm.available()):
+    if not (bf16_gemm.supports(w) and cpu_kernel_path.current().bf16_gemm):
         return False
     packed = bf16_gemm.pack(w.detach())
     got = bf16_gemm.matmul(x, packed, w.shape[0])

@@ -100,7 +100,7 @@ class LlamaForCausalLM(nn.Module):
     `intermediate` (the first stage embeds input_ids instead);
     compute_logits(hidden [n, H]) -> [n, vocab_size] float32 (last stage only)."""
 
-    # layers/cpu_decode_stack.DecodeStack: small decode steps in one C call (the model runner attaches it)
+    # models/cpu_decode_stack.DecodeStack: small decode steps in one C call (cpu_kernel_path.apply gives it)
     decode_stack = None
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvpilot.engine import SamplingParams
-from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
+from kvpilot.engine.models.cpu_decode_stack import DecodeStack
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The C decode stack (engine/layers/cpu_decode_stack.py) on the real SmolLM2 with
+"""The C decode stack (engine/models/cpu_decode_stack.py) on the real SmolLM2 with
 `--quantization gguf`: it serves decode steps of up to 8 rows (64 with float32 activations)
 with tokens and logprobs bit-identical to the per-module path (batches that shrink as
 sequences finish, i.e. a different row count from one step to the next), leaves every other
@@ -11,10 +11,11 @@ import torch
 
 from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
-from kvpilot.engine import LLM
-from kvpilot.engine.attention import AttentionMetadata, cpu_decode
-from kvpilot.engine.layers import cpu_decode_stack
-from kvpilot.engine.layers.cpu_decode_stack import DecodeStack
+from kvpilot.engine import LLM, cpu_kernel_path
+from kvpilot.engine.attention import AttentionMetadata
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.engine.models import cpu_decode_stack
+from kvpilot.engine.models.cpu_decode_stack import DecodeStack
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
 MODEL = "smollm2-135m-instruct"
@@ -113,9 +114,17 @@ def test_a_model_without_gguf_blocks_builds_no_library(llm, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_environment_can_turn_the_stack_off(llm, monkeypatch):
-    monkeypatch.setenv("KVPILOT_DECODE_STACK", "0")
-    assert DecodeStack.build(llm.engine.runner.model) is None
+def test_the_environment_can_turn_the_stack_off(llm):
+    model = llm.engine.runner.model
+    try:
+        cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))
+        assert model.decode_stack is None
+        cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_CPU_KERNELS": "0"}))
+        assert model.decode_stack is None and not model.layers[0].input_layernorm.use_c_kernel
+        assert not model.layers[0].self_attn.backend.use_cpu_kernel
+    finally:
+        cpu_decode_stack.apply(model, cpu_kernel_path.choose())
+    assert model.decode_stack is not None and model.layers[0].input_layernorm.use_c_kernel
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The C decode stack in bfloat16 (engine/layers/cpu_decode_stack.py built with -DKVP_BF16) on the
+"""The C decode stack in bfloat16 (engine/models/cpu_decode_stack.py over kernels/cpu/csrc/decode_stack.c built with -DKVP_BF16) on the
 real SmolLM2: it serves decode steps of up to `BF16_GEMM_MAX_TOKENS` rows with tokens and
 logprobs bit-identical to the per-module path (the same bf16 matmul, norm, activation and fused
 attention functions in the same order), leaves larger and prefill steps to the modules, is not
@@ -13,13 +13,16 @@ every CPU the suite runs on.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
-from kvpilot.engine import LLM
-from kvpilot.engine.layers import bf16_gemm, cpu_decode_stack
+from kvpilot.engine import LLM, cpu_kernel_path
+from kvpilot.engine.models import cpu_decode_stack
+from kvpilot.kernels.cpu import bf16_gemm
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)]  # 6..26 tokens each
@@ -27,17 +30,11 @@ PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)
 
 @pytest.fixture(scope="module")
 def llm():
-    with pytest.MonkeyPatch.context() as mp:
-        if not bf16_gemm.available():
-            if bf16_gemm.load() is None:
-                pytest.fail("the bf16 matmul library (plain C build) did not build: is there a C compiler?")
-            mp.setattr(bf16_gemm, "available", lambda: True)  # the portable build of the same layout
-        cpu_decode_stack.load.cache_clear()
-        try:
-            yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
-                      swap_space=0)
-        finally:
-            cpu_decode_stack.load.cache_clear()
+    # the kernel path with the bf16 matmul kernel on whatever the CPU: its AVX512_BF16 build where
+    # the CPU has one (AMX CPUs too), else the plain-C loop of the same layout
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)):
+        yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
+                  swap_space=0)
 
 
 @pytest.mark.slow
@@ -74,16 +71,17 @@ def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
 @pytest.mark.slow
 def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeypatch):
     model = llm.engine.runner.model
-    caplog.set_level("INFO", logger="kvpilot.engine.layers.cpu_decode_stack")
+    caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
+    path = dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)
     try:
-        monkeypatch.setenv("KVPILOT_DECODE_STACK", "0")
-        cpu_decode_stack.attach(model)
-        assert model.decode_stack is None and "run layer by layer" in caplog.text
-        monkeypatch.delenv("KVPILOT_DECODE_STACK")
-        cpu_decode_stack.attach(model)
+        cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))
+        assert model.decode_stack is None
+        assert "bfloat16 decode steps run layer by layer with the C kernels" in caplog.text
+        assert "KVPILOT_DECODE_STACK=0" in caplog.text
+        cpu_decode_stack.apply(model, path)
         assert model.decode_stack is not None
         rows = bf16_gemm.BF16_GEMM_MAX_TOKENS
-        assert f"bfloat16 decode steps of up to {rows} rows run all layers in one C call" in caplog.text
+        assert f"bfloat16 decode steps run the C decode stack (all layers in one call, up to {rows} rows)" in caplog.text
+        assert f"runs the {path.variant} kernel build" in caplog.text
     finally:
-        monkeypatch.delenv("KVPILOT_DECODE_STACK", raising=False)
-        cpu_decode_stack.attach(model)
+        cpu_decode_stack.apply(model, path)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from kvpilot.engine import LLM, SamplingParams
 from kvpilot.engine import model_runner
-from kvpilot.engine.layers import bf16_gemm
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.layers.linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -42,9 +42,9 @@ def test_packed_bf16_layers_match_f_linear():
     if layers[0].packed is None:
         pytest.fail("oneDNN bf16 linear is unavailable on this CPU/torch build: the fast path is not tested")
     col, row, emb = layers
-    # with the AVX512_BF16 kernel (layers/bf16_gemm.py) the linear layers (128 and 64 outputs) also
+    # with the AVX512_BF16 kernel (where the kernel path takes it) the linear layers (128 and 64 outputs) also
     # get its copy, which replaces their plain weight; the 500-row embedding is no multiple of 64
-    kernel = bf16_gemm.available()
+    kernel = cpu_kernel_path.current().bf16_gemm
     assert (col.bf16_packed is not None) == (row.bf16_packed is not None) == kernel
     assert emb.bf16_packed is None
     assert extra == sum(w.numel() * 2 for w in plain.values()) + kernel * (128 * 64 + 64 * 96) * 2
@@ -102,7 +102,7 @@ def test_engine_greedy_tokens_and_logprobs_with_packed_float32_weights(monkeypat
 @needs_onednn_bf16
 def test_engine_greedy_tokens_agree_with_and_without_packing_as_vllm_checks_bf16(monkeypatch):
     # bf16 outputs depend on the matmul's summation order (oneDNN's packed kernels, F.linear and
-    # layers/bf16_gemm.py's kernel each have their own), so, as vLLM's check_logprobs_close does
+    # kernels/cpu/bf16_gemm.py's kernel each have their own), so, as vLLM's check_logprobs_close does
     # for bf16, the two runs must agree token for token until they first differ, and there each
     # side's token must be among the other side's top logprobs (a near tie), not elsewhere.
     prompts = ["The three primary colors are", "def fibonacci(n):", "Paris is the capital of"]

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from gguf.quants import dequantize
 from test_hf_parity import check_logprobs_close, generate, hf_outputs  # noqa: F401 (a fixture)
 
-from kvpilot.engine import LLM, EngineArgs, cpu_build
+from kvpilot.engine import LLM, EngineArgs, cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention import get_attn_backend
-from kvpilot.engine.layers import gguf_kernel, gguf_quant
+from kvpilot.engine.layers import gguf_quant
+from kvpilot.kernels.cpu import gguf as gguf_kernel
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS, gguf_max_tokens
 from kvpilot.engine.model_loader import builtin_gguf_path, iter_weights, load_model_config
 from kvpilot.engine.models.llama import LlamaForCausalLM
@@ -112,7 +113,7 @@ def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs
     # prompt, tokens equal up to the first difference, where each run's token is in the other's top-5
     # logprobs; the comparison stops there. float32 activations must also keep the dense path's bar
     # of >= 6 prompts equal throughout; 8-bit ones (the default) may diverge earlier, by that rule only.
-    monkeypatch.setenv(gguf_kernel.ACTIVATIONS_ENV, activations)
+    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, activations)
     with caplog.at_level(logging.INFO, logger="kvpilot.engine.layers.gguf_quant"):
         llm = LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=1024, max_num_seqs=8,
                   num_gpu_blocks_override=512, swap_space=0.05)
@@ -128,7 +129,7 @@ def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs
 
 
 def test_a_bad_activation_format_is_refused_before_loading(monkeypatch):
-    monkeypatch.setenv(gguf_kernel.ACTIVATIONS_ENV, "int4")
+    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "int4")
     with pytest.raises(ValueError, match="KVPILOT_GGUF_ACTIVATIONS='int4': use one of q8_1, float32"):
         EngineArgs(model=MODEL, quantization="gguf", dtype="float32", device="cpu").create_engine_config()
 
@@ -146,11 +147,12 @@ def test_no_kernel_bf16_or_cuda_fall_back_to_the_dense_weights_with_a_log_line(m
     with caplog.at_level(logging.WARNING, logger="kvpilot.engine.layers.gguf_quant"):
         assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cpu"), torch.bfloat16) == 0
         assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cuda"), torch.float32) == 0
-        monkeypatch.setenv(cpu_build.DISABLE_ENV, "0")
-        gguf_kernel.load.cache_clear()
+        monkeypatch.setenv(cpu_kernel_path.KERNELS_ENV, "0")
+        cpu_kernel_path.reset()
         try:
             assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cpu"), torch.float32) == 0
         finally:
-            gguf_kernel.load.cache_clear()
-    assert "not bfloat16" in caplog.text and "CPU only" in caplog.text and "did not build" in caplog.text
+            monkeypatch.delenv(cpu_kernel_path.KERNELS_ENV)
+            cpu_kernel_path.reset()
+    assert "not bfloat16" in caplog.text and "CPU only" in caplog.text and "the C kernels are off" in caplog.text
     assert gguf_quant.maybe_quantize(model, None, gguf, torch.device("cpu"), torch.float32) == 0

@@ -23,6 +23,7 @@ from podman_tools import VERSION, podman
 from kvpilot.operator.builders import build_configmap, build_deployment
 from kvpilot.operator.engine_args import ADMIN_TOKEN_ENV
 from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.tuner.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
@@ -80,6 +81,10 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images
         reply = client.chat.completions.create(model=spec.model.display_name, max_tokens=16,
                                                messages=[{"role": "user", "content": "Say hello."}])
         answer = reply.choices[0].message.content
+        start = time.monotonic()  # a decode figure: one request of up to 64 new tokens, alone
+        timed = client.completions.create(model=spec.model.display_name, prompt="Once upon a time", max_tokens=64,
+                                          temperature=0)
+        decode_tok_s = timed.usage.completion_tokens / (time.monotonic() - start)
         load = operator_image_builds_the_tuners_load(images["operator"], port, spec.model.display_name,
                                                      EngineSettings.from_engine_spec(manifest["spec"]["engine"]))
         counted = [client.completions.create(model=spec.model.display_name, prompt=prompt, max_tokens=1)
@@ -94,6 +99,13 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images
     cache = run.volumes["/home/kvpilot/.cache"]
     assert not (cache / "kvpilot" / "models").exists(), "the pod converted the builtin model instead of using the baked one"
     assert "converting" not in log
+    # the C kernels built at install time run inside the image (no compiler there), in the variant
+    # this CPU runs best (the host's CPU is the container's)
+    variant = selected_variant()
+    path_line = next((line for line in log.splitlines() if "decode steps run" in line), "")
+    assert f"runs the {variant} kernel build" in path_line, log[-4000:]
+    assert "the torch path" not in path_line and "C " in path_line, path_line
+    assert timed.usage.completion_tokens >= 1
     assert load["missing"] == ["torch", "transformers"]  # the load came without a local tokenizer or model
     assert len(load["requests"]) == 3 and all(prompt.strip() for prompt, _, _ in load["requests"])
     assert [n for _, n, _ in load["requests"]] == counted  # ShareGPT prompts with the engine's own token counts
@@ -102,6 +114,9 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(images
         print(f"\n[engine image {images['engine-cpu']}] podman run {' '.join(run.argv)} {' '.join(run.command)}"
               f"\n[engine image] process {uid.replace(chr(9), ' ')}; root filesystem mounted {root_options}"
               f"\n[engine image] chat completion from {spec.model.display_name}: {answer!r}"
+              f"\n[engine image] {path_line.strip()}"
+              f"\n[engine image] one request: {timed.usage.completion_tokens} tokens at {decode_tok_s:.1f} tok/s "
+              f"(prefill included; load average {os.getloadavg()[0]:.2f})"
               f"\n[operator image] the tuner's ShareGPT load through the engine's /tokenize in {load['seconds']} s: "
               f"prompt tokens {counted}")
 
@@ -173,6 +188,13 @@ def test_images_carry_no_compiler_and_the_operator_no_torch(images, target):
     tools, has_torch = probe.stdout.strip().rsplit(" ", 1)
     assert tools == "[]"
     assert has_torch == ("True" if target == "engine-cpu" else "False")
+    if target == "engine-cpu":  # the CPU kernels, built in the build stage for every x86 level
+        built = podman("run", "--rm", "--entrypoint", "python3", images[target], "-c",
+                       "from kvpilot.kernels.cpu import build, loader; m = loader.manifest(); "
+                       "print(sorted(m['variants']) == sorted(v.name for v in build.variants()) "
+                       "and all(build.library_path(loader.LIB_DIR, v, n).exists() for v in m['variants'] "
+                       "for n in build.LIBRARIES))")
+        assert built.stdout.strip() == "True", built.stdout + built.stderr
 
 
 def test_image_tags_follow_the_project_version(images):

@@ -43,14 +43,3 @@ def pytest_runtest_makereport(item, call):
         for key, value in item.user_properties:
             if key == "seed":
                 report.sections.append(("seed", f"replay with KVPILOT_TEST_SEED={value}"))
-
-
-@pytest.fixture
-def failing_cc(monkeypatch, tmp_path):
-    """A C compiler that exists but fails (`false`) for every flag set, and empty kernel
-    caches, so the CPU kernels (engine/cpu_build.py) must take their fallback."""
-    from kvpilot.engine import cpu_build
-
-    monkeypatch.setenv("CC", "false")
-    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_build.tempfile, "gettempdir", lambda: str(tmp_path))

@@ -1,25 +1,31 @@
-"""The small-M bfloat16 matmul (engine/layers/bf16_gemm.py): its packed layout, its product
-against a float64 reference and oneDNN's (F.linear), on any CPU (builds without AVX512_BF16
-run the same layout in plain C; the engine uses the kernel only where `available()`), and the
+"""The small-M bfloat16 matmul (kernels/cpu/bf16_gemm.py): its packed layout, its product
+against a float64 reference and oneDNN's (F.linear), on any CPU (the generic build runs the same
+layout in plain C; the engine uses the kernel only where its kernel path says so), and the
 linear layers' choice between it and oneDNN by row count."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
-from kvpilot.engine.layers import bf16_gemm
+from kvpilot.kernels.cpu import bf16_gemm
+from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
 
 BF16 = torch.bfloat16
 
 
-@pytest.fixture
-def lib():
-    lib = bf16_gemm.load()
-    if lib is None:
-        pytest.fail("the bf16 matmul library did not build here (a C compiler is part of `make install`)")
-    assert bf16_gemm.available() == has_bf16_matmul_kernel(detect_cpu())
+@pytest.fixture(params=["selected", "generic"])
+def lib(request, monkeypatch):
+    """This CPU's variant (the AVX512_BF16 kernel where the CPU has it) and the generic build (the
+    same layout in plain C), with bf16_gemm.matmul routed to it."""
+    variant = None if request.param == "selected" else "generic"
+    lib = bf16_gemm.load(variant)
+    cpu = detect_cpu()
+    assert bf16_gemm.simd(variant) == (request.param == "selected" and selected_variant() in ("avx512_bf16", "amx"))
+    assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and has_bf16_matmul_kernel(cpu))
+    monkeypatch.setattr(bf16_gemm, "load", lambda variant=None: lib)
     return lib
 
 
@@ -64,7 +70,7 @@ def test_rows_may_be_a_strided_view_and_bad_inputs_are_refused(lib, seed):
 def test_linear_layers_take_the_kernel_up_to_its_row_limit_and_onednn_above(lib, seed, monkeypatch):
     # where the kernel does not run (no AVX512_BF16, AMX, or no oneDNN bf16 to pack beside it) the
     # layer gets no kernel copy, keeps its plain weight and never calls the kernel
-    used = bf16_gemm.available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    used = cpu_kernel_path.current().bf16_gemm and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     torch.manual_seed(seed)
     layer = RowParallelLinear(192, 128, BF16)
     layer.weight.data.copy_(torch.randn(128, 192).to(BF16))

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
-from kvpilot.engine.attention import cpu_decode, torch_backend
+from kvpilot.engine.attention import torch_backend
+from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.engine.attention.backend import AttentionMetadata
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
-from kvpilot.engine.layers import cpu_ops
+from kvpilot.kernels.cpu import norm_act as cpu_ops
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.layers.rotary_embedding import RotaryEmbedding, apply_rotary
@@ -102,18 +103,20 @@ def test_forward_qkv_fuses_the_decodes_and_matches_the_unfused_path(kernel, seed
         torch.testing.assert_close(fused, unfused, rtol=1e-6, atol=1e-6)
 
 
-def test_without_the_library_every_op_takes_its_torch_path(seed, monkeypatch):
-    monkeypatch.setattr(cpu_decode, "load", lambda *dtype: None)
-    out, _, ref, state = _mixed_qkv_step(seed, use_cpu_kernel=True)
+def test_with_the_c_kernels_switched_off_every_op_takes_its_torch_path(seed, monkeypatch):
+    # what engine/cpu_kernel_path.apply sets for KVPILOT_CPU_KERNELS=0; no kernel may be called
+    monkeypatch.setattr(cpu_decode, "load", lambda *a: pytest.fail("a C kernel was loaded"))
+    out, _, ref, state = _mixed_qkv_step(seed, use_cpu_kernel=False)
     assert state[torch_backend._FUSED_KEY] is None
     assert_close_to_ref(out, ref, torch.float32, seed)
-    assert not cpu_ops.usable(torch.zeros(2, 8))
+    assert not cpu_ops.usable(torch.zeros(2, 8).double())
     x, res = torch.randn(3, 40), torch.randn(3, 40)
-    norm = RMSNorm(40, 1e-5, torch.float32)
+    norm, act = RMSNorm(40, 1e-5, torch.float32), SiluAndMul()
+    norm.use_c_kernel = act.use_c_kernel = False
     got, new_res = norm(x, res)
     torch.testing.assert_close(new_res, x + res)
     torch.testing.assert_close(got, F.rms_norm(x + res, (40,), norm.weight, 1e-5))
-    torch.testing.assert_close(SiluAndMul()(x[:, :40]), F.silu(x[:, :20]) * x[:, 20:])
+    torch.testing.assert_close(act(x[:, :40]), F.silu(x[:, :20]) * x[:, 20:])
 
 
 def test_fused_decode_refuses_mismatched_metadata_and_qkv(kernel):

@@ -1,4 +1,4 @@
-"""The C kernels' torch-profiler ranges (engine/cpu_build.py's kernel_range) and their groups in
+"""The C kernels' torch-profiler ranges (kvpilot.kernels.cpu.loader.kernel_range) and their groups in
 `kvpilot bench throughput`'s step breakdown: ctypes calls are invisible to the torch profiler, so
 without the ranges a step run by the C decode stack was reported as 98 % "python, scheduling and
 other"."""
@@ -10,9 +10,9 @@ import torch
 from paged_cases import HEADS, make_paged_batch
 
 from kvpilot.bench.throughput import PROFILE_GROUPS, profile_group
-from kvpilot.engine import cpu_build
-from kvpilot.engine.attention import cpu_decode
-from kvpilot.engine.layers import cpu_ops
+from kvpilot.kernels.cpu import loader as cpu_build
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import norm_act as cpu_ops
 
 
 def test_without_a_profiler_the_range_is_a_shared_no_op():
@@ -36,10 +36,11 @@ def test_a_recording_profiler_sees_the_c_kernels_with_their_time():
 
 
 def test_every_kernel_range_falls_in_a_breakdown_group():
-    # every range the engine opens (kernel_range("...") anywhere under engine/), so a new kernel
-    # cannot land in "python, scheduling and other" unnoticed
-    engine = pathlib.Path(cpu_decode.__file__).resolve().parents[1]
-    names = {m for f in engine.rglob("*.py") for m in re.findall(r'kernel_range\("(\w+)"\)', f.read_text())}
+    # every range the engine and the CPU kernels open (kernel_range("...") anywhere under engine/ or
+    # kernels/cpu/), so a new kernel cannot land in "python, scheduling and other" unnoticed
+    root = pathlib.Path(cpu_decode.__file__).resolve().parents[2]
+    names = {m for d in ("engine", "kernels/cpu") for f in (root / d).rglob("*.py")
+             for m in re.findall(r'kernel_range\("(\w+)"\)', f.read_text())}
     assert {"decode_stack", "gguf_matmul", "bf16_matmul", "attention_decode", "rms_norm"} <= names
     groups = {n: profile_group(f"kvpilot::{n}") for n in names}
     assert None not in groups.values(), groups

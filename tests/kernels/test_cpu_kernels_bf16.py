@@ -1,5 +1,5 @@
 """The bfloat16 build of the CPU kernel library (`-DKVP_BF16`: activations, norm weights and the
-KV cache stored as bf16, all math in float32; attention/cpu_kernels_source.py), which a bf16
+KV cache stored as bf16, all math in float32; kernels/cpu/csrc/kvp.h), which a bf16
 engine runs (`--dtype auto` is bf16 on CPUs with AVX512_BF16 or AMX, engine/cpu_info.py).
 
 The bf16 kernels run the float32 build's arithmetic on the widened values and round once when
@@ -16,18 +16,22 @@ import torch
 import torch.nn.functional as F
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
-from kvpilot.engine.attention import cpu_decode, cpu_prefill, torch_backend
+from kvpilot.engine.attention import torch_backend
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import prefill as cpu_prefill
 from kvpilot.engine.attention.backend import AttentionMetadata
 from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
-from kvpilot.engine.cpu_info import detect_cpu
-from kvpilot.engine.layers import cpu_ops
+from kvpilot.kernels.cpu.loader import selected_variant
+from kvpilot.kernels.cpu import norm_act as cpu_ops
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.layers.rotary_embedding import RotaryEmbedding
 from kvpilot.kernels.reference import paged_decode_attention_ref, paged_extend_attention_ref
 
 BF16 = torch.bfloat16
-AVX2 = {"avx2", "fma"} <= set(detect_cpu().flags)
+# the AVX2 + FMA code is in every variant above generic (kernels/cpu/build.py); the loader picks
+# generic only where the CPU lacks one of x86-64-v3's flags
+AVX2 = selected_variant() != "generic"
 
 
 @pytest.fixture

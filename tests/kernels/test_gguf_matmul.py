@@ -1,19 +1,17 @@
 """The GGUF block matmul for CPU (engine/layers/gguf_kernel.py) with float32 activations
 against a float64 dequantize-then-matmul reference (gguf-py's block layouts), at
-decode-sized M, in both builds: the native one (AVX2 here) and the portable scalar one."""
+decode-sized M, in two variants: the one this CPU loads (AVX2 code above generic) and the generic scalar one."""
 
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 import pytest
 import torch
 
-from kvpilot.engine import cpu_build
-from kvpilot.engine.cpu_info import detect_cpu
-from kvpilot.engine.layers import gguf_kernel
-from kvpilot.engine.layers.gguf_kernel import Q4_1, Q8_0, gguf_matmul
+from kvpilot.kernels.cpu import gguf as gguf_kernel
+from kvpilot.kernels.cpu.gguf import Q4_1, Q8_0, gguf_matmul
+from kvpilot.kernels.cpu.loader import selected_variant
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +21,16 @@ def kernel():
     return gguf_kernel
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+@pytest.fixture(scope="module", params=["selected", "generic"])
 def build_lib(request, kernel):
-    """Each build of the library, as (name, lib): `-march=native` (AVX2 where the CPU has
-    it) and the portable flags (the scalar loops); tests route gguf_matmul to it."""
-    from kvpilot.engine.cpu_info import detect_cpu
-
-    if request.param == "native":
+    """Two variants of the library, as (name, lib): the one this CPU loads (AVX2 where the CPU
+    has it) and the generic build (the scalar loops); tests route gguf_matmul to it."""
+    if request.param == "selected":
         lib = kernel.load()
-        assert lib.kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+        assert lib.kvp_gguf_simd() == int(selected_variant() != "generic")
     else:
-        lib = kernel.build([kernel.PORTABLE_FLAGS])
-        assert lib is not None and lib.kvp_gguf_simd() == 0
+        lib = kernel.load("generic")
+        assert lib.kvp_gguf_simd() == 0
     return request.param, lib
 
 
@@ -110,7 +106,7 @@ def test_tiled_path_dequantizes_to_gguf_pys_float32_values_exactly(kernel, tiled
     tiled_from(1)
     got = gguf_matmul(torch.eye(k), raw, qtype, 10, activations="float32")
     # the tiled path is the AVX2 build's (the scalar build's row loop gives the same exact values)
-    assert kernel.load().kvp_gguf_simd() == int({"avx2", "fma", "f16c"} <= set(detect_cpu().flags))
+    assert kernel.load().kvp_gguf_simd() == int(selected_variant() != "generic")
     assert torch.equal(got.T, torch.from_numpy(weight).float())
 
 
@@ -130,26 +126,3 @@ def test_out_buffer_and_shape_checks(kernel, seed):
         gguf_matmul(x.double(), raw, Q8_0, 40)
     with pytest.raises(ValueError, match="activations must be one of"):
         gguf_matmul(x, raw, Q8_0, 40, activations="int4")
-
-
-def test_disabled_kernels_fall_back_with_a_log_line(monkeypatch, caplog):
-    monkeypatch.setenv(cpu_build.DISABLE_ENV, "0")
-    gguf_kernel.load.cache_clear()
-    try:
-        with caplog.at_level(logging.INFO, logger="kvpilot.engine.layers.gguf_kernel"):
-            assert gguf_kernel.load() is None
-        assert "KVPILOT_CPU_KERNELS=0" in caplog.text and "dense float32" in caplog.text
-        with pytest.raises(RuntimeError, match="not available"):
-            gguf_matmul(torch.randn(1, 32), torch.zeros(1, 34, dtype=torch.uint8), Q8_0, 1)
-    finally:
-        gguf_kernel.load.cache_clear()
-
-
-def test_a_failing_build_falls_back(failing_cc, caplog):
-    gguf_kernel.load.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="kvpilot.engine.layers.gguf_kernel"):
-            assert gguf_kernel.load() is None
-        assert "build failed with every flag set" in caplog.text
-    finally:
-        gguf_kernel.load.cache_clear()

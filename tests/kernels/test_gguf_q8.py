@@ -11,8 +11,9 @@ import pytest
 import torch
 from test_gguf_matmul import build_lib, kernel, lib, random_blocks  # noqa: F401 (fixtures)
 
-from kvpilot.engine.layers import gguf_kernel
-from kvpilot.engine.layers.gguf_kernel import Q4_1, Q8_0, gguf_matmul, quantize_q8_1
+from kvpilot.engine.layers import gguf_quant
+from kvpilot.kernels.cpu import gguf as gguf_kernel
+from kvpilot.kernels.cpu.gguf import Q4_1, Q8_0, gguf_matmul, quantize_q8_1
 
 
 def reference_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,10 +95,10 @@ def test_q8_path_is_close_to_the_float32_path(kernel, seed):
 
 
 def test_activations_from_env(monkeypatch):
-    monkeypatch.delenv(gguf_kernel.ACTIVATIONS_ENV, raising=False)
-    assert gguf_kernel.activations_from_env() == "q8_1"
-    monkeypatch.setenv(gguf_kernel.ACTIVATIONS_ENV, "float32")
-    assert gguf_kernel.activations_from_env() == "float32"
-    monkeypatch.setenv(gguf_kernel.ACTIVATIONS_ENV, "fp16")
+    monkeypatch.delenv(gguf_quant.ACTIVATIONS_ENV, raising=False)
+    assert gguf_quant.activations_from_env() == "q8_1"
+    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "float32")
+    assert gguf_quant.activations_from_env() == "float32"
+    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "fp16")
     with pytest.raises(ValueError, match="KVPILOT_GGUF_ACTIVATIONS='fp16': use one of q8_1, float32"):
-        gguf_kernel.activations_from_env()
+        gguf_quant.activations_from_env()

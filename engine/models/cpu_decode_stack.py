@@ -1,0 +1,215 @@
+"""One C call for all decoder layers of a small decode-only step on CPU: the float32
+`--quantization gguf` path and the bfloat16 path where the bf16 matmul kernel serves (the C
+glue: kernels/cpu/csrc/decode_stack.c, its library and structs: kernels/cpu/decode_stack.py).
+
+Why: at batch 1 a SmolLM2 decode step is 121 GGUF matmuls of ~60 us each, and the Python
+around them (module calls, wrapper checks, tensor allocations, ctypes argument
+conversion: 8 kernel calls per layer) took about as long again; between two matmuls that
+stream weights through the caches the interpreter's own state is cold, so each Python
+operation costs more than it does in a micro-benchmark. In bf16 on a Zen 4 EPYC the same
+Python took ~7 ms of a ~39 ms 16-row step. `DecodeStack` validates every layer's weights and
+caches once, keeps their pointers in C structs, and runs a step's layers with one ctypes call
+that calls the same C functions the modules call (the GGUF or bf16 matmul, the fused
+RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the same buffers' contents,
+so its outputs are bit-identical to the module path.
+
+It serves a step only where the module path would run those same kernels: tensor and
+pipeline parallel size 1, the torch attention backend with its fused C decode, the C norm and
+activation switched on, every row a decode, and either float32 with every layer's four linear
+layers quantized, at most as many rows as the layers' matmuls read the blocks for
+(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones), or bfloat16 with
+every layer's linear layers packed for the bf16 kernel, at most `BF16_GEMM_MAX_TOKENS` rows.
+Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
+from the same OpenMP team.
+Any other step returns None and the modules run. Whether a model gets a stack at all is
+engine/cpu_kernel_path.py's choice (KVPILOT_DECODE_STACK=0 turns it off). Source: the per-layer order of
+models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
+whole decode step without returning to the host language.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.cpu_kernel_path import CpuKernelPath
+from kvpilot.kernels.cpu import attention as cpu_decode
+from kvpilot.kernels.cpu import bf16_gemm, gguf
+from kvpilot.kernels.cpu.decode_stack import Layer as _Layer
+from kvpilot.kernels.cpu.decode_stack import Model as _Model
+from kvpilot.kernels.cpu.decode_stack import QLinear as _QLinear
+from kvpilot.kernels.cpu.decode_stack import kernels as _kernels
+from kvpilot.kernels.cpu.decode_stack import load
+from kvpilot.kernels.cpu.loader import kernel_range
+
+logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")  # the path's one start-up line
+
+
+def _qlinear(module, n: int, k: int) -> _QLinear | None:
+    """float32: the layer's GGUF blocks, or None where it has none of the right shape."""
+    w = getattr(module, "qweight", None)
+    if (w is None or module.qtype not in gguf.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
+            or tuple(w.shape) != (n, k // gguf.BLOCK_WEIGHTS * gguf.BLOCK_BYTES[module.qtype])
+            or k % gguf.BLOCK_WEIGHTS):
+        return None
+    return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
+
+
+def _plinear(module, n: int, k: int) -> _QLinear | None:
+    """bfloat16: the layer's copy packed for the bf16 kernel, or None where it has none for [n, k]."""
+    w = getattr(module, "bf16_packed", None)
+    if (w is None or module.packed_out_features != n or w.dtype != torch.bfloat16 or not w.is_contiguous()
+            or w.numel() != n * k):
+        return None
+    return _QLinear(w.data_ptr(), n, k, 0, 0)
+
+
+_LINEAR = {torch.float32: (_qlinear, "qweight"), torch.bfloat16: (_plinear, "bf16_packed")}
+
+
+def _norm_ok(norm, hidden: int, dtype: torch.dtype) -> bool:
+    w = norm.weight
+    return w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous() and tuple(w.shape) == (hidden,)
+
+
+def _layer(layer, cfg) -> tuple[_Layer, tuple] | None:
+    """One decoder layer's struct and the tensors it points into, or None where the stack
+    cannot run it in cfg.dtype."""
+    linear, weight_name = _LINEAR[cfg.dtype]
+    attn, mlp = layer.self_attn, layer.mlp
+    q_n = attn.num_heads * attn.head_dim
+    parts = (linear(attn.qkv_proj, (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim, cfg.hidden_size),
+             linear(attn.o_proj, cfg.hidden_size, q_n),
+             linear(mlp.gate_up_proj, 2 * cfg.intermediate_size, cfg.hidden_size),
+             linear(mlp.down_proj, cfg.hidden_size, cfg.intermediate_size))
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size, cfg.dtype) for n in norms)
+            or not getattr(attn.backend, "fuse_rope_cache", False) or attn.head_dim % 2):
+        return None
+    tensors = (norms[0].weight, norms[1].weight,
+               *(getattr(mod, weight_name) for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+    return _Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps, norms[1].eps,
+                  *parts, None, None), tensors
+
+
+class DecodeStack:
+    """The C decode stack of one model (`build` says whether it can serve it at all).
+    `enabled = False` keeps every step on the modules (comparisons, tests). One step at a
+    time per model, as the model runner calls it: the intermediate rows live in one
+    workspace of the stack."""
+
+    enabled = True
+
+    def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple[_Layer, tuple]]) -> None:
+        cfg = model.config
+        self.dtype = cfg.dtype
+        self.lib, self.fn = lib, lib.kvp_decode_stack
+        self.model = model
+        self.backend = model.layers[model.start_layer].self_attn.backend
+        # the per-module switches a comparison may turn off (cpu_kernel_path.apply sets them)
+        self.norm, self.act = model.layers[model.start_layer].input_layernorm, model.layers[model.start_layer].mlp.act_fn
+        attn = model.layers[model.start_layer].self_attn
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.qkv_n = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.hidden, self.intermediate = cfg.hidden_size, cfg.intermediate_size
+        rope = model.rotary_emb
+        self.max_positions = rope.cos.shape[0]
+        # the module path's rope.cos_sin rounds the float32 table's rows to the step dtype: so does this copy
+        cos, sin = rope.cos.to(self.dtype).contiguous(), rope.sin.to(self.dtype).contiguous()
+        self.md = _Model(*_kernels(self.dtype), self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, 0,
+                         self.intermediate, attn.scale, model.norm.weight.data_ptr(), model.norm.eps,
+                         cos.data_ptr(), sin.data_ptr())
+        self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
+        self.keep = [cos, sin, model.norm.weight] + [t for _, ts in layers for t in ts]
+        self.caches_key: tuple | None = None
+        self.max_rows = (bf16_gemm.BF16_GEMM_MAX_TOKENS if self.dtype == torch.bfloat16 else
+                         min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None))
+        self.work = torch.empty(self.max_rows * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
+                                                   + 3 * self.intermediate), dtype=self.dtype)
+        self.args_tail = (ctypes.byref(self.md), ctypes.byref(self.layers), len(layers))
+
+    @classmethod
+    def build(cls, model) -> DecodeStack | None:
+        """A DecodeStack for `model` (a LlamaForCausalLM: float32 with the GGUF blocks attached,
+        or bfloat16 packed for the bf16 kernel), or None where some layer would not run the C
+        kernels (see the module docstring)."""
+        from kvpilot.engine import parallel_state as ps
+
+        cfg = model.config
+        if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
+                or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR):
+            return None
+        # the layers first: a model without GGUF blocks or bf16 kernel copies builds no library
+        layers = [_layer(model.layers[i], cfg) for i in range(model.start_layer, model.end_layer)]
+        if (any(layer is None for layer in layers) or not _norm_ok(model.norm, cfg.hidden_size, cfg.dtype)
+                or not (model.rotary_emb.cos.is_contiguous() and model.rotary_emb.sin.is_contiguous())):
+            return None
+        return cls(model, load(cfg.dtype), layers)
+
+    def _set_caches(self, kv_caches: list) -> bool:
+        """Points the layer structs at this step's caches (validated when they change)."""
+        key = (*(t.data_ptr() for pair in kv_caches for t in pair), *(kv_caches[0][0].shape if kv_caches else ()))
+        if key == self.caches_key:
+            return True
+        if len(kv_caches) != len(self.layers):
+            return False
+        shape = None
+        for (k, v), layer in zip(kv_caches, self.layers):
+            if (k.dtype != self.dtype or v.dtype != self.dtype or k.device.type != "cpu" or k.dim() != 4
+                    or not (k.is_contiguous() and v.is_contiguous()) or v.shape != k.shape
+                    or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim) or shape not in (None, k.shape)):
+                self.caches_key = None
+                return False
+            shape = k.shape
+            layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
+        self.md.block_size = shape[1]
+        self.caches, self.caches_key = list(kv_caches), key
+        return True
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list, meta) -> torch.Tensor | None:
+        """Hidden states [num_tokens, hidden] in the model's dtype after the final norm (a new tensor), as
+        LlamaForCausalLM.forward returns them, or None where this step is not one the stack
+        serves (the caller then runs the modules). Raises RuntimeError when a kernel runs
+        out of memory."""
+        m = input_ids.shape[0]
+        if (not self.enabled or not 0 < m <= self.max_rows or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
+                or not (self.norm.use_c_kernel and self.act.use_c_kernel)
+                or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
+                or max(meta.seq_lens_cpu) > self.max_positions):
+            return None
+        slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
+        if (positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != (m,)
+                or slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (m,)
+                or tables.dtype != torch.int32 or not tables.is_contiguous() or tables.shape[0] != m
+                or lens.dtype != torch.int32 or not lens.is_contiguous() or lens.shape != (m,)
+                or positions.device.type != "cpu" or not self._set_caches(kv_caches)):
+            return None
+        residual = self.model.embed_tokens(input_ids)
+        if residual.dtype != self.dtype or not residual.is_contiguous():
+            return None
+        hidden = torch.empty(m, self.hidden, dtype=self.dtype)
+        with kernel_range("decode_stack"):
+            code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
+                           slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(), self.work.data_ptr(),
+                           torch.get_num_threads(), cpu_decode.attention_threads(meta.seq_lens_cpu, self.num_kv_heads))
+        if code:
+            raise RuntimeError(f"decode stack: a kernel failed with code {code} (-1, -2: out of memory)")
+        return hidden
+
+
+def apply(model, path: CpuKernelPath | None = None) -> None:
+    """Sets `model`'s modules to the kernel path (default: cpu_kernel_path.current()), gives it a
+    decode stack where the path and the model allow, and logs the path once. Called by the model
+    runner once weights are packed or quantized."""
+    path = path or cpu_kernel_path.current()
+    for module in model.modules():
+        if hasattr(module, "use_c_kernel"):
+            module.use_c_kernel = path.kernels
+        backend = getattr(module, "backend", None)
+        if hasattr(backend, "use_cpu_kernel"):
+            backend.use_cpu_kernel = path.kernels
+    model.decode_stack = DecodeStack.build(model) if path.kernels and path.decode_stack else None
+    logger.info("%s", cpu_kernel_path.describe(model, path))
