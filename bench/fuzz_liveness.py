@@ -26,7 +26,7 @@ from kvpilot.bench.fuzz_cases import FuzzCase, fuzz_cases
 from kvpilot.bench.reliability import openai_error_shape
 from kvpilot.bench.reliability_run import cpu_model, loadavg, metric, wait_idle
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
-from kvpilot.engine.settings import LIVE_SETTINGS
+from kvpilot.engine.settings import LIVE_SETTINGS, to_flags
 
 API_KEY = "fuzz-liveness-key"
 ADMIN_TOKEN = "fuzz-liveness-admin-token"
@@ -158,8 +158,9 @@ def leaked_blocks(url: str, num_blocks: int) -> tuple[int, float]:
 
 
 def server_command(model: str, max_model_len: int) -> list[str]:
-    return [*KVPILOT_SERVE, model, "--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--dtype", "float32",
-            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-queue-len", "16", "--request-deadline-s", "20",
+    engine = to_flags({"max_model_len": max_model_len, "max_num_seqs": 4, "dtype": "float32",
+                       "num_gpu_blocks_override": NUM_BLOCKS})
+    return [*KVPILOT_SERVE, model, *engine, "--max-queue-len", "16", "--request-deadline-s", "20",
             "--enable-admin-routes", "--disable-log-requests", "--disable-uvicorn-access-log"]
 
 

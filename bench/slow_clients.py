@@ -24,6 +24,7 @@ import httpx
 
 from kvpilot.bench.reliability_run import cpu_model, loadavg
 from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.engine.settings import to_flags
 
 API_KEY = "slow-clients-bench-key"
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2, "temperature": 0}
@@ -136,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     nofile = raise_open_file_limit(2 * a.connections + 512)
     os.environ["VLLM_API_KEY"] = API_KEY
-    command = [*KVPILOT_SERVE, a.model, "--max-model-len", "256", "--max-num-seqs", "4", "--dtype", "float32",
-               "--num-gpu-blocks-override", "64", "--request-read-timeout-s", str(a.read_timeout_s),
+    engine = to_flags({"max_model_len": 256, "max_num_seqs": 4, "dtype": "float32", "num_gpu_blocks_override": 64})
+    command = [*KVPILOT_SERVE, a.model, *engine, "--request-read-timeout-s", str(a.read_timeout_s),
                "--disable-log-requests", "--disable-uvicorn-access-log"]
     before = loadavg()
     with ServerProcess(command, Path("/tmp") / f"kvpilot-slow-clients-{os.getpid()}.log") as server:

@@ -41,6 +41,9 @@ ALLOWED = {
     ("bench/sweep.py", "--seed"): "the ShareGPT / arrival seed of the workload, not the engine's",
     ("bench/throughput.py", "--seed"): "the ShareGPT sampling seed of the offline benchmark",
     ("tuner/cli.py", "--seed"): "the Optuna sampler's seed, not the engine's",
+    ("bench/fuzz_liveness.py", "--seed"): "the fuzz cases' seed (hypothesis / schemathesis), not the engine's",
+    ("bench/fuzz_liveness.py", "--max-model-len"): "the fuzz's own option, which it passes on to the server "
+                                                   "through the table (settings.to_flags)",
     ("tuner/cli.py", "--port"): "the tuner's option: a fixed port for the local engine, 0 (its default) = any "
                                 "free port, which the engine's --port does not accept",
 }
