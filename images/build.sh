@@ -6,6 +6,10 @@
 # PIP_FIND_LINKS) are bind-mounted into the build's RUN steps only, never copied into a layer.
 #   BASE=registry.example.com/debian:bookworm images/build.sh     # your own base
 #   KVPILOT_IMAGES_DIR   podman's storage (default ~/.cache/kvpilot-images), kept between builds
+# The store does not grow from build to build: each target's deps and build stages are tagged
+# kvpilot-cache/STAGE (the layer cache the next build reuses), and what an earlier build left
+# untagged (older generations, build containers of an interrupted build) is removed; builds
+# sharing one store take turns (flock).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(dirname "$HERE")"
@@ -16,6 +20,14 @@ TARGETS=("$@")
 VERSION="$(python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$ROOT/pyproject.toml")"
 
 bash "$HERE/install-podman.sh"
+STORE="${KVPILOT_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpilot-images}"
+mkdir -p "$STORE"
+exec 9>"$STORE/build.lock"
+flock 9
+# A build killed midway leaves buildah's working containers (status "Storage"); they pin every
+# layer under them until removed. None is in use while this build holds the lock.
+"$PODMAN" ps -a --external --format '{{.ID}} {{.Status}}' | awk '$2 == "Storage" {print $1}' \
+    | xargs -r "$PODMAN" rm -f >/dev/null
 [ "$BASE" != "localhost/debian:bookworm" ] || bash "$HERE/build-base.sh" "$BASE"
 
 pip_setting() {  # the host's pip setting $1 (cert, find-links): env first, then pip config
@@ -34,5 +46,11 @@ if [ -n "$links" ] && [ -d "$links" ]; then
 fi
 for target in "${TARGETS[@]}"; do
     echo "building kvpilot/$target:$VERSION"
+    for stage in "$target-deps" "$target-build"; do
+        "$PODMAN" build "${args[@]}" --layers --target "$stage" -t "localhost/kvpilot-cache/$stage:latest" "$ROOT"
+    done
     "$PODMAN" build "${args[@]}" --layers --target "$target" -t "kvpilot/$target:$VERSION" "$ROOT"
 done
+# Untagged images nothing depends on: earlier generations of the stages above. One pass removes
+# the leaves only, so repeat until a pass removes nothing.
+while [ -n "$("$PODMAN" image prune -f)" ]; do :; done

@@ -41,6 +41,8 @@ def registry(tmp_path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        # the pushed layers (GBs with torch's CUDA build) would stay in pytest's kept temp dirs
+        shutil.rmtree(tmp_path / "data", ignore_errors=True)
 
 
 def bash_lines(text: str) -> list[str]:

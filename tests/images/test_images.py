@@ -201,3 +201,14 @@ def test_image_tags_follow_the_project_version(images):
     chart = yaml.safe_load((ROOT / "charts" / "kvpilot" / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION
     assert all(tag.endswith(f":{VERSION}") for tag in images.values())
+
+
+def test_make_images_leaves_no_untagged_image_or_build_container_behind(images):
+    """Each build would otherwise add GBs of orphaned layers (the engine's venv) to the store until
+    the disk fills: images/build.sh tags its cache stages and prunes the rest."""
+    dangling = podman("images", "--filter", "dangling=true", "--format", "{{.ID}}").stdout.split()
+    assert dangling == []
+    statuses = podman("ps", "-a", "--external", "--format", "{{.Status}}").stdout.split("\n")
+    assert "Storage" not in [s.strip() for s in statuses]
+    cache = podman("images", "--format", "{{.Repository}}", "--filter", "reference=localhost/kvpilot-cache/*").stdout.split()
+    assert {f"localhost/kvpilot-cache/{t}-{s}" for t in images for s in ("deps", "build")} <= set(cache)
