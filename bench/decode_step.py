@@ -48,17 +48,20 @@ _MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm
 
 def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int):
     """An engine whose CPU kernels run in `mode` (see --cpu-kernel). 'bf16-gemm' loads it with the
-    bf16 matmul kernel (and so the bf16 decode stack) whatever the CPU's default path: where the
-    engine would otherwise keep oneDNN's matmuls (AMX CPUs), the two are compared in one process."""
+    bf16 matmul kernel (and so the bf16 decode stack) up to the kernel's own limit of 32 rows,
+    whatever the CPU's default path: where the engine keeps oneDNN's matmuls for some of those
+    row counts (above 8 rows on AMX CPUs, engine/cpu_info.py), the two are compared in one process."""
     import dataclasses
 
     from kvpilot.engine import cpu_kernel_path
+    from kvpilot.kernels.cpu import bf16_gemm
 
     if mode != "bf16-gemm":
         llm = _engine(model, dtype, max_batch, prompt_len, steps)
         _set_cpu_kernel(llm, mode)
         return llm
-    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)):
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(),
+                                                    bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)):
         return _engine(model, dtype, max_batch, prompt_len, steps)
 
 

@@ -54,13 +54,30 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
         f"bf16 matmuls run on a slow path there and batched decode is faster in float32"))
 
 
+# The most rows a bfloat16 matmul takes kernels/cpu/bf16_gemm.py's kernel for, by CPU kind: the
+# crossover with oneDNN measured by `kvpilot bench decode-step --cpu-kernel on,bf16-gemm` (2 threads,
+# benchmarks/results/throughput/README.md). Zen 4 (AVX512_BF16, no AMX): the kernel wins up to the
+# kernel's own limit, 32 rows. Sapphire Rapids (AMX): the kernel's one pass over the weights wins
+# while a step is bound by reading them (1.75x oneDNN's AMX matmuls at 1 row, 1.08x at 8), AMX
+# tiles win from 12 rows on (0.95x at 12, 0.72x at 32).
+BF16_KERNEL_MAX_ROWS_AVX512_BF16 = 32
+BF16_KERNEL_MAX_ROWS_AMX = 8
+
+
+def bf16_matmul_kernel_max_rows(cpu: CpuInfo) -> int:
+    """Up to how many rows a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel (`vdpbf16ps`)
+    on this CPU instead of oneDNN's matmul (0: never): AVX512F with AVX512_BF16 is needed; with AMX
+    tiles oneDNN takes over above BF16_KERNEL_MAX_ROWS_AMX rows. Where it runs the engine keeps
+    the kernel's packed copy of each weight, so its embedding / LM-head weights are held three
+    times (plain, oneDNN's, the kernel's)."""
+    if not {"avx512f", "avx512_bf16"} <= cpu.flags:
+        return 0
+    return BF16_KERNEL_MAX_ROWS_AMX if "amx_bf16" in cpu.flags else BF16_KERNEL_MAX_ROWS_AVX512_BF16
+
+
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
-    """Whether a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel (`vdpbf16ps`) on this
-    CPU: AVX512F with AVX512_BF16 and no AMX (where AMX tiles exist oneDNN uses them, and the
-    kernel was measured only against oneDNN's AVX512_BF16 path, on a Zen 4 EPYC). There the engine
-    keeps the kernel's packed copy of each weight, so its embedding / LM-head weights are held
-    three times (plain, oneDNN's, the kernel's)."""
-    return {"avx512f", "avx512_bf16"} <= cpu.flags and "amx_bf16" not in cpu.flags
+    """Whether a bfloat16 engine runs the bf16 matmul kernel (and keeps its copies) on this CPU."""
+    return bf16_matmul_kernel_max_rows(cpu) > 0
 
 
 def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:

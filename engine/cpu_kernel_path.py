@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvpilot.engine.cpu_info import CpuInfo, detect_cpu, has_bf16_matmul_kernel
+from kvpilot.engine.cpu_info import CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu
 
 logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")
 
@@ -39,35 +39,42 @@ DECODE_STACK_ENV = "KVPILOT_DECODE_STACK"
 @dataclass(frozen=True)
 class CpuKernelPath:
     """kernels: the C attention, norm, activation and GGUF kernels run; variant: the kernel
-    build loaded (kernels/cpu/build.py VARIANTS); bf16_gemm: bfloat16 decode-sized matmuls take
-    the bf16 kernel (packed copies); decode_stack: small decode-only steps run in one C call
-    where the model allows; reason: why, for the log."""
+    build loaded (kernels/cpu/build.py VARIANTS); bf16_gemm_max_rows: bfloat16 matmuls of up to
+    this many rows take the bf16 kernel (packed copies; 0: never, at most
+    bf16_gemm.BF16_GEMM_MAX_TOKENS), and so do bf16 decode stacks; decode_stack: small decode-only
+    steps run in one C call where the model allows; reason: why, for the log."""
 
     kernels: bool
     variant: str | None
-    bf16_gemm: bool
+    bf16_gemm_max_rows: int
     decode_stack: bool
     reason: str
+
+    @property
+    def bf16_gemm(self) -> bool:
+        """Whether bf16 layers get the bf16 kernel's packed copies at all."""
+        return self.bf16_gemm_max_rows > 0
 
 
 def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> CpuKernelPath:
     """The path for this CPU (or `cpu`). Raises loader.KernelsNotBuilt where the install built no
     kernels (unless KVPILOT_CPU_KERNELS=0)."""
     if env.get(KERNELS_ENV, "1") == "0":
-        return CpuKernelPath(False, None, False, False, f"{KERNELS_ENV}=0: the torch path, no C kernel")
+        return CpuKernelPath(False, None, 0, False, f"{KERNELS_ENV}=0: the torch path, no C kernel")
     from kvpilot.kernels.cpu import bf16_gemm, loader
 
     cpu = cpu or detect_cpu()
     variant = loader.selected_variant()
-    bf16 = bf16_gemm.simd() and has_bf16_matmul_kernel(cpu)
+    rows = bf16_matmul_kernel_max_rows(cpu) if bf16_gemm.simd() else 0
     stack = env.get(DECODE_STACK_ENV, "1") != "0"
     why = [f"CPU {cpu.model_name!r} runs the {variant} kernel build (of {', '.join(loader.variants_runnable())})"]
-    if not bf16:
-        why.append("bfloat16 matmuls through oneDNN" + (
-            " (AMX tiles serve them)" if "amx_bf16" in cpu.flags else " (no AVX512_BF16 kernel here)"))
+    if not rows:
+        why.append("bfloat16 matmuls through oneDNN (no AVX512_BF16 kernel here)")
+    elif "amx_bf16" in cpu.flags:
+        why.append(f"bfloat16 matmuls of up to {rows} rows on the AVX512_BF16 kernel, larger ones on oneDNN's AMX tiles")
     if not stack:
         why.append(f"{DECODE_STACK_ENV}=0")
-    return CpuKernelPath(True, variant, bf16, stack, "; ".join(why))
+    return CpuKernelPath(True, variant, rows, stack, "; ".join(why))
 
 
 _current: CpuKernelPath | None = None

@@ -48,6 +48,7 @@ class _Linear(nn.Module):
     packed: torch.Tensor | None = None
     bf16_packed: torch.Tensor | None = None
     packed_out_features: int = 0  # rows of the weight bf16_packed was packed from
+    bf16_max_rows: int = 0  # matmuls of up to this many rows read bf16_packed (the kernel path's limit)
     qweight: torch.Tensor | None = None
     qtype: int = 0
     qactivations: str = "q8_1"
@@ -69,7 +70,7 @@ class _Linear(nn.Module):
         if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= self.qmax_tokens
                 and x.dtype == torch.float32 and x.stride(1) == 1):
             return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
-        if (self.bf16_packed is not None and x.dim() == 2 and x.shape[0] <= bf16_gemm.BF16_GEMM_MAX_TOKENS
+        if (self.bf16_packed is not None and x.dim() == 2 and x.shape[0] <= self.bf16_max_rows
                 and x.dtype == torch.bfloat16 and x.stride(1) == 1):
             return bf16_gemm.matmul(x, self.bf16_packed, self.packed_out_features)
         if self.packed is not None:
@@ -89,7 +90,7 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
     In bfloat16, where the engine's kernel path takes the AVX512_BF16 kernel of
     kernels/cpu/bf16_gemm.py (engine/cpu_kernel_path.py), every layer (the
     LM head too) also gets that kernel's copy (checked the same way), which serves matmuls of
-    up to BF16_GEMM_MAX_TOKENS rows.
+    up to the path's `bf16_gemm_max_rows` rows (by CPU kind, engine/cpu_info.py).
 
     In float32, and in bfloat16 once the kernel's copy exists, the plain weight of a linear
     layer is dropped (an empty tensor: nothing reads it again, and a stray F.linear on it
@@ -128,13 +129,14 @@ def _pack_bf16_gemm(module: _Linear, x: torch.Tensor, want: torch.Tensor, tol: f
     """Gives a bf16 layer kernels/cpu/bf16_gemm.py's packed copy where the kernel path takes it and its
     product of x matches `want` (F.linear's) within tol of want's scale."""
     w = module.weight
-    if not (bf16_gemm.supports(w) and cpu_kernel_path.current().bf16_gemm):
+    rows = min(cpu_kernel_path.current().bf16_gemm_max_rows, bf16_gemm.BF16_GEMM_MAX_TOKENS)
+    if not (bf16_gemm.supports(w) and rows > 0):
         return False
     packed = bf16_gemm.pack(w.detach())
     got = bf16_gemm.matmul(x, packed, w.shape[0])
     if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.abs().max().item()):
         return False
-    module.bf16_packed, module.packed_out_features = packed, w.shape[0]
+    module.bf16_packed, module.packed_out_features, module.bf16_max_rows = packed, w.shape[0], rows
     return True
 
 

@@ -18,7 +18,8 @@ pipeline parallel size 1, the torch attention backend with its fused C decode, t
 activation switched on, every row a decode, and either float32 with every layer's four linear
 layers quantized, at most as many rows as the layers' matmuls read the blocks for
 (`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones), or bfloat16 with
-every layer's linear layers packed for the bf16 kernel, at most `BF16_GEMM_MAX_TOKENS` rows.
+every layer's linear layers packed for the bf16 kernel, at most their `bf16_max_rows` rows
+(the kernel path's limit for this CPU kind).
 Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
 from the same OpenMP team.
 Any other step returns None and the modules run. Whether a model gets a stack at all is
@@ -37,7 +38,7 @@ import torch
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.cpu_kernel_path import CpuKernelPath
 from kvpilot.kernels.cpu import attention as cpu_decode
-from kvpilot.kernels.cpu import bf16_gemm, gguf
+from kvpilot.kernels.cpu import gguf
 from kvpilot.kernels.cpu.decode_stack import Layer as _Layer
 from kvpilot.kernels.cpu.decode_stack import Model as _Model
 from kvpilot.kernels.cpu.decode_stack import QLinear as _QLinear
@@ -125,7 +126,8 @@ class DecodeStack:
         self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
         self.keep = [cos, sin, model.norm.weight] + [t for _, ts in layers for t in ts]
         self.caches_key: tuple | None = None
-        self.max_rows = (bf16_gemm.BF16_GEMM_MAX_TOKENS if self.dtype == torch.bfloat16 else
+        self.max_rows = (min(m.bf16_max_rows for m in model.modules() if getattr(m, "bf16_packed", None) is not None)
+                         if self.dtype == torch.bfloat16 else
                          min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None))
         self.work = torch.empty(self.max_rows * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
                                                    + 3 * self.intermediate), dtype=self.dtype)

@@ -1,14 +1,15 @@
 """The C decode stack in bfloat16 (engine/models/cpu_decode_stack.py over kernels/cpu/csrc/decode_stack.c built with -DKVP_BF16) on the
-real SmolLM2: it serves decode steps of up to `BF16_GEMM_MAX_TOKENS` rows with tokens and
+real SmolLM2: it serves decode steps of up to the linear layers' row limit with tokens and
 logprobs bit-identical to the per-module path (the same bf16 matmul, norm, activation and fused
 attention functions in the same order), leaves larger and prefill steps to the modules, is not
 built where a layer lacks the bf16 kernel's packed copy, and the start-up log says which path
 decode steps take.
 
-The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16 and no AMX
-(`bf16_gemm.available`). Elsewhere the same library builds the same packed layout in plain C;
-these tests then let that build serve (both paths call it), so the stack's glue is checked on
-every CPU the suite runs on.
+The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16, up to 32 rows without AMX
+and 8 with it (engine/cpu_info.py). These tests load the engine with the kernel's own limit (32)
+whatever the CPU; where it has no AVX512_BF16 the same library builds the same packed layout in
+plain C and that build serves (both paths call it), so the stack's glue is checked on every CPU
+the suite runs on.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)
 def llm():
     # the kernel path with the bf16 matmul kernel on whatever the CPU: its AVX512_BF16 build where
     # the CPU has one (AMX CPUs too), else the plain-C loop of the same layout
-    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)):
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(),
+                                                    bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)):
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
                   swap_space=0)
 
@@ -51,11 +53,13 @@ def test_bf16_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logprob
 
 @pytest.mark.slow
 def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, served_rows, monkeypatch):
-    # a lower limit stands in for BF16_GEMM_MAX_TOKENS = 32 (the linear layers read it at each call,
-    # the stack keeps it as max_rows): above it both paths run oneDNN's matmuls
-    stack = llm.engine.runner.model.decode_stack
-    monkeypatch.setattr(bf16_gemm, "BF16_GEMM_MAX_TOKENS", 4)
-    monkeypatch.setattr(stack, "max_rows", 4)
+    # a lower limit stands in for the CPU kind's (8 with AMX, 32 without; each linear layer keeps it
+    # as bf16_max_rows, the stack as max_rows): above it both paths run oneDNN's matmuls
+    model = llm.engine.runner.model
+    for module in model.modules():
+        if getattr(module, "bf16_packed", None) is not None:
+            monkeypatch.setattr(module, "bf16_max_rows", 4)
+    monkeypatch.setattr(model.decode_stack, "max_rows", 4)
     want = generate(llm, PROMPTS, stack=False, max_tokens=(3, 6))
     assert generate(llm, PROMPTS, stack=True, max_tokens=(3, 6)) == want
     # 6 decodes go to the modules; once the three 3-token prompts finish, 3 rows go to the stack
@@ -72,7 +76,7 @@ def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
 def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeypatch):
     model = llm.engine.runner.model
     caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
-    path = dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm=True)
+    path = dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)
     try:
         cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))
         assert model.decode_stack is None

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_info import detect_cpu, has_bf16_matmul_kernel
+from kvpilot.engine.cpu_info import bf16_matmul_kernel_max_rows, detect_cpu
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
@@ -24,7 +24,7 @@ def lib(request, monkeypatch):
     lib = bf16_gemm.load(variant)
     cpu = detect_cpu()
     assert bf16_gemm.simd(variant) == (request.param == "selected" and selected_variant() in ("avx512_bf16", "amx"))
-    assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and has_bf16_matmul_kernel(cpu))
+    assert cpu_kernel_path.choose(cpu).bf16_gemm_max_rows == (bf16_matmul_kernel_max_rows(cpu) if bf16_gemm.simd() else 0)
     monkeypatch.setattr(bf16_gemm, "load", lambda variant=None: lib)
     return lib
 
@@ -80,7 +80,7 @@ def test_linear_layers_take_the_kernel_up_to_its_row_limit_and_onednn_above(lib,
     calls = []
     kernel = bf16_gemm.matmul
     monkeypatch.setattr(bf16_gemm, "matmul", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
-    limit = bf16_gemm.BF16_GEMM_MAX_TOKENS
+    limit = cpu_kernel_path.current().bf16_gemm_max_rows or bf16_gemm.BF16_GEMM_MAX_TOKENS
     for m in (1, limit, limit + 1, 130):
         x = torch.randn(m, 192).to(BF16)
         torch.testing.assert_close(layer(x).float(), F.linear(x, plain).float(), rtol=2**-7, atol=1e-2)
