@@ -43,25 +43,28 @@ def _set_cpu_kernel(llm, mode: str) -> None:
             module.use_c_kernel = mode == "on"
 
 
-_MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm": "/bf16-gemm"}
+_MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm": "/bf16-gemm", "onednn": "/onednn"}
+# the bf16 kernel's row limit each mode loads the engine with (None: the CPU's default)
+_BF16_ROWS = {"bf16-gemm": 32, "onednn": 0}
 
 
 def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int):
     """An engine whose CPU kernels run in `mode` (see --cpu-kernel). 'bf16-gemm' loads it with the
     bf16 matmul kernel (and so the bf16 decode stack) up to the kernel's own limit of 32 rows,
     whatever the CPU's default path: where the engine keeps oneDNN's matmuls for some of those
-    row counts (above 8 rows on AMX CPUs, engine/cpu_info.py), the two are compared in one process."""
+    row counts, the two are compared in one process. 'onednn' loads it with every bf16 matmul on
+    oneDNN (no bf16 kernel, so no bf16 decode stack): the default before the kernel served AMX CPUs."""
     import dataclasses
 
     from kvpilot.engine import cpu_kernel_path
     from kvpilot.kernels.cpu import bf16_gemm
 
-    if mode != "bf16-gemm":
+    if mode not in _BF16_ROWS:
         llm = _engine(model, dtype, max_batch, prompt_len, steps)
         _set_cpu_kernel(llm, mode)
         return llm
-    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(),
-                                                    bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)):
+    rows = min(_BF16_ROWS[mode], bf16_gemm.BF16_GEMM_MAX_TOKENS)
+    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=rows)):
         return _engine(model, dtype, max_batch, prompt_len, steps)
 
 
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the C kernels (float32 CPU), comma-separated modes run side by side: 'on' (all), "
                         "'unfused' (C decode attention only, labelled '<dtype>/unfused'), 'off' (torch only, "
                         "'<dtype>/torch-attn'), 'bf16-gemm' (bf16: decode matmuls on the AVX512_BF16 kernel "
-                        "and the decode stack even where the default keeps oneDNN, '<dtype>/bf16-gemm'); "
+                        "and the decode stack up to 32 rows even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
+                        "'onednn' (bf16: every matmul on oneDNN, no bf16 decode stack, '<dtype>/onednn'); "
                         "'both' = on,off")
     p.add_argument("--output-json", default="bench-results/decode_step.json")
     args = p.parse_args(argv)
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]
     if not modes or any(m not in _MODE_LABEL for m in modes):
-        p.error("--cpu-kernel takes comma-separated modes among on, unfused, off, bf16-gemm (or 'both')")
+        p.error("--cpu-kernel takes comma-separated modes among on, unfused, off, bf16-gemm, onednn (or 'both')")
     engines = {}
     for d in dtypes:
         for mode in modes:

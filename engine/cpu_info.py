@@ -57,9 +57,10 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
 # The most rows a bfloat16 matmul takes kernels/cpu/bf16_gemm.py's kernel for, by CPU kind: the
 # crossover with oneDNN measured by `kvpilot bench decode-step --cpu-kernel on,bf16-gemm` (2 threads,
 # benchmarks/results/throughput/README.md). Zen 4 (AVX512_BF16, no AMX): the kernel wins up to the
-# kernel's own limit, 32 rows. Sapphire Rapids (AMX): the kernel's one pass over the weights wins
-# while a step is bound by reading them (1.75x oneDNN's AMX matmuls at 1 row, 1.08x at 8), AMX
-# tiles win from 12 rows on (0.95x at 12, 0.72x at 32).
+# kernel's own limit, 32 rows. Sapphire Rapids (AMX), the kernel's vdpbf16ps loop: its one pass over
+# the weights wins while a step is bound by reading them (1.75x oneDNN's AMX matmuls at 1 row,
+# 1.08x at 8), oneDNN's tiles win from 12 rows on (0.95x at 12, 0.72x at 32). Where the kernel runs
+# on AMX tiles itself (bf16_gemm.amx(), engine/cpu_kernel_path.py) it wins up to 32 rows there too.
 BF16_KERNEL_MAX_ROWS_AVX512_BF16 = 32
 BF16_KERNEL_MAX_ROWS_AMX = 8
 

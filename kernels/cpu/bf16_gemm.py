@@ -1,5 +1,6 @@
 """Decode-sized bfloat16 matmuls on CPUs with AVX512_BF16: our own kernel (csrc/bf16_gemm.c)
-instead of oneDNN's for up to `BF16_GEMM_MAX_TOKENS` rows.
+instead of oneDNN's for up to `BF16_GEMM_MAX_TOKENS` rows; on CPUs with AMX the same packed
+copy feeds AMX tiles (`amx()`).
 
 Why: at the row counts of a decode step oneDNN's bf16 matmuls read the 135M model's 212 MB of
 layer weights at 16-22 GB/s on a 2-core Zen 4 EPYC where a plain read runs at ~30 GB/s
@@ -37,12 +38,19 @@ def load(variant: str | None = None) -> ctypes.CDLL:
         lib.kvp_bf16_gemm.restype = None
         lib.kvp_bf16_gemm.argtypes = [p, i, p, p, i, i, i, i, i]
         lib.kvp_bf16_gemm_simd.restype = ctypes.c_int
+        lib.kvp_bf16_gemm_amx.restype = ctypes.c_int
     return lib
 
 
 def simd(variant: str | None = None) -> bool:
     """Whether the loaded variant runs the AVX512_BF16 kernel (vdpbf16ps), not the plain-C loop."""
     return bool(load(variant).kvp_bf16_gemm_simd())
+
+
+def amx(variant: str | None = None) -> bool:
+    """Whether the loaded variant serves the kernel with AMX tiles (TDPBF16PS on the same packed
+    layout): the amx build, on a Linux kernel that grants the process the tile state."""
+    return bool(load(variant).kvp_bf16_gemm_amx())
 
 
 def supports(weight: torch.Tensor) -> bool:

@@ -24,9 +24,20 @@ def lib(request, monkeypatch):
     lib = bf16_gemm.load(variant)
     cpu = detect_cpu()
     assert bf16_gemm.simd(variant) == (request.param == "selected" and selected_variant() in ("avx512_bf16", "amx"))
-    assert cpu_kernel_path.choose(cpu).bf16_gemm_max_rows == (bf16_matmul_kernel_max_rows(cpu) if bf16_gemm.simd() else 0)
+    assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and bf16_matmul_kernel_max_rows(cpu) > 0)
     monkeypatch.setattr(bf16_gemm, "load", lambda variant=None: lib)
     return lib
+
+
+def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_32_rows():
+    # AMX CPUs load the amx build (kernels/cpu/loader.py); Linux 5.16+ grants it the tile state.
+    # With k % 32 == 0 its matmuls run TDPBF16PS (the product tests above check them on such a CPU);
+    # other shapes, and every other build, the vdpbf16ps loop or plain C.
+    tiles = selected_variant() == "amx"
+    assert bf16_gemm.amx() == tiles
+    assert not bf16_gemm.amx("generic")
+    if tiles:
+        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == bf16_gemm.BF16_GEMM_MAX_TOKENS == 32
 
 
 def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
@@ -41,7 +52,7 @@ def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
 
 
 @pytest.mark.parametrize("n,k", [(64, 2), (960, 576), (576, 1536)])
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 32])  # every tail of the 6-row tiles
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 16, 17, 31, 32])  # every tail of the 6-row (and AMX 16-row) tiles
 def test_product_matches_float64_and_onednn(lib, m, n, k, seed):
     torch.manual_seed(seed)
     w, x = torch.randn(n, k).to(BF16), torch.randn(m, k).to(BF16)

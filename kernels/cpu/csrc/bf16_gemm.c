@@ -19,6 +19,15 @@
  * with the bf16 dot-product instruction (Intel SDM, VDPBF16PS). Builds without AVX512_BF16 get the
  * same layout in plain float32 C (`kvp_bf16_gemm_simd()` is 0 there and the engine keeps oneDNN;
  * tests use it to check the layout on any CPU).
+ *
+ * AMX (the amx build, where the kernel grants the process the tile state): the same packed layout
+ * feeds TDPBF16PS unchanged. A B tile is 16 k-pairs x 16 columns (64 bytes a row): the rows of
+ * column vector j of a group sit 256 bytes apart in `wp`, so `tileloadd` reads them with a 256-byte
+ * stride; an A tile is 16 rows x 32 k of x at its own row stride. Each work item is one group (4
+ * C tiles of 16 x 16 float32) x one 16-row tile; the C tiles go to a float32 buffer and are
+ * rounded to bf16 as above. Tiles need k % 32 == 0; other shapes take the AVX512_BF16 loop.
+ * Source: Intel SDM vol. 1 ch. 18 (AMX: LDTILECFG, TILELOADD, TDPBF16PS) and the Linux kernel's
+ * Documentation/arch/x86/xstate.rst (ARCH_REQ_XCOMP_PERM before the first tile instruction).
  */
 
 #include "kvp.h"
@@ -82,6 +91,80 @@ static void group_rows(const uint16_t *x, int64_t ldx, const uint16_t *wg, int64
 }
 #endif
 
+#if defined(KVP_BF16_SIMD) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KVP_AMX 1
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* 1 once the kernel granted this process the AMX tile state (Linux 5.16+), else 0; asked once. */
+static int amx_granted(void) {
+    static int state = -1; /* -1 not asked yet; a race only asks twice */
+    if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Tiles 0-3: C (mt rows x 16 float32), 4: A (mt rows x 32 bf16), 5: B (16 k-pairs x 16 columns). */
+static void amx_configure(int mt) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 5; ++t) { cfg.rows[t] = (uint8_t)mt; cfg.colsb[t] = 64; }
+    cfg.rows[5] = 16; cfg.colsb[5] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* Rows [0, mt) x the 64 columns of group wg: C tile j += A (32 k) . B_j, then bf16 stores. */
+static void amx_group_rows(const uint16_t *x, int64_t ldx, const uint16_t *wg, int64_t k, uint16_t *y,
+                           int64_t ldy, int mt) {
+    float c[4][16][16];
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t k0 = 0; k0 < k; k0 += 32) {
+        const uint16_t *b = wg + k0 * 64; /* pair k0/2 of the group: 128 elements a pair */
+        _tile_loadd(4, x + k0, ldx * 2);
+        _tile_loadd(5, b, 256); _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, b + 32, 256); _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, b + 64, 256); _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, b + 96, 256); _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+    for (int i = 0; i < mt; ++i)
+        for (int j = 0; j < 4; ++j)
+            _mm256_storeu_si256((__m256i *)(y + i * ldy + 16 * j),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(c[j][i])));
+}
+
+/* The (group, 16-row tile) items [lo, hi) of kvp_bf16_gemm's AMX split. */
+static void amx_items(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16_t *y, int64_t ldy, int64_t m,
+                      int64_t k, int64_t tiles, int64_t lo, int64_t hi) {
+    int configured = 0;
+    for (int64_t it = lo; it < hi; ++it) {
+        const int64_t g = it / tiles, r0 = 16 * (it % tiles);
+        const int mt = (int)(m - r0 < 16 ? m - r0 : 16);
+        if (mt != configured) { amx_configure(mt); configured = mt; }
+        amx_group_rows(x + r0 * ldx, ldx, wp + g * 64 * k, k, y + r0 * ldy + g * 64, ldy, mt);
+    }
+    if (configured) _tile_release();
+}
+#endif
+
+/* 1 where this build serves kvp_bf16_gemm with AMX tiles (the amx build, the tile state granted by
+   the kernel), else 0. */
+int kvp_bf16_gemm_amx(void) {
+#ifdef KVP_AMX
+    return amx_granted();
+#else
+    return 0;
+#endif
+}
+
 /* 1 where this build has the AVX512_BF16 kernel, else 0 (the portable loop above). */
 int kvp_bf16_gemm_simd(void) {
 #ifdef KVP_BF16_SIMD
@@ -98,6 +181,16 @@ int kvp_bf16_gemm_simd(void) {
    from memory once and from the shared L3 by the other. */
 void kvp_bf16_gemm(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16_t *y, int64_t ldy, int64_t m,
                    int64_t n, int64_t k, int64_t num_threads) {
+#ifdef KVP_AMX
+    if (k % 32 == 0 && amx_granted()) {
+        const int64_t tiles = (m + 15) / 16, items = n / 64 * tiles;
+        const int64_t teams = num_threads < items ? num_threads : items;
+        #pragma omp parallel for schedule(static, 1) num_threads((int)teams) if (teams > 1)
+        for (int64_t t = 0; t < teams; ++t)
+            amx_items(x, ldx, wp, y, ldy, m, k, tiles, items * t / teams, items * (t + 1) / teams);
+        return;
+    }
+#endif
     const int64_t groups = n / 64, pairs = k / 2, tiles = (m + 5) / 6, items = groups * tiles;
     #pragma omp parallel for schedule(static) num_threads((int)num_threads) if (num_threads > 1 && items > 1)
     for (int64_t it = 0; it < items; ++it) {
