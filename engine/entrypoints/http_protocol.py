@@ -33,7 +33,10 @@ REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text
 
 class _HeaderCountingConnection(h11.Connection):
     """h11's server connection that refuses a request with more than `max_header_count`
-    headers (uvicorn then answers 400 and closes)."""
+    headers (GuardedH11Protocol then answers 431 Request Header Fields Too Large, RFC 6585, and
+    closes)."""
+
+    too_many_headers = False
 
     def __init__(self, max_incomplete_event_size: int, max_header_count: int) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size)
@@ -42,6 +45,7 @@ class _HeaderCountingConnection(h11.Connection):
     def next_event(self):
         event = super().next_event()
         if isinstance(event, h11.Request) and len(event.headers) > self.max_header_count:
+            self.too_many_headers = True
             raise h11.RemoteProtocolError(f"more than {self.max_header_count} headers", error_status_hint=431)
         return event
 
@@ -62,6 +66,16 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is closed too
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 refused: 400, or 431 where it had too many headers."""
+        if not getattr(self.conn, "too_many_headers", False):
+            super().send_400_response(msg)
+            return
+        text = f"more than {self.max_header_count} request headers (--h11-max-header-count)".encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
