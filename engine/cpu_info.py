@@ -61,19 +61,22 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
 # the weights wins while a step is bound by reading them (1.75x oneDNN's AMX matmuls at 1 row,
 # 1.08x at 8), oneDNN's tiles win from 12 rows on (0.95x at 12, 0.72x at 32). Where the kernel runs
 # on AMX tiles itself (bf16_gemm.amx(), engine/cpu_kernel_path.py) it wins up to 32 rows there too.
-BF16_KERNEL_MAX_ROWS_AVX512_BF16 = 32
-BF16_KERNEL_MAX_ROWS_AMX = 8
+BF16_KERNEL_MAX_ROWS = 32  # the kernel's own limit (bf16_gemm.BF16_GEMM_MAX_TOKENS)
+BF16_KERNEL_MAX_ROWS_AMX = 8  # the vdpbf16ps loop on an AMX CPU
 
 
-def bf16_matmul_kernel_max_rows(cpu: CpuInfo) -> int:
-    """Up to how many rows a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel (`vdpbf16ps`)
-    on this CPU instead of oneDNN's matmul (0: never): AVX512F with AVX512_BF16 is needed; with AMX
-    tiles oneDNN takes over above BF16_KERNEL_MAX_ROWS_AMX rows. Where it runs the engine keeps
-    the kernel's packed copy of each weight, so its embedding / LM-head weights are held three
-    times (plain, oneDNN's, the kernel's)."""
+def bf16_matmul_kernel_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
+    """Up to how many rows a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel on this CPU
+    instead of oneDNN's matmul (0: never): AVX512F with AVX512_BF16 is needed; on an AMX CPU the
+    kernel's `vdpbf16ps` loop hands over to oneDNN's tiles above BF16_KERNEL_MAX_ROWS_AMX rows,
+    unless the kernel runs on the tiles itself (`tiles`: bf16_gemm.amx()). Where it runs the engine
+    keeps the kernel's packed copy of each weight, so its embedding / LM-head weights are held
+    three times (plain, oneDNN's, the kernel's)."""
     if not {"avx512f", "avx512_bf16"} <= cpu.flags:
         return 0
-    return BF16_KERNEL_MAX_ROWS_AMX if "amx_bf16" in cpu.flags else BF16_KERNEL_MAX_ROWS_AVX512_BF16
+    if "amx_bf16" in cpu.flags and not tiles:
+        return BF16_KERNEL_MAX_ROWS_AMX
+    return BF16_KERNEL_MAX_ROWS
 
 
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:

@@ -65,15 +65,13 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> C
 
     cpu = cpu or detect_cpu()
     variant = loader.selected_variant()
-    rows = bf16_matmul_kernel_max_rows(cpu) if bf16_gemm.simd() else 0
-    tiles = rows > 0 and bf16_gemm.amx()
-    if tiles:
-        rows = bf16_gemm.BF16_GEMM_MAX_TOKENS
+    tiles = bf16_gemm.amx()
+    rows = bf16_matmul_kernel_max_rows(cpu, tiles) if bf16_gemm.simd() else 0
     stack = env.get(DECODE_STACK_ENV, "1") != "0"
     why = [f"CPU {cpu.model_name!r} runs the {variant} kernel build (of {', '.join(loader.variants_runnable())})"]
     if not rows:
         why.append("bfloat16 matmuls through oneDNN (no AVX512_BF16 kernel here)")
-    elif tiles:
+    elif tiles and "amx_bf16" in cpu.flags:
         why.append(f"bfloat16 matmuls of up to {rows} rows on the bf16 kernel's AMX tiles, larger ones on oneDNN's")
     elif "amx_bf16" in cpu.flags:
         why.append(f"bfloat16 matmuls of up to {rows} rows on the AVX512_BF16 kernel, larger ones on oneDNN's AMX tiles"

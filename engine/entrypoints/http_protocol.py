@@ -26,9 +26,18 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 logger = logging.getLogger("kvpilot.server")
 
-_TIMEOUT_TEXT = b"the request did not arrive in full within the server's read timeout"
-REQUEST_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TIMEOUT_TEXT), _TIMEOUT_TEXT))
+
+
+def closing_response(status: bytes, text: bytes) -> bytes:
+    """A whole HTTP/1.1 response (`status` such as b"408 Request Timeout", a plain-text body)
+    that tells the client the connection closes: written to the transport directly, outside h11,
+    for a request h11 never finished parsing or refused."""
+    return (b"HTTP/1.1 %s\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (status, len(text), text))
+
+
+REQUEST_TIMEOUT_RESPONSE = closing_response(
+    b"408 Request Timeout", b"the request did not arrive in full within the server's read timeout")
 
 
 class _HeaderCountingConnection(h11.Connection):
@@ -73,8 +82,7 @@ class GuardedH11Protocol(H11Protocol):
             super().send_400_response(msg)
             return
         text = f"more than {self.max_header_count} request headers (--h11-max-header-count)".encode()
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(text), text))
+        self.transport.write(closing_response(b"431 Request Header Fields Too Large", text))
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:

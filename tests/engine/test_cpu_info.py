@@ -49,6 +49,8 @@ def test_auto_dtype_on_cpu_follows_native_bf16_flags(flags, dtype):
 def test_the_bf16_matmul_kernel_serves_avx512_bf16_cpus_up_to_a_row_limit_per_kind(flags, rows):
     assert bf16_matmul_kernel_max_rows(cpu(flags)) == rows
     assert has_bf16_matmul_kernel(cpu(flags)) == (rows > 0)
+    # with the kernel on AMX tiles (bf16_gemm.amx()) it serves up to its own limit on every such CPU
+    assert bf16_matmul_kernel_max_rows(cpu(flags), tiles=True) == (32 if rows else 0)
 
 
 def test_cpuinfo_parsing_reads_the_first_model_name_and_the_isa_flags():
