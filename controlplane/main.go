@@ -5,6 +5,9 @@
 //	kvpilot-controlplane kube-apiserver FLAGS...           (kube-apiserver's own flags)
 //	kvpilot-controlplane kube-controller-manager FLAGS...
 //	kvpilot-controlplane kube-scheduler FLAGS...
+//	kvpilot-controlplane kubelet FLAGS...                  (a node agent: root, a CRI runtime)
+//	kvpilot-controlplane kube-proxy FLAGS...               (Service IPs as iptables rules)
+//	kvpilot-controlplane cri-clean --endpoint unix:///S    (remove every pod sandbox of a runtime)
 //	kvpilot-controlplane kubectl ARGS...                   (or through a link named kubectl)
 //	kvpilot-controlplane helm ARGS...                      (Helm 4; or through a link named helm)
 //	kvpilot-controlplane version
@@ -30,8 +33,11 @@ var commands = map[string]func(args []string) int{
 	"kube-apiserver":          runAPIServer,
 	"kube-controller-manager": runControllerManager,
 	"kube-scheduler":          runScheduler,
+	"kubelet":                 runKubelet,
+	"kube-proxy":              runProxy,
 	"kubectl":                 runKubectl,
 	"helm":                    runHelm,
+	"cri-clean":               runCRIClean,
 	"version":                 runVersion,
 }
 

@@ -57,16 +57,20 @@ class ControlPlane:
     /version. Leaving the block stops every process it started."""
 
     def __init__(self, workdir: pathlib.Path, binary: pathlib.Path | None = None, kwok: bool = True,
-                 audit: bool = False):
+                 audit: bool = False, address: str = "127.0.0.1"):
         """kwok: run kwok and one fake node (pods become Running and Ready with no container);
-        audit: write one audit event per request to `audit_log` (the operator benchmark's count)."""
+        audit: write one audit event per request to `audit_log` (the operator benchmark's count);
+        address: where the API server listens and what it advertises (the `kubernetes`
+        Service's endpoint): loopback, unless pods of a real node (tests/kube/node.py) must
+        reach it."""
         self.workdir = pathlib.Path(workdir)
+        self.address = address
         self.binary = binary
         self.with_kwok = kwok
         self.audit_log = self.workdir / "audit.log" if audit else None
         self.processes: list[Process] = []
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{address}:{self.port}"
         self.version: dict[str, Any] = {}
 
     def __enter__(self) -> ControlPlane:
@@ -91,12 +95,16 @@ class ControlPlane:
         pki = self.workdir / "pki"
         pki.mkdir(parents=True, exist_ok=True)
         ca = Authority(pki)
-        serving = ca.issue("apiserver", "kube-apiserver", server_names=(
-            "127.0.0.1", "localhost", "10.0.0.1", "10.0.2.2", "kubernetes", "kubernetes.default",
-            "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))
+        serving = ca.issue("apiserver", "kube-apiserver", server_names=tuple(dict.fromkeys((
+            "127.0.0.1", "localhost", self.address, "10.0.0.1", "10.0.2.2", "kubernetes", "kubernetes.default",
+            "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))))
         service_account = ca.service_account_keys()
-        self.ca = ca.pair
+        self.authority, self.ca = ca, ca.pair
         self.admin = ca.issue("admin", "kubernetes-admin", "system:masters")
+        # the API server's client certificate for kubelets (logs, exec, port-forward), as kubeadm's
+        # apiserver-kubelet-client; the kubelet authorizes it through a SubjectAccessReview
+        self.kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                       "system:masters")
         self.kubeconfig = self._write_kubeconfig("admin", self.admin)
         etcd_url = self._start_etcd()
         self._start_apiserver(etcd_url, serving, service_account)
@@ -128,9 +136,14 @@ class ControlPlane:
     def _start_apiserver(self, etcd_url: str, serving: Pair, service_account: Pair) -> None:
         process = self._run(
             "kube-apiserver", f"--etcd-servers={etcd_url}", f"--cert-dir={self.workdir / 'apiserver'}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}", f"--secure-port={self.port}",
             f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
-            f"--client-ca-file={self.ca.cert}", "--authorization-mode=RBAC", "--allow-privileged=true",
+            # kubeadm's: the Node authorizer and NodeRestriction admission for kubelets' own requests
+            f"--client-ca-file={self.ca.cert}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={self.kubelet_client.cert}",
+            f"--kubelet-client-key={self.kubelet_client.key}", f"--kubelet-certificate-authority={self.ca.cert}",
+            "--kubelet-preferred-address-types=InternalIP",
             # the front-proxy CA that the controller manager and scheduler read (kubeadm's flags)
             f"--requestheader-client-ca-file={self.ca.cert}", "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
