@@ -33,15 +33,36 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KVPILOT_TUNER", "") == "1",
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("KVPILOT_METRICS_PORT", "0") or 0),
+    parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve kvpilot_slo_* (every resource's spec.slo) and kvpilot_tuning_* at "
                              ":PORT/metrics (default: off, or KVPILOT_METRICS_PORT)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 
+def env_port(parser: argparse.ArgumentParser, name: str) -> int:
+    """The port number in environment variable `name` (0 when unset); exit 2 naming it otherwise.
+    Kubernetes sets NAME_PORT=tcp://IP:PORT in every pod for each Service of its namespace
+    (docker links) unless the pod has enableServiceLinks: false, as the chart's has."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        service = name.removesuffix("_PORT").lower().replace("_", "-")
+        parser.error(f"{name}={text!r} is not a port number; a Service named {service!r} sets it in pods "
+                     "that keep enableServiceLinks on: set the pod's enableServiceLinks: false, or pass --metrics-port")
+    return int(text)
+
+
+def metrics_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--metrics-port, else $KVPILOT_METRICS_PORT, else 0 (off)."""
+    return args.metrics_port if args.metrics_port is not None else env_port(parser, "KVPILOT_METRICS_PORT")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.metrics_port = metrics_port(parser, args)
     if args.resync_seconds is not None:
         if args.resync_seconds <= 0:
             build_parser().error("--resync-seconds must be > 0")

@@ -45,6 +45,7 @@ import torch.multiprocessing as mp
 
 from kvpilot.engine import parallel_state
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.cpu_threads import configure_cpu_threads
 from kvpilot.engine.memory import RankMemory
 from kvpilot.engine.model_runner import ModelRunner, SampleResult
 from kvpilot.engine.parallel_layout import RankPosition
@@ -223,6 +224,8 @@ class MultiprocExecutor:
 def create_executor(config: EngineConfig) -> ModelRunner | MultiprocExecutor:
     """A plain ModelRunner for one rank (no processes, no overhead), else the executor."""
     if config.parallel.world_size == 1:
+        if config.device == "cpu":
+            configure_cpu_threads()  # a pod's CPU limit, not the node's cores
         return ModelRunner(config)
     return MultiprocExecutor(config)
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from kvpilot.engine import parallel_state
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.cpu_threads import available_cpus
 from kvpilot.engine.parallel_layout import RankPosition
 from kvpilot.engine.pipeline import MicroBatchPolicy
 from kvpilot.engine.stage_runner import StageRunner
@@ -37,7 +38,8 @@ def collective_timeout() -> timedelta:
 
 
 def threads_per_rank(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world_size)
+    """CPU threads per rank: the process's CPUs (affinity, cgroup quota) shared by the ranks."""
+    return max(1, available_cpus() // world_size)
 
 
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:

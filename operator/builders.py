@@ -179,6 +179,10 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
+        # No docker-link variables (NAME_PORT=tcp://..., one set per Service in the namespace): a
+        # Service named e.g. `vllm` would set VLLM_PORT and friends, which engines read as settings
+        # (vLLM documents the clash); the engine finds nothing through them.
+        "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                             "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 30,

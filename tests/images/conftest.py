@@ -1,18 +1,24 @@
 """Fixtures for the image tests: podman (installed by images/install-podman.sh, as `make test`
-does) and the images that `make images` builds, built once per session into podman's storage
+does), a real node that runs them (`node`), and the images that `make images` builds, built once per session into podman's storage
 under ~/.cache/kvpilot-images (KVPILOT_IMAGES_DIR), so that reruns reuse the base image and the
 cached layers."""
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from kube.controlplane import ControlPlane  # noqa: E402
+from kube.node import Node, bridge, describe, machine_lock  # noqa: E402
+from kube.node import install as install_node  # noqa: E402
 from kube.tools import ROOT  # noqa: E402
 from podman_tools import VERSION, podman  # noqa: E402
 
@@ -40,3 +46,29 @@ def images(container_engine: str, tmp_path_factory: pytest.TempPathFactory) -> d
     for tag in tags.values():
         podman("image", "exists", tag)
     return tags
+
+
+@pytest.fixture(scope="session")
+def node(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
+         pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """A control plane of its own with one real node (tests/kube/node.py: the kubelet, kube-proxy,
+    containerd, runc, a CNI bridge) whose containerd holds the images `make images` built, under
+    the names the chart gives them (kvpilot/TARGET:VERSION, i.e. docker.io/kvpilot/...). The API
+    server listens on the node's bridge address, where the pods reach it. One per machine at a
+    time; skips only where the node cannot run (not root)."""
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root (network namespaces, cgroups, mounts)")
+    install_node()
+    workdir = tmp_path_factory.mktemp("node")
+    names = {f"localhost/{tag}": (f"docker.io/{tag}",) for tag in images.values()}
+    start = time.monotonic()
+    with machine_lock(), bridge() as address, \
+            ControlPlane(workdir / "controlplane", kwok=False, address=address) as control_plane, \
+            Node(control_plane, workdir / "node", names) as running:
+        line = (f"{describe(running.node())}; API server {control_plane.version['gitVersion']} at "
+                f"{control_plane.url}; images imported: {', '.join(running.imported) or 'none (up to date)'}; "
+                f"ready in {time.monotonic() - start:.0f} s; logs in {workdir}")
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("\n" + line)
+        yield control_plane

@@ -3,7 +3,9 @@ the CRD's defaults for fields left out, and drops the series when the resource g
 
 from __future__ import annotations
 
-from kvpilot.cli.operator import build_parser
+import pytest
+
+from kvpilot.cli.operator import build_parser, metrics_port
 from kvpilot.tuner.slo_metrics import export_slo
 from kvpilot.tuner.exporter import REGISTRY
 
@@ -25,8 +27,19 @@ def test_spec_slo_becomes_gauges_and_deletion_removes_them():
     assert sample("kvpilot_slo_ttft_p95_seconds", "llm") is None
 
 
-def test_metrics_port_comes_from_the_flag_or_the_environment(monkeypatch):
-    assert build_parser().parse_args([]).metrics_port == 0
-    assert build_parser().parse_args(["--metrics-port", "9102"]).metrics_port == 9102
+def test_metrics_port_comes_from_the_flag_or_the_environment(monkeypatch, capsys):
+    monkeypatch.delenv("KVPILOT_METRICS_PORT", raising=False)
+    parser = build_parser()
+    assert metrics_port(parser, parser.parse_args([])) == 0
+    assert metrics_port(parser, parser.parse_args(["--metrics-port", "9102"])) == 9102
     monkeypatch.setenv("KVPILOT_METRICS_PORT", "9103")
-    assert build_parser().parse_args([]).metrics_port == 9103
+    assert metrics_port(parser, parser.parse_args([])) == 9103
+    # what the kubelet sets for a Service named kvpilot-metrics when the pod keeps service links on
+    monkeypatch.setenv("KVPILOT_METRICS_PORT", "tcp://10.0.0.198:9090")
+    assert metrics_port(parser, parser.parse_args(["--metrics-port", "9102"])) == 9102  # the flag wins
+    with pytest.raises(SystemExit) as exit_info:
+        metrics_port(parser, parser.parse_args([]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "KVPILOT_METRICS_PORT='tcp://10.0.0.198:9090' is not a port number" in err
+    assert "enableServiceLinks: false" in err

@@ -1,29 +1,28 @@
-"""docs/guide.md, run: every `sh` line and the `python` block, in order, against the real API
-server (tests/kube) with the real `helm install`/`helm uninstall` (Helm 4), the operator the
-chart installs run as its ServiceAccount, and the engine the pod would run. What is mirrored
-rather than run as written (port-forward: the kwok node runs no container) is listed at the
-end of the guide."""
+"""docs/guide.md, run: every `sh` line and the `python` block, in order and as written, on a
+real node (tests/kube/node.py: the kubelet, containerd, a CNI bridge and kube-proxy) under a
+real API server: `helm install` (Helm 4) starts the operator pod from the operator image, the
+operator's Deployment starts the engine pod from the engine image, `kubectl port-forward
+svc/...` forwards through the kubelet to that pod, and curl and the `openai` client call it.
+The only change to a line is the local port of `port-forward` (a free one, not 8000)."""
 from __future__ import annotations
 
 import base64
 import contextlib
 import io
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from kube.cluster import Cluster
-from kube.release import Release
-from kube.tools import ROOT, Kubectl, Operator, free_port, tool, wait_for
+from kube.tools import ROOT, Kubectl, free_port, tool, wait_for
 
 pytestmark = pytest.mark.slow
 GUIDE = ROOT / "docs" / "guide.md"
+POD_START_TIMEOUT_S = 600  # the engine pod: a 6 GB image's first start, then the model load on a busy 2-core node
 
 
 def blocks(text: str) -> Iterator[tuple[str, str]]:
@@ -35,12 +34,11 @@ def blocks(text: str) -> Iterator[tuple[str, str]]:
 class Guide:
     """Runs the guide's commands; `outputs` keeps each command's stdout by its text."""
 
-    def __init__(self, cluster, workdir):
+    def __init__(self, control_plane, workdir):
         # the guide works in the `default` namespace, as a user's fresh cluster would
-        self.cluster = Cluster(cluster.control_plane, "default", workdir)
+        self.cluster = Cluster(control_plane, "default", workdir)
         self.kubectl, self.workdir = Kubectl(self.cluster.kubeconfig), workdir
-        self.operator: Operator | None = None
-        self.engine: subprocess.Popen | None = None
+        self.forward: subprocess.Popen | None = None
         self.port = free_port()
         self.outputs: dict[str, str] = {}
         (workdir / "examples").symlink_to(ROOT / "examples")  # the guide's paths are the repository's
@@ -50,30 +48,15 @@ class Guide:
         return subprocess.run([tool("helm"), *argv[1:]], capture_output=True, text=True, check=True, timeout=300,
                               env={**self.kubectl.env, "PATH": "/usr/bin:/bin"}).stdout
 
-    def start_operator(self, argv: list[str]) -> None:
-        """What the chart's operator Deployment runs, with its ServiceAccount's token (the
-        kwok node runs no container): the chart's command line, watching `default`."""
-        namespace = argv[argv.index("--namespace") + 1]
-        (self.workdir / "release").mkdir(exist_ok=True)
-        release = Release(Cluster(self.cluster.control_plane, namespace, self.workdir / "release"), argv[2])
-        kubeconfig = release.operator_kubeconfig(self.workdir / "release" / "kubeconfig")
-        self.operator = Operator(kubeconfig, self.workdir / "operator.log", "default")
-        self.operator.start()
-
     def run(self, line: str) -> str:
         argv = shlex.split(line)
         target = None
         if ">" in argv:
             argv, target = argv[:argv.index(">")], argv[argv.index(">") + 1]
-        if argv[:2] == ["helm", "install"]:
-            out = self.helm(argv)
-            self.start_operator(argv)
-        elif argv[:2] == ["helm", "uninstall"]:
-            if self.operator is not None:
-                self.operator.stop()
+        if argv[0] == "helm":
             out = self.helm(argv)
         elif argv[:2] == ["kubectl", "port-forward"]:
-            out = self.start_engine(argv[2].split("/", 1)[1])
+            out = self.port_forward(argv)
         elif argv[0] == "kubectl":
             out = self.kubectl(*argv[1:], cwd=self.workdir).stdout
         elif argv[0] == "curl":  # through bash, for "$(cat api-key.txt)"
@@ -88,43 +71,43 @@ class Guide:
         self.outputs[line] = out
         return out
 
-    def start_engine(self, service: str) -> str:
-        """The engine the Service's pod runs: status.appliedEngineArgs, on a local port."""
-        obj = wait_for(lambda: (o := self.kubectl.json("get", "isvc", service)).get("status", {}).get("readyReplicas")
-                       and o, what=f"{service} ready")
-        if self.engine is not None:  # a second port-forward: the pod of the new rollout
-            self.engine.terminate()
-            self.engine.wait(30)
-        args = obj["status"]["appliedEngineArgs"]
-        assert args[:2] == ["kvpilot", "serve"]
-        args = args[2:]
-        args[args.index("--port") + 1] = str(self.port)
-        # The pod sizes its KV cache from its memory limit; here the machine is shared: a small cache.
-        cmd = [sys.executable, "-m", "kvpilot.cli.main", "serve", *args, "--host", "127.0.0.1",
-               "--num-gpu-blocks-override", "160"]
-        self.engine = subprocess.Popen(cmd, stdout=(self.workdir / "engine.log").open("w"), stderr=subprocess.STDOUT,
-                                       env={**os.environ, **self.secret_env(service)})
+    def port_forward(self, argv: list[str]) -> str:
+        """`kubectl port-forward svc/NAME LOCAL:REMOTE`, run as written but for LOCAL (a free
+        port), in the background as a user's terminal would keep it, once the Service's pods
+        are all of the Deployment's current rollout and Ready. A second one replaces the first."""
+        name = argv[2].split("/", 1)[1]
+        remote = argv[3].split(":", 1)[1]
+        self.wait_rolled_out(name)
+        self.stop_forward()
+        log = self.workdir / f"port-forward-{len(self.outputs)}.log"
+        self.forward = subprocess.Popen([tool("kubectl"), *argv[1:3], f"{self.port}:{remote}"], env=self.kubectl.env,
+                                        stdout=log.open("w"), stderr=subprocess.STDOUT)
 
-        def healthy() -> bool:
-            assert self.engine is not None and self.engine.poll() is None, (self.workdir / "engine.log").read_text()
+        def forwarding() -> bool:
+            assert self.forward is not None and self.forward.poll() is None, log.read_text()
             try:
-                return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200
+                return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=5).status_code == 200
             except httpx.TransportError:
                 return False
-        wait_for(healthy, timeout=300, what="the engine's /health")
-        return f"Forwarding from 127.0.0.1:8000 -> {self.port}"
+        wait_for(forwarding, 120, what=f"port-forward to svc/{name}")
+        return log.read_text()
 
-    def secret_env(self, service: str) -> dict[str, str]:
-        """The pod's Secret-backed variables (the admin token, an API key), read from the
-        Secrets as the kubelet would; the other variables point at the pod's own volumes."""
-        container = self.kubectl.json("get", "deployment", service)["spec"]["template"]["spec"]["containers"][0]
-        env = {}
-        for var in container.get("env", []):
-            ref = var.get("valueFrom", {}).get("secretKeyRef")
-            if ref:
-                data = self.kubectl.json("get", "secret", ref["name"])["data"]
-                env[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
-        return env
+    def wait_rolled_out(self, name: str) -> None:
+        """Until Deployment `name` has spec.replicas pods, every one of the current template,
+        Ready and none terminating (what `kubectl rollout status` waits for, and no old pod left
+        for port-forward to pick)."""
+        def done() -> bool:
+            deployment = self.kubectl.json("get", "deployment", name)
+            spec, status = deployment["spec"], deployment.get("status", {})
+            if status.get("observedGeneration", 0) < deployment["metadata"]["generation"]:
+                return False
+            want = spec["replicas"]
+            if not (status.get("updatedReplicas") == status.get("readyReplicas") == status.get("replicas") == want):
+                return False
+            selector = ",".join(f"{k}={v}" for k, v in spec["selector"]["matchLabels"].items())
+            pods = self.kubectl.json("get", "pods", "-l", selector)["items"]
+            return len(pods) == want and not any(p["metadata"].get("deletionTimestamp") for p in pods)
+        wait_for(done, POD_START_TIMEOUT_S, what=f"deployment {name} rolled out, its pods Ready")
 
     def run_python(self, code: str) -> str:
         out = io.StringIO()
@@ -132,17 +115,19 @@ class Guide:
             exec(code.replace("localhost:8000", f"127.0.0.1:{self.port}"), {})  # noqa: S102  (the guide's own code)
         return out.getvalue()
 
+    def stop_forward(self) -> None:
+        if self.forward is not None:
+            self.forward.terminate()
+            self.forward.wait(30)
+            self.forward = None
+
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.terminate()
-            self.engine.wait(30)
-        if self.operator is not None:
-            self.operator.stop()
+        self.stop_forward()
 
 
-def test_every_command_of_the_user_guide_works(cluster, tmp_path):
+def test_every_command_of_the_user_guide_works(node, tmp_path):
     text = GUIDE.read_text()
-    guide = Guide(cluster, tmp_path)
+    guide = Guide(node, tmp_path)
     python_out = ""
     try:
         for language, body in blocks(text):
@@ -169,8 +154,18 @@ def check_after(guide: Guide, line: str) -> None:
     if line.startswith("helm install"):
         assert kubectl.json("get", "role", "kvpilot", "-n", "default")["rules"]
         assert "STATUS: deployed" in out
+    elif line.startswith("kubectl get deployment kvpilot"):  # the operator pod, from the operator image
+        wait_for(lambda: kubectl.json("get", "deployment", "kvpilot", "-n", "kvpilot-system")["status"]
+                 .get("availableReplicas") == 1, POD_START_TIMEOUT_S, what="the operator's pod Ready")
+        pod = kubectl.json("get", "pods", "-n", "kvpilot-system", "-l", "app.kubernetes.io/name=kvpilot")["items"][0]
+        assert pod["spec"]["containers"][0]["image"].startswith("kvpilot/operator:")
+        assert pod["status"]["podIP"].startswith("10.245.0."), "a pod on the real node's bridge"
     elif line == "kubectl get isvc":
-        wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, what="smollm2 Ready")
+        wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, POD_START_TIMEOUT_S,
+                 what="smollm2 Ready (its engine pod answering the readiness probe)")
+        # the Service's virtual IP answers from the node (kube-proxy's rules, the pod's endpoint)
+        cluster_ip = kubectl.json("get", "service", "smollm2")["spec"]["clusterIP"]
+        assert httpx.get(f"http://{cluster_ip}:8000/health", timeout=10).status_code == 200
         sample = re.search(r"```text\n(NAME.*?)\n(smollm2.*?)\n```", GUIDE.read_text(), re.S)
         got = kubectl("get", "isvc").stdout.splitlines()
         assert got[0].split() == sample.group(1).split()
@@ -183,6 +178,8 @@ def check_after(guide: Guide, line: str) -> None:
         assert [m["id"] for m in json.loads(out)["data"]] == ["smollm2-135m-instruct"]
     elif "/v1/chat/completions" in line:
         assert json.loads(out)["choices"][0]["message"]["content"]
+        log = kubectl("logs", "deployment/smollm2").stdout  # the engine in the pod answered it
+        assert "/v1/chat/completions" in log, log[-3000:]
     elif "create secret generic smollm2-api-key" in line:
         data = kubectl.json("get", "secret", "smollm2-api-key")["data"]
         assert base64.b64decode(data["api-key"]).decode() == (guide.workdir / "api-key.txt").read_text()
