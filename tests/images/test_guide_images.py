@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from kube.tools import ROOT, free_port, wait_for
-from podman_tools import VERSION, podman
+from kube.podman import VERSION, podman
 
 pytestmark = pytest.mark.slow
 GUIDE = ROOT / "docs" / "guide.md"

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from kube.cluster import Cluster
+from kube.pods import wait_rolled_out
 from kube.tools import ROOT, Kubectl, free_port, tool, wait_for
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ class Guide:
         are all of the Deployment's current rollout and Ready. A second one replaces the first."""
         name = argv[2].split("/", 1)[1]
         remote = argv[3].split(":", 1)[1]
-        self.wait_rolled_out(name)
+        wait_rolled_out(self.kubectl, name, POD_START_TIMEOUT_S)
         self.stop_forward()
         log = self.workdir / f"port-forward-{len(self.outputs)}.log"
         self.forward = subprocess.Popen([tool("kubectl"), *argv[1:3], f"{self.port}:{remote}"], env=self.kubectl.env,
@@ -91,23 +92,6 @@ class Guide:
                 return False
         wait_for(forwarding, 120, what=f"port-forward to svc/{name}")
         return log.read_text()
-
-    def wait_rolled_out(self, name: str) -> None:
-        """Until Deployment `name` has spec.replicas pods, every one of the current template,
-        Ready and none terminating (what `kubectl rollout status` waits for, and no old pod left
-        for port-forward to pick)."""
-        def done() -> bool:
-            deployment = self.kubectl.json("get", "deployment", name)
-            spec, status = deployment["spec"], deployment.get("status", {})
-            if status.get("observedGeneration", 0) < deployment["metadata"]["generation"]:
-                return False
-            want = spec["replicas"]
-            if not (status.get("updatedReplicas") == status.get("readyReplicas") == status.get("replicas") == want):
-                return False
-            selector = ",".join(f"{k}={v}" for k, v in spec["selector"]["matchLabels"].items())
-            pods = self.kubectl.json("get", "pods", "-l", selector)["items"]
-            return len(pods) == want and not any(p["metadata"].get("deletionTimestamp") for p in pods)
-        wait_for(done, POD_START_TIMEOUT_S, what=f"deployment {name} rolled out, its pods Ready")
 
     def run_python(self, code: str) -> str:
         out = io.StringIO()

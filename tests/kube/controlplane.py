@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from .certs import Authority, Pair
-from .processes import Process
+from .processes import Process, Started
 from .tools import free_port, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def kubeconfig(server: str, ca: Pair, user: Pair | str, namespace: str = "defaul
                 "cluster": "kvpilot-test", "user": "user", "namespace": namespace}}]}
 
 
-class ControlPlane:
+class ControlPlane(Started):
     """`with ControlPlane(workdir) as cp:` runs the control plane; `cp.kubeconfig` is the
     admin's kubeconfig (a system:masters client certificate), `cp.version` the API server's
     /version. Leaving the block stops every process it started."""
@@ -72,17 +72,6 @@ class ControlPlane:
         self.port = free_port()
         self.url = f"https://{address}:{self.port}"
         self.version: dict[str, Any] = {}
-
-    def __enter__(self) -> ControlPlane:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def bin_dir(self) -> pathlib.Path:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from .containerd import Containerd, cache_dir, render
 from .node_images import build_pause, import_image
-from .processes import Process
+from .processes import Process, Started
 from .tools import free_port, wait_for
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def bridge() -> Iterator[str]:
         ip("link", "delete", BRIDGE, check=False)
 
 
-class Node:
+class Node(Started):
     """`with Node(control_plane, workdir, images) as node:` runs containerd, the kubelet and
     kube-proxy until the node is Ready. `images` maps a podman image to the names containerd
     gives it (the references the pods use, e.g. docker.io/kvpilot/engine-cpu:0.1.0). Leaving the
@@ -92,17 +92,6 @@ class Node:
     def binary(self) -> pathlib.Path:
         assert self.control_plane.binary is not None
         return self.control_plane.binary
-
-    def __enter__(self) -> Node:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -10,17 +10,9 @@ import shutil
 import subprocess
 
 from .containerd import Containerd
-from .tools import ROOT
+from .podman import PODMAN, podman
 
-PODMAN = ROOT / "images" / "podman.sh"
 PAUSE_IMAGE = "localhost/kvpilot/pause:1"
-
-
-def podman(*args: str, timeout: float = 600) -> str:
-    result = subprocess.run([str(PODMAN), *args], capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr[-3000:]}")
-    return result.stdout
 
 
 def build_pause(workdir: pathlib.Path) -> str:
@@ -31,14 +23,14 @@ def build_pause(workdir: pathlib.Path) -> str:
     source = pathlib.Path(__file__).with_name("pause")
     subprocess.run([shutil.which("cc") or "gcc", "-static", "-Os", "-Wall", "-Wextra", "-Werror", "-o",
                     str(context / "pause"), str(source / "pause.c")], check=True, capture_output=True, timeout=120)
-    podman("build", "--quiet", "-t", PAUSE_IMAGE, "-f", str(source / "Containerfile"), str(context))
+    podman("build", "--quiet", "-t", PAUSE_IMAGE, "-f", str(source / "Containerfile"), str(context), timeout=600)
     return PAUSE_IMAGE
 
 
 def import_image(containerd: Containerd, local: str, names: tuple[str, ...]) -> bool:
     """Copies podman's image `local` into containerd as each of `names` (unpacked for the
     overlayfs snapshotter); False when containerd had that image ID under those names already."""
-    image_id = podman("image", "inspect", "--format", "{{.Id}}", local).strip()
+    image_id = podman("image", "inspect", "--format", "{{.Id}}", local).stdout.strip()
     stamp = containerd.root.parent / "imported" / hashlib.sha256(" ".join(names).encode()).hexdigest()[:16]
     if stamp.exists() and stamp.read_text() == image_id and set(names) <= containerd.images():
         return False

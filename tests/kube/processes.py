@@ -49,3 +49,25 @@ class Process:
             pass
         self.proc.wait()
 
+
+
+class Started:
+    """A context manager over `_start()` and `stop()`: a start that fails midway stops what it
+    had started before the error goes on."""
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import tomllib
 
-from kube.tools import ROOT
+from .tools import ROOT
 
 PODMAN = ROOT / "images" / "podman.sh"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
