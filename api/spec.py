@@ -129,3 +129,10 @@ def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of values that cls has as fields (the API server prunes the rest anyway)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names}
+
+
+def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
+    """The in-cluster OpenAI base URL of an InferenceService: its Service (named after it, in its
+    namespace) by cluster DNS, on the engine's port. The operator writes it to status.url; the
+    tuner loads it, even before that status is written."""
+    return f"http://{name}.{namespace}.svc:{spec.engine.port}/v1"

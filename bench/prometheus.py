@@ -17,10 +17,12 @@ from kvpilot.bench.server_process import free_port
 class Prometheus:
     """`scrape_configs`: Prometheus' own list (job_name, static_configs, honor_labels...)."""
 
-    def __init__(self, workdir: Path, scrape_configs: list[dict], scrape_interval: str = "1s") -> None:
+    def __init__(self, workdir: Path, scrape_configs: list[dict], scrape_interval: str = "1s",
+                 address: str = "127.0.0.1") -> None:
+        """address: where it listens (loopback; a test node's address for pods to query it)."""
         binary = shutil.which("prometheus")
         assert binary, "prometheus is installed by scripts/install-tools.sh (Debian's prometheus package)"
-        self.url = f"http://127.0.0.1:{free_port()}"
+        self.url = f"http://{address}:{free_port()}"
         config = {"global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
                   "scrape_configs": scrape_configs}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))

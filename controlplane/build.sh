@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds kvpilot-controlplane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, helm) and kwok (its own module, kwok/) once per source state, into a cache outside
-# the work tree, and prints the control plane binary's path.
+# the kubelet, kube-proxy, kubectl, helm), kwok and CoreDNS (modules of their own, kwok/ and
+# coredns/) once per source state, into a cache outside the work tree, and prints the control
+# plane binary's path.
 #
-#   $KVPILOT_CACHE/controlplane/bin/<hash>/{kvpilot-controlplane,kwok,kubectl,helm}
-#                                   (hash of both modules' go.mod, go.sum and *.go, and go version)
+#   $KVPILOT_CACHE/controlplane/bin/<hash>/{kvpilot-controlplane,kwok,coredns,kubectl,helm}
+#                                   (hash of the three modules' go.mod, go.sum and *.go, and go version)
 #   $KVPILOT_CACHE/controlplane/{gomod,gocache}                    (GOMODCACHE, GOCACHE: shared between hashes)
 #
 # KVPILOT_CACHE defaults to ~/.cache/kvpilot. A second run with the same sources returns at
@@ -20,7 +21,8 @@ command -v go >/dev/null 2>&1 || { echo "build.sh: Go 1.24+ is needed (https://g
 cache="${KVPILOT_CACHE:-$HOME/.cache/kvpilot}/controlplane"
 export GOTOOLCHAIN=local GOFLAGS="-trimpath -mod=readonly" CGO_ENABLED=0
 export GOMODCACHE="$cache/gomod" GOCACHE="$cache/gocache"
-hash="$( (go version; cd "$here" && cat build.sh go.mod go.sum ./*.go kwok/go.mod kwok/go.sum kwok/*.go) | sha256sum | cut -c1-16)"
+hash="$( (go version; cd "$here" && cat build.sh go.mod go.sum ./*.go kwok/go.mod kwok/go.sum kwok/*.go \
+    coredns/go.mod coredns/go.sum coredns/*.go) | sha256sum | cut -c1-16)"
 out="$cache/bin/$hash"
 
 # The version stamps that Kubernetes' and Helm's own release builds set with -X (hack/lib/version.sh,
@@ -48,6 +50,7 @@ if [ ! -x "$out/kvpilot-controlplane" ]; then
     start=$(date +%s)
     (cd "$here" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w $(version_flags)" -o "$out/kvpilot-controlplane.tmp" .)
     (cd "$here/kwok" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w" -o "$out/kwok" .)
+    (cd "$here/coredns" && nice -n "${KVPILOT_BUILD_NICE:-10}" go build -ldflags="-s -w" -o "$out/coredns" .)
     ln -sf kvpilot-controlplane "$out/kubectl"
     ln -sf kvpilot-controlplane "$out/helm"
     mv "$out/kvpilot-controlplane.tmp" "$out/kvpilot-controlplane"  # last: its presence marks a complete build

@@ -95,10 +95,6 @@ def build_admin_secret(name: str, namespace: str, spec: InferenceServiceSpec) ->
                         type="Opaque", data={ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()})
 
 
-def service_url(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
-    return f"http://{name}.{namespace}.svc:{spec.engine.port}/v1"
-
-
 def build_configmap(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """The rendered engine configuration, for people and the tuner to read."""
     command = engine_command(spec)

@@ -16,11 +16,10 @@ import kopf
 from kubernetes.utils.quantity import parse_quantity
 
 from kvpilot.api.kube import ApiError, AsyncKubeClient, isvc_path, manifest_path, object_path
-from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec, service_url
 
 from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_secret, build_configmap,
-                       build_deployment, build_podmonitor, build_service, configmap_name, selector_string,
-                       service_url)
+                       build_deployment, build_podmonitor, build_service, configmap_name, selector_string)
 from .engine_args import engine_command
 from .events import announce
 from .network import NetworkPolicyConfig, build_networkpolicy

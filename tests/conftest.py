@@ -5,6 +5,7 @@ and the images `make images` builds, built once per session into podman's storag
 layers; and a second cluster whose one node is real and runs those images as pods (`node`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -25,6 +26,17 @@ from kube.podman import VERSION, podman  # noqa: E402
 from kube.tools import ROOT  # noqa: E402
 
 
+def to_test_log(pytestconfig: pytest.Config, line: str) -> None:
+    """Writes line into pytest's own output (the `make test` log), past output capturing."""
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        if reporter is not None:
+            reporter.write_line("\n" + line)
+        else:
+            print(line, file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory,
                   pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
@@ -35,10 +47,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory,
         version = running.version
         line = (f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) "
                 f"at {running.url}, logs in {running.workdir}")
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("\n" + line)
-        print(line, file=sys.stderr)
+        to_test_log(pytestconfig, line)
         yield running
 
 
@@ -96,7 +105,5 @@ def node(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
         line = (f"{describe(running.node())}; API server {control_plane.version['gitVersion']} at "
                 f"{control_plane.url}; images imported: {', '.join(running.imported) or 'none (up to date)'}; "
                 f"ready in {time.monotonic() - start:.0f} s; logs in {workdir}")
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("\n" + line)
+        to_test_log(pytestconfig, line)
         yield control_plane

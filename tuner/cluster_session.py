@@ -24,7 +24,7 @@ from typing import Any
 
 import optuna
 
-from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.api.spec import InferenceServiceSpec, service_url
 from kvpilot.engine.settings import flag_value
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
@@ -107,9 +107,10 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
     slo = slo_of(spec)
     original = EngineSettings.from_engine_spec(obj["spec"].get("engine") or {})
     objective = a.objective or spec.tuning.objective
-    target = (a.target_url or (obj.get("status") or {}).get("url", "").removesuffix("/v1")).rstrip("/")
-    if not target:
-        raise SystemExit("no engine URL: pass --target-url (the resource has no status.url yet)")
+    # status.url once the operator has written it; before that (tuning on from the first apply,
+    # when this session starts as the operator creates the children) the same Service URL
+    url = (obj.get("status") or {}).get("url") or service_url(a.name, a.namespace, spec)
+    target = (a.target_url or url.removesuffix("/v1")).rstrip("/")
     a.api_key = engine_api_key(kube, a.namespace, spec, a.api_key)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     measurer = _window_measurer(a, spec, slo, original, target)

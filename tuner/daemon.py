@@ -55,7 +55,7 @@ def tune(namespace: str, name: str, body: kopf.Body, stopped: kopf.DaemonStopped
                     on_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message))
     except TuningStopped as e:
         logger.info(f"tuning of {namespace}/{name} paused: {e}")
-    except SystemExit as e:  # run_cluster's refusals (e.g. no engine URL) carry their reason
+    except SystemExit as e:  # run_cluster's refusals (e.g. tuning turned off) carry their reason
         kopf.event(body, type="Warning", reason="TuningFailed", message=str(e))
     finally:
         kube.close()

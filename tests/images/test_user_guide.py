@@ -150,6 +150,10 @@ def check_after(guide: Guide, line: str) -> None:
         # the Service's virtual IP answers from the node (kube-proxy's rules, the pod's endpoint)
         cluster_ip = kubectl.json("get", "service", "smollm2")["spec"]["clusterIP"]
         assert httpx.get(f"http://{cluster_ip}:8000/health", timeout=10).status_code == 200
+        # and the URL column's name resolves to it inside the cluster (CoreDNS), as pods see it
+        resolved = kubectl("exec", "deployment/kvpilot", "-n", "kvpilot-system", "--", "python3", "-c",
+                           "import socket; print(socket.gethostbyname('smollm2.default.svc'))").stdout.strip()
+        assert resolved == cluster_ip
         sample = re.search(r"```text\n(NAME.*?)\n(smollm2.*?)\n```", GUIDE.read_text(), re.S)
         got = kubectl("get", "isvc").stdout.splitlines()
         assert got[0].split() == sample.group(1).split()

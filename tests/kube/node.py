@@ -3,7 +3,8 @@ control plane (controlplane/), Debian's containerd 1.6 with runc, and a CNI brid
 machine. Pods get addresses on their own bridge (`kvpilot0`, 10.245.0.0/24); the node and the
 API server listen on the bridge's gateway address, so the pods reach the API server through the
 `kubernetes` Service as on any cluster and nothing listens on the machine's own network.
-Probes, pod IPs, Services (kube-proxy's iptables rules), `kubectl logs` and `kubectl
+CoreDNS, built beside them, serves cluster.local on that address as the cluster's DNS add-on.
+Probes, pod IPs, Services (kube-proxy's iptables rules), DNS names, `kubectl logs` and `kubectl
 port-forward` are the real thing.
 
 One node per machine at a time (a file lock): the bridge, the kubelet's cgroups and
@@ -20,6 +21,8 @@ import pathlib
 import shlex
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,23 @@ POD_CIDR = "10.245.0.0/24"
 NODE_IP = "10.245.0.1"  # the bridge's address: the node's InternalIP and the API server's address
 NODE_NAME = "kvpilot-node-0"
 READY_TIMEOUT_S = 180
+COREDNS_USER = "system:kvpilot:coredns"
+
+
+def coredns_rbac() -> list[tuple[str, dict]]:
+    """(plural, object) of the ClusterRole and binding CoreDNS's deployment manifests
+    (coredns/deployment, kubernetes/coredns.yaml.sed) give it, bound to COREDNS_USER."""
+    rules = [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+              "verbs": ["list", "watch"]},
+             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    meta = {"name": "system:kvpilot:coredns"}
+    return [("clusterroles", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                              "metadata": meta, "rules": rules}),
+            ("clusterrolebindings", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                                     "metadata": meta, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                   "kind": "ClusterRole", "name": meta["name"]},
+                                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                                   "name": COREDNS_USER}]})]
 
 
 def install() -> None:
@@ -107,12 +127,37 @@ class Node(Started):
                 self.imported.append(local)
         self._proxy("--cleanup", wait=True)  # a killed session's iptables chains
         remove_kube_chains()
+        self._start_dns()
         self._start_kubelet()
         self._start_proxy()
 
     def _kubeconfig(self, stem: str, common_name: str, organization: str | None = None) -> pathlib.Path:
         return self.control_plane._write_kubeconfig(stem, self.control_plane.authority.issue(
             stem, common_name, organization))
+
+    def _start_dns(self) -> None:
+        """CoreDNS (built beside the control plane) on the node's address, as the cluster's DNS
+        add-on: Service and pod names under cluster.local, the rest forwarded to the machine's
+        resolver. Its identity gets the read access CoreDNS's own manifests grant."""
+        for kind, body in coredns_rbac():
+            with contextlib.suppress(urllib.error.HTTPError):  # 409: a rerun on the same API server
+                self.control_plane.api("POST", f"/apis/rbac.authorization.k8s.io/v1/{kind}", body)
+        kubeconfig = self._kubeconfig("coredns", COREDNS_USER)
+        ready_port = free_port()
+        corefile = render("Corefile", self.workdir / "Corefile", node_ip=NODE_IP, kubeconfig=str(kubeconfig),
+                          ready_port=str(ready_port), health_port=str(free_port()))
+        process = Process("coredns", [str(self.binary.parent / "coredns"), "-conf", str(corefile)],
+                          self.workdir / "coredns.log")
+        self.processes.append(process)
+
+        def ready() -> bool:  # the kubernetes plugin has synced its caches
+            process.check()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ready_port}/ready", timeout=2) as reply:
+                    return reply.status == 200
+            except OSError:
+                return False
+        wait_for(ready, 60, what="CoreDNS ready")
 
     def _start_kubelet(self) -> None:
         ca = self.control_plane.authority

@@ -1,36 +1,41 @@
-"""The tuner on a real API server (tests/kube) with the real operator, run as the chart's
-ServiceAccount after `helm install`, so the API server enforces the chart's RBAC: `kubectl apply` of an
-InferenceService with tuning on starts the tuning daemon (kvpilot.tuner.daemon, loaded into
-the operator's Kopf process), which patches each trial into spec.engine; the operator rolls
-it out; the engine that the pods stand for (a real `kvpilot serve`, see engine_bridge.py)
-serves the tuner's ShareGPT load; a real Prometheus scrapes it with the labels a PodMonitor
-adds; the tuner measures through PromQL, keeps the study in a ConfigMap, writes
-status.tuning and events, and leaves the best settings in spec.engine. The engine has an
-API key (spec.engine.apiKeySecret): the pods get it from the Secret, and so does the tuner,
-through the Kubernetes API with the chart's RBAC (it is never a flag)."""
+"""The in-cluster tuner end to end on a real node (tests/kube/node.py): `helm install` starts the
+operator pod from the operator image with the tuner in it (`--tuner`, the chart's default) and
+`tuner.prometheusUrl` set to a real Prometheus scraping each engine pod with a PodMonitor's
+labels (the pods' addresses from the API server, see PodTargets). `kubectl
+apply` of an InferenceService with tuning on starts the tuning daemon, which patches each trial
+into spec.engine; the operator rolls it out as real Deployments whose pods run the engine image;
+the tuner sends its ShareGPT load to the Service by its cluster DNS name (CoreDNS), measures each
+window through PromQL, keeps the study in a ConfigMap, writes status.tuning and events, and
+leaves the best settings in spec.engine. The engine has an API key (spec.engine.apiKeySecret):
+the pods get it from the Secret, and so does the tuner, through the Kubernetes API with the
+chart's RBAC (never a flag). The API server's audit log shows every request the operator's
+ServiceAccount sent was allowed."""
 from __future__ import annotations
 
 import base64
 import json
-import os
 import shlex
-import subprocess
-import sys
+import threading
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from kube.cluster import Cluster
+from kube.node import NODE_IP
+from kube.pods import wait_rolled_out
 from kube.rbac import access_of, missing
 from kube.release import Release
-from kube.tools import ROOT, Kubectl, chart_operator_command, free_port, helm_template, wait_for
-from engine_bridge import EngineBridge
-from prometheus_harness import Prometheus
+from kube.tools import ROOT, Kubectl, helm_template, wait_for
 
+from kvpilot.bench.prometheus import Prometheus
 from kvpilot.tuner.cluster import flag_values
 
 pytestmark = pytest.mark.slow
 NAME = "tuned"
 API_KEY = "tuner-e2e-key-0123456789"
+POD_START_TIMEOUT_S = 600
+REPORT_DIR = "/tmp/report"  # in the operator pod: its /tmp volume
 
 
 def manifest() -> str:
@@ -43,6 +48,44 @@ def manifest() -> str:
     doc["spec"]["tuning"] = {"enabled": True, "maxTrials": 3, "trialSeconds": 10, "workload": "synthetic",
                              "objective": "goodput"}
     return yaml.safe_dump(doc)
+
+
+class PodTargets:
+    """Prometheus' targets file (file_sd) kept equal to the running pods of this resource, with
+    the labels a PodMonitor gives them (namespace, pod, app_kubernetes_io_instance from
+    podTargetLabels), polled from the API server every second: Debian's Prometheus 2.42 is built
+    without kubernetes_sd_configs ("field kubernetes_sd_configs not found"), so this thread does
+    the discovery the Prometheus Operator's config would, and Prometheus scrapes each pod."""
+
+    def __init__(self, control_plane, namespace: str, path: Path):
+        self.control_plane, self.namespace, self.path = control_plane, namespace, path
+        self.path.write_text("[]")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def scrape_config(self) -> dict:
+        return {"job_name": "engine", "file_sd_configs": [{"files": [str(self.path)], "refresh_interval": "1s"}]}
+
+    def _run(self) -> None:
+        query = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector=app.kubernetes.io%2Finstance%3D{NAME}"
+        while not self._stop.wait(1.0):
+            try:
+                pods = json.loads(self.control_plane.get(query))["items"]
+            except OSError:
+                continue
+            targets = [{"targets": [f"{p['status']['podIP']}:8000"],
+                        "labels": {"namespace": self.namespace, "pod": p["metadata"]["name"],
+                                   "app_kubernetes_io_instance": NAME}}
+                       for p in pods if p.get("status", {}).get("phase") == "Running" and p["status"].get("podIP")]
+            text = json.dumps(targets)
+            if text != self.path.read_text():
+                self.path.with_suffix(".tmp").write_text(text)
+                self.path.with_suffix(".tmp").replace(self.path)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def status_without_key(url: str) -> int | None:
@@ -59,59 +102,53 @@ def ready(kubectl) -> dict | None:
     return obj if fresh and conds.get("Ready") == "True" else None
 
 
-def operator_with_tuner(kubeconfig, log, tuner_args: list[str], prometheus_url: str,
-                        namespace: str) -> subprocess.Popen:
-    """The operator's handlers and the tuning daemon in one Kopf process."""
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
-           "KVPILOT_WATCH_TIMEOUT_SECONDS": "30", "KVPILOT_TUNER_ARGS": shlex.join(tuner_args),
-           "KVPILOT_PROMETHEUS_URL": prometheus_url}
-    command = chart_operator_command(namespace)  # the chart's `kvpilot operator ... --tuner`
-    args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{free_port()}").replace("--metrics-port=9090", f"--metrics-port={free_port()}")
-            for a in command[2:]]
-    return subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *args],
-                            env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
+def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_spec(node, tmp_path):
+    tuner_args = ["--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96", "--warmup-requests", "1",
+                  "--max-num-batched-tokens", "128:1024", "--max-num-seqs", "2:8", "--chunked-prefill", "on",
+                  "--remeasure-top", "0", "--rollout-timeout", "300", "--report-dir", REPORT_DIR]
+    with Cluster(node, "tuner-e2e", tmp_path) as cluster:
+        kubectl = Kubectl(cluster.kubeconfig)
+        targets = PodTargets(node, cluster.namespace, tmp_path / "targets.json")
+        prometheus = Prometheus(tmp_path, [targets.scrape_config()], address=NODE_IP)
+        release = Release(cluster, "kv", f"--set-string=tuner.extraArgs={shlex.join(tuner_args)}",
+                          f"--set-string=tuner.prometheusUrl={prometheus.url}")
+        operator = release.service_account  # the chart's full name: its Deployment's too
+        try:
+            release.install()
+            wait_rolled_out(kubectl, operator, POD_START_TIMEOUT_S)
+            kubectl.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-api-key"},
+                                          "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()}}))
+            kubectl.apply(manifest())
+            first = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the InferenceService Ready")
+            service = f"http://{kubectl.json('get', 'service', NAME)['spec']['clusterIP']}:8000"
+            anonymous = wait_for(lambda: status_without_key(service), 180, what="the engine answering")
+            done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
+                            == "Done", 900, what="status.tuning.phase Done")
+            obj = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the final rollout")
+            journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
+            row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
+            events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
+            replicasets = kubectl.json("get", "replicasets", "-l", f"app.kubernetes.io/instance={NAME}")["items"]
+            template = kubectl.json("get", "deployment", NAME)["spec"]["template"]["spec"]["containers"][0]
+            in_pod = f"deployment/{operator}"
+            report = json.loads(kubectl("exec", in_pod, "--", "cat", f"{REPORT_DIR}/report.json").stdout)
+            manifest_written = kubectl("exec", in_pod, "--", "test", "-f", f"{REPORT_DIR}/inferenceservice.yaml",
+                                       check=False).returncode == 0
+            operator_log = kubectl("logs", in_pod).stdout
+            requests = cluster.requests(release.username)
+            sent = {a for e in requests if (a := access_of(e))}
+        finally:
+            prometheus.stop()
+            targets.stop()
+            release.uninstall()
 
-
-def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_spec(cluster, tmp_path):
-    kubectl = Kubectl(cluster.kubeconfig)
-    release = Release(cluster, f"kv-{cluster.namespace}").install()
-    bridge = EngineBridge(cluster, NAME, tmp_path, cluster.namespace)
-    prometheus = Prometheus(tmp_path, f"127.0.0.1:{bridge.port}",
-                            {"namespace": cluster.namespace, "app_kubernetes_io_instance": NAME})
-    log = tmp_path / "operator.log"
-    operator = operator_with_tuner(release.operator_kubeconfig(tmp_path / "kubeconfig"), log, [
-        "--target-url", bridge.url, "--num-requests", "4", "--max-output-len", "16", "--max-prompt-len", "96",
-        "--warmup-requests", "1", "--max-num-batched-tokens", "128:1024", "--max-num-seqs", "2:8",
-        "--chunked-prefill", "on", "--remeasure-top", "0", "--rollout-timeout", "120",
-        "--report-dir", str(tmp_path / "report")], prometheus.url, cluster.namespace)
-    try:
-        bridge.start()
-        kubectl.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-api-key"},
-                                      "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()}}))
-        kubectl.apply(manifest())
-        first = wait_for(lambda: ready(kubectl), 60, what="the InferenceService Ready")
-        anonymous = wait_for(lambda: status_without_key(bridge.url), 180, what="the engine answering")
-        done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
-                        == "Done", 300, what="status.tuning.phase Done")
-        assert done, log.read_text()[-3000:]
-        obj = wait_for(lambda: ready(kubectl), 60, what="the final rollout")
-        journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
-        row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
-        events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
-        requests = cluster.requests(release.username)
-        sent = {a for e in requests if (a := access_of(e))}
-    finally:
-        operator.terminate()
-        operator.wait(30)
-        prometheus.stop()
-        bridge.stop()
-        release.uninstall()
-
-    assert bridge.errors == []
+    assert done, operator_log[-3000:]
     # the engine refused requests without the key; the tuner, which was given none, read it
     # from the Secret and measured every trial through the authenticated API
-    assert anonymous == 401 and bridge.engine.api_key == API_KEY
-    assert API_KEY not in log.read_text()  # never logged
+    assert anonymous == 401
+    assert [v["valueFrom"]["secretKeyRef"] for v in template["env"] if v["name"] == "VLLM_API_KEY"] == [
+        {"name": f"{NAME}-api-key", "key": "api-key"}]
+    assert API_KEY not in operator_log  # never logged
     # the API server granted every request the operator and the tuner sent as the chart's ServiceAccount
     assert [(e["verb"], e["requestURI"]) for e in requests if e.get("responseStatus", {}).get("code") == 403] == []
     assert {"configmaps", "inferenceservices/status", "secrets"} <= {a.resource for a in sent}
@@ -121,20 +158,20 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
     tuning = obj["status"]["tuning"]
     assert tuning["phase"] == "Done"
     assert [h["trial"] for h in tuning["history"]] == [0, 1, 2]
-    assert all(h["verdict"] == "measured" for h in tuning["history"])
+    assert all(h["verdict"] == "measured" for h in tuning["history"]), (tuning["history"], operator_log[-4000:])
     # the best settings are in the spec, and the pods' flags (appliedEngineArgs) carry them
     engine = obj["spec"]["engine"]
     assert {k: engine[k] for k in tuning["bestEngine"]} == tuning["bestEngine"]
     flags = flag_values(obj["status"]["appliedEngineArgs"])
     assert flags["max_num_seqs"] == str(engine["maxNumSeqs"])
     assert flags["max_num_batched_tokens"] == str(engine["maxNumBatchedTokens"])
-    # trials 1 and 2 and the final apply each rolled out a new generation (trial 0 = the spec as it was)
+    # trials 1 and 2 and the final apply each rolled out a new generation (trial 0 = the spec as it
+    # was), each a ReplicaSet of real pods
     assert obj["metadata"]["generation"] > first["metadata"]["generation"]
+    assert len(replicasets) >= 2
     reasons = [e["reason"] for e in events]
     assert "TuningStarted" in reasons and reasons.count("TuningTrial") == 3 and "TuningDone" in reasons
-    assert len(bridge.rollouts) >= 2 and bridge.rollouts[0][1] == "start"
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert (tmp_path / "report" / "inferenceservice.yaml").is_file()
+    assert manifest_written
     assert report["defaults"]["settings"]["max_num_seqs"] == 8  # trial 0: what ran before tuning
     assert {t["measurement"]["source"] for t in report["trials"]} == {"prometheus"}
     assert report["best"]["number"] == tuning["bestTrial"]
