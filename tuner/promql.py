@@ -31,8 +31,10 @@ import re
 import time
 from collections.abc import Callable
 
+import requests
 from prometheus_api_client import PrometheusConnect
 
+from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.objective import SLO, Measurement
 from kvpilot.tuner.window import (ABORTS, COUNTERS, E2E, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS, RUNNING,
                                   TPOT, TTFT, Buckets, EmptySeries, Snapshot, window_metrics)
@@ -70,8 +72,14 @@ class PrometheusSource:
         return f"{HTTP_REQUESTS}{{{','.join(matchers)}}}"
 
     def query(self, promql: str, at: float) -> list[dict]:
-        """The instant vector of `promql` at time `at` (s since the epoch)."""
-        return self.client.custom_query(promql, params={"time": f"{at:.3f}"})
+        """The instant vector of `promql` at time `at` (s since the epoch). Raises TrialFailed
+        (transient: the trial is retried once, then hidden from the study) when Prometheus does
+        not answer: an unreachable or restarting Prometheus says nothing about the settings and
+        must not end a tuning session."""
+        try:
+            return self.client.custom_query(promql, params={"time": f"{at:.3f}"})
+        except requests.RequestException as e:
+            raise TrialFailed(TRANSIENT, f"Prometheus at {self.client.url} did not answer: {e}") from e
 
     def scalar(self, promql: str, at: float) -> float:
         """The single value of `promql` at `at`. Raises EmptySeries for an empty vector:

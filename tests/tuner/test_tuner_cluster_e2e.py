@@ -158,7 +158,9 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
     tuning = obj["status"]["tuning"]
     assert tuning["phase"] == "Done"
     assert [h["trial"] for h in tuning["history"]] == [0, 1, 2]
-    assert all(h["verdict"] == "measured" for h in tuning["history"]), (tuning["history"], operator_log[-4000:])
+    # every trial measured through Prometheus (on a busy 2-core node a trial may miss the SLO)
+    assert {h["verdict"] for h in tuning["history"]} <= {"measured", "violates_slo"}, (
+        tuning["history"], operator_log[-4000:])
     # the best settings are in the spec, and the pods' flags (appliedEngineArgs) carry them
     engine = obj["spec"]["engine"]
     assert {k: engine[k] for k in tuning["bestEngine"]} == tuning["bestEngine"]
