@@ -72,14 +72,18 @@ def deployment_conditions(deployment: Mapping[str, Any] | None, desired_replicas
         ready_cond = _cond("Ready", False, "ScaledToZero", "spec.replicas is 0", generation)
     elif rolled_out:
         ready_cond = _cond("Ready", True, "AllReplicasReady", summary, generation)
-    else:
-        ready_cond = _cond("Ready", False, "ReplicasNotReady", summary, generation)
+    else:  # ready counts old pods too: say how far the new configuration has come
+        ready_cond = _cond("Ready", False, "ReplicasNotReady",
+                           f"{summary}; {updated}/{desired_replicas} pods of the current configuration, "
+                           f"{replicas} pods in all (while it stays so, `kubectl describe pod` says why a "
+                           f"new one is not Ready)", generation)
+    # updatedReplicas counts pods created from the current template, running or not
+    rollout = f"{updated}/{desired_replicas} pods have configuration {desired_hash}"
     if rolled_out or deadline:
         progressing = _cond("Progressing", False, "ProgressDeadlineExceeded" if deadline else "RolloutComplete",
-                            f"{updated}/{desired_replicas} pods run configuration {desired_hash}", generation)
+                            rollout, generation)
     else:
-        progressing = _cond("Progressing", True, "RollingOut",
-                            f"{updated}/{desired_replicas} pods run configuration {desired_hash}", generation)
+        progressing = _cond("Progressing", True, "RollingOut", rollout, generation)
     if deadline:
         degraded = _cond("Degraded", True, "ProgressDeadlineExceeded",
                          f"the rollout made no progress in time; {summary}", generation)
