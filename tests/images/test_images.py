@@ -14,7 +14,8 @@ import httpx
 import pytest
 import yaml
 from kube.cluster import Cluster
-from kube.pods import process_one, run_to_completion, wait_rolled_out
+from kube.node import describe
+from kube.pods import POD_START_TIMEOUT_S, process_one, run_to_completion, wait_rolled_out
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, wait_for
 from openai import OpenAI
@@ -27,7 +28,6 @@ from kvpilot.tuner.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
-POD_START_TIMEOUT_S = 600  # a 6 GB image's first start on a busy 2-core node
 # the chart's and the operator's pod security settings, for the one-off pod of the tuner's load
 RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
@@ -99,9 +99,7 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
 
 
 def describe_node(control_plane) -> str:
-    node = json.loads(control_plane.get("/api/v1/nodes"))["items"][0]
-    info = node["status"]["nodeInfo"]
-    return f"node {node['metadata']['name']} (kubelet {info['kubeletVersion']}, {info['containerRuntimeVersion']})"
+    return describe(json.loads(control_plane.get("/api/v1/nodes"))["items"][0])
 
 
 def operator_image_builds_the_tuners_load(kubectl: Kubectl, image: str, base_url: str, model: str,

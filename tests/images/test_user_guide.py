@@ -18,12 +18,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from kube.cluster import Cluster
-from kube.pods import wait_rolled_out
+from kube.pods import POD_START_TIMEOUT_S, wait_rolled_out
 from kube.tools import ROOT, Kubectl, free_port, tool, wait_for
 
 pytestmark = pytest.mark.slow
 GUIDE = ROOT / "docs" / "guide.md"
-POD_START_TIMEOUT_S = 600  # the engine pod: a 6 GB image's first start, then the model load on a busy 2-core node
 
 
 def blocks(text: str) -> Iterator[tuple[str, str]]:

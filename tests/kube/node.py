@@ -269,7 +269,6 @@ def describe(node: dict) -> str:
             f"{info['osImage']}, kernel {info['kernelVersion']}, cpu {capacity['cpu']}, memory {capacity['memory']}")
 
 
-
 def remove_kube_chains() -> None:
     """Removes the KUBE-* chains that `kube-proxy --cleanup` leaves (the kubelet's canary and
     hint chains) from every table, IPv4 and IPv6, with the rules that jump to them. No other

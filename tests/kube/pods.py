@@ -7,6 +7,8 @@ from typing import Any
 
 from .tools import Kubectl, wait_for
 
+POD_START_TIMEOUT_S = 600  # a pod's first start from a 6 GB image, then the model's load, on a busy 2-core node
+
 
 def wait_rolled_out(kubectl: Kubectl, name: str, timeout: float) -> dict[str, Any]:
     """Until Deployment `name` has spec.replicas pods, every one of the current template, Ready

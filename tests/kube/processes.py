@@ -2,6 +2,7 @@
 SIGKILL) and is never left behind."""
 from __future__ import annotations
 
+import abc
 import ctypes
 import os
 import pathlib
@@ -51,15 +52,17 @@ class Process:
 
 
 
-class Started:
+class Started(abc.ABC):
     """A context manager over `_start()` and `stop()`: a start that fails midway stops what it
     had started before the error goes on."""
 
+    @abc.abstractmethod
     def _start(self) -> None:
-        raise NotImplementedError
+        """Starts everything; may fail midway (stop() then runs)."""
 
+    @abc.abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stops whatever was started, also after a partial start."""
 
     def __enter__(self):
         try:

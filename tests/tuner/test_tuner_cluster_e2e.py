@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kube.cluster import Cluster
 from kube.node import NODE_IP
-from kube.pods import wait_rolled_out
+from kube.pods import POD_START_TIMEOUT_S, wait_rolled_out
 from kube.rbac import access_of, missing
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, helm_template, wait_for
@@ -34,7 +34,6 @@ from kvpilot.tuner.cluster import flag_values
 pytestmark = pytest.mark.slow
 NAME = "tuned"
 API_KEY = "tuner-e2e-key-0123456789"
-POD_START_TIMEOUT_S = 600
 REPORT_DIR = "/tmp/report"  # in the operator pod: its /tmp volume
 
 
