@@ -50,5 +50,11 @@ def builtin_model(source: str) -> ModelShape | None:
     return BUILTIN_MODELS.get(source[len(BUILTIN_SCHEME):])
 
 
+def is_gguf_source(source: str) -> bool:
+    """Whether the engine loads `source` from a GGUF file: a builtin model (`builtin://NAME` or a
+    bare builtin alias, each a GGUF shipped in a wheel) or a path ending in .gguf."""
+    return is_builtin(source) or source in BUILTIN_MODELS or source.endswith(".gguf")
+
+
 def is_builtin(source: str) -> bool:
     return source.startswith(BUILTIN_SCHEME)

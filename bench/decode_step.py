@@ -21,12 +21,14 @@ from pathlib import Path
 
 import torch
 
+from kvpilot.engine.settings import BY_NAME
 
-def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int):
+
+def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int, quantization: str | None = None):
     from kvpilot.engine import LLM
 
     blocks_per_seq = -(-(prompt_len + steps * 64 + 64) // 16)
-    return LLM(model, dtype=dtype, max_num_seqs=max_batch, max_model_len=2048,
+    return LLM(model, dtype=dtype, max_num_seqs=max_batch, max_model_len=2048, quantization=quantization,
                num_gpu_blocks_override=max(max_batch * blocks_per_seq, 2048 // 16) + 8, swap_space=0)
 
 
@@ -43,12 +45,14 @@ def _set_cpu_kernel(llm, mode: str) -> None:
             module.use_c_kernel = mode == "on"
 
 
+_QUANT_LABEL = {"default": "", "none": "/dense", "gguf": "/gguf"}
 _MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm": "/bf16-gemm", "onednn": "/onednn"}
 # the bf16 kernel's row limit each mode loads the engine with (None: the CPU's default)
 _BF16_ROWS = {"bf16-gemm": 32, "onednn": 0}
 
 
-def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int):
+def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int,
+                    quantization: str | None = None):
     """An engine whose CPU kernels run in `mode` (see --cpu-kernel). 'bf16-gemm' loads it with the
     bf16 matmul kernel (and so the bf16 decode stack) up to the kernel's own limit of 32 rows,
     whatever the CPU's default path: where the engine keeps oneDNN's matmuls for some of those
@@ -60,12 +64,12 @@ def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_le
     from kvpilot.kernels.cpu import bf16_gemm
 
     if mode not in _BF16_ROWS:
-        llm = _engine(model, dtype, max_batch, prompt_len, steps)
+        llm = _engine(model, dtype, max_batch, prompt_len, steps, quantization)
         _set_cpu_kernel(llm, mode)
         return llm
     rows = min(_BF16_ROWS[mode], bf16_gemm.BF16_GEMM_MAX_TOKENS)
     with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=rows)):
-        return _engine(model, dtype, max_batch, prompt_len, steps)
+        return _engine(model, dtype, max_batch, prompt_len, steps, quantization)
 
 
 def _fill(llm, prompts: list[list[int]], tag: str) -> None:
@@ -132,7 +136,19 @@ def _time_batch(engines: dict, prompts: list[list[int]], batch: int, steps: int,
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def _engines(args: argparse.Namespace, dtypes: list[str], modes: list[str], quants: list[str], max_batch: int) -> dict:
+    """One engine per dtype x --cpu-kernel mode x --quantization value, by label."""
+    engines = {}
+    for d in dtypes:
+        for mode in modes:
+            for q in quants:
+                engines[d + _MODE_LABEL[mode] + _QUANT_LABEL[q]] = _engine_in_mode(
+                    args.model, d, mode, max_batch, args.prompt_len, args.steps * args.rounds,
+                    None if q == "default" else q)
+    return engines
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot bench decode-step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -149,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
                         "and the decode stack up to 32 rows even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
                         "'onednn' (bf16: every matmul on oneDNN, no bf16 decode stack, '<dtype>/onednn'); "
                         "'both' = on,off")
+    p.add_argument(BY_NAME["quantization"].flag, default="default",
+                   help="comma-separated, run side by side: 'default' (the engine's own choice for the model), "
+                        "'none' (dense weights, labelled '<dtype>/dense'), 'gguf' (the GGUF's blocks for small "
+                        "decode steps, '<dtype>/gguf')")
     p.add_argument("--output-json", default="bench-results/decode_step.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     try:
@@ -166,11 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]
     if not modes or any(m not in _MODE_LABEL for m in modes):
         p.error("--cpu-kernel takes comma-separated modes among on, unfused, off, bf16-gemm, onednn (or 'both')")
-    engines = {}
-    for d in dtypes:
-        for mode in modes:
-            engines[d + _MODE_LABEL[mode]] = _engine_in_mode(args.model, d, mode, max(batches), args.prompt_len,
-                                                             args.steps * args.rounds)
+    quants = [q.strip() for q in args.quantization.split(",") if q.strip()]
+    if not quants or any(q not in _QUANT_LABEL for q in quants):
+        p.error("--quantization takes comma-separated values among default, none, gguf")
+    engines = _engines(args, dtypes, modes, quants, max(batches))
     dtypes = list(engines)
     prompts = _sharegpt_prompts(next(iter(engines.values())).get_tokenizer(), max(batches), args.prompt_len)
     results: dict[str, dict[str, dict]] = {d: {} for d in dtypes}

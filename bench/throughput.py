@@ -9,9 +9,11 @@ Also reported: the CPU (model, ISA flags) and the dtype (`--dtype auto`: the eng
 this CPU, with its reason), the matmul peak of that dtype at M=256 measured in the same run
 through the engine's linear path, the fraction of it our total tokens/s reaches (2 x
 parameters x tokens / time / peak), single-request decode tokens/s for both, and where the
-engine's time goes (torch profiler, by operator). `--quantization gguf` runs our engine on the
-GGUF's blocks for decode-sized matmuls with float32 activations: the same float32 arithmetic on
-the same weight values HF loads (dequantized from that GGUF), 6.4x fewer weight bytes to stream.
+engine's time goes (torch profiler, by operator). Our engine runs as it ships: on a GGUF model
+(the builtin SmolLM2) on CPU that is `--quantization gguf` (vLLM's default for a GGUF file):
+decode-sized matmuls read the GGUF's Q4_1/Q8_0 blocks (3.4x fewer weight bytes than bf16, 6.4x
+fewer than float32) with 8-bit activations, larger ones the dense weights HF loads (dequantized
+from that GGUF); `--quantization none` keeps our engine on the dense weights as well.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 
 from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.engine.layers.gguf_quant import ACTIVATIONS_ENV
+from kvpilot.engine.layers.gguf_quant import ACTIVATIONS_ENV, activations_from_env
 from kvpilot.engine.settings import BY_NAME
 
 
@@ -221,10 +223,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=256)
     p.add_argument(BY_NAME["max_num_batched_tokens"].flag, type=int, default=None)
-    p.add_argument(BY_NAME["quantization"].flag, choices=["gguf"], default=None,
-                   help="gguf: our engine reads the GGUF's Q4_1/Q8_0 blocks in decode-sized matmuls; the run sets "
-                        f"{ACTIVATIONS_ENV}=float32 unless it is set, so the arithmetic stays float32 like HF's on "
-                        "the same dequantized weights")
+    p.add_argument(BY_NAME["quantization"].flag, choices=["gguf", "none"], default=None,
+                   help="unset: the engine's default (gguf for a GGUF model on CPU: the GGUF's Q4_1/Q8_0 blocks in "
+                        f"decode-sized matmuls, 8-bit activations unless {ACTIVATIONS_ENV}=float32); none: our "
+                        "engine on the dense weights HF loads too")
     p.add_argument("--skip-hf", action="store_true", help="only our engine (no ratio)")
     p.add_argument("--output-json", default="bench-results/throughput.json")
     return p
@@ -253,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     peak = measure_matmul_peak_gflops(dtype)
     console.print(f"{cpu.model_name}: {args.dtype} matmul peak (M=256, engine path) {peak:.0f} GFLOP/s")
-    if args.quantization == "gguf":
-        os.environ.setdefault(ACTIVATIONS_ENV, "float32")
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048, quantization=args.quantization)
     tokenizer = llm.get_tokenizer()
@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                "cpu": cpu.as_dict(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
                "cpu_kernel_path": kernel_path, "cpu_kernel_variant": cpu_kernel_path.current().variant,
                "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params,
-               "quantization": args.quantization,
-               "gguf_activations": os.environ.get(ACTIVATIONS_ENV) if args.quantization else None}
+               "quantization": llm.engine.config.quantization}
+    results["gguf_activations"] = activations_from_env() if results["quantization"] == "gguf" else None
     results["kvpilot"] = _summary(ours_s, results) | {"single_request_decode_tok_s": single_ours}
     del llm
     if not args.skip_hf:
@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         results["hf_generate"] = _summary(hf_s, results) | {"single_request_decode_tok_s": single_hf,
                                                             "batch_size": args.hf_batch_size}
         results["output_tokens_per_s_ratio"] = hf_s / ours_s
-    weights = f", kvpilot on the GGUF blocks ({results['gguf_activations']} activations)" if args.quantization else ""
+    weights = (f", kvpilot on the GGUF blocks ({results['gguf_activations']} activations)"
+               if results["quantization"] == "gguf" else "")
     _print_tables(console, results, profile, len(requests), args.dtype, weights)
     results["profile_share"] = dict(profile)
     results["loadavg_before"], results["loadavg_after"] = load_before, os.getloadavg()

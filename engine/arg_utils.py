@@ -70,7 +70,7 @@ class EngineArgs:
         """Raises ValueError for invalid values or an unknown model."""
         settings.check({f.name: getattr(self, f.name) for f in fields(self) if f.name in settings.BY_NAME})
         from kvpilot.engine.attention import default_backend
-        from kvpilot.engine.model_loader import gguf_file, load_model_config, resolve_model_path
+        from kvpilot.engine.model_loader import gguf_file, gguf_source, load_model_config, resolve_model_path
 
         device = self.resolved_device()
         backend = self.attention_backend or default_backend(device)
@@ -80,7 +80,9 @@ class EngineArgs:
             logger.info("dtype auto -> %s: %s", str(dtype).removeprefix("torch."), choice.reason)
         else:
             dtype = resolve_dtype(self.dtype)
-        if self.quantization == "gguf":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
+        quantization = settings.resolve_quantization(self.quantization, gguf_source(self.model) is not None,
+                                                     device == "cpu")
+        if quantization == "gguf":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
             from kvpilot.engine.layers.gguf_quant import activations_from_env
 
             activations_from_env()
@@ -119,8 +121,8 @@ class EngineArgs:
             seed=self.seed,
             attention_backend=backend,
             device=device,
-            quantization=self.quantization,
-            quantized_weights_path=str(gguf_file(self.model)) if self.quantization == "gguf" else None,
+            quantization=quantization,
+            quantized_weights_path=str(gguf_file(self.model)) if quantization == "gguf" else None,
             auto_max_model_len=auto_len,
             performance_mode=self.performance_mode,
         )

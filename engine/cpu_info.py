@@ -79,6 +79,22 @@ def bf16_matmul_kernel_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
     return BF16_KERNEL_MAX_ROWS
 
 
+# The most rows a bfloat16 engine's matmul reads `--quantization gguf`'s blocks for (8-bit activations), by
+# CPU kind: `kvpilot bench decode-step --dtypes bfloat16 --quantization none,gguf` (2 threads). Sapphire
+# Rapids with the bf16 kernel on AMX tiles: the blocks win while a step reads the weights once (one row
+# 6.1 vs 12.6 ms a step, 8.6 vs 13.3 at 2, 11.5 vs 14.1 at 3), tie at 4 (14.6 vs 15.1) and lose from 6
+# (19.1 vs 16.1; 23.0 vs 16.9 at 8). Elsewhere vLLM's MMVQ limit (linear.GGUF_MAX_TOKENS), not measured.
+GGUF_BF16_MAX_ROWS_AMX = 4
+GGUF_BF16_MAX_ROWS = 8
+
+
+def gguf_bf16_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
+    """Up to how many rows a bfloat16 engine's matmul reads the GGUF blocks (8-bit activations)
+    instead of its dense weight on this CPU: fewer where the bf16 kernel runs on AMX tiles
+    (`tiles`: bf16_gemm.amx()), whose dense matmuls catch up with the blocks' one pass sooner."""
+    return GGUF_BF16_MAX_ROWS_AMX if tiles and "amx_bf16" in cpu.flags else GGUF_BF16_MAX_ROWS
+
+
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
     """Whether a bfloat16 engine runs the bf16 matmul kernel (and keeps its copies) on this CPU."""
     return bf16_matmul_kernel_max_rows(cpu) > 0

@@ -28,7 +28,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvpilot.engine.cpu_info import CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu
+from kvpilot.engine.cpu_info import (GGUF_BF16_MAX_ROWS, CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu,
+                                      gguf_bf16_max_rows)
 
 logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")
 
@@ -42,13 +43,16 @@ class CpuKernelPath:
     build loaded (kernels/cpu/build.py VARIANTS); bf16_gemm_max_rows: bfloat16 matmuls of up to
     this many rows take the bf16 kernel (packed copies; 0: never, at most
     bf16_gemm.BF16_GEMM_MAX_TOKENS), and so do bf16 decode stacks; decode_stack: small decode-only
-    steps run in one C call where the model allows; reason: why, for the log."""
+    steps run in one C call where the model allows; reason: why, for the log; gguf_bf16_max_rows:
+    with `--quantization gguf`, bfloat16 matmuls of up to this many rows read the GGUF blocks
+    (8-bit activations; float32 engines read them up to linear.gguf_max_tokens)."""
 
     kernels: bool
     variant: str | None
     bf16_gemm_max_rows: int
     decode_stack: bool
     reason: str
+    gguf_bf16_max_rows: int = GGUF_BF16_MAX_ROWS
 
     @property
     def bf16_gemm(self) -> bool:
@@ -78,7 +82,7 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> C
                    " (this Linux kernel grants no AMX tile state to the process)")
     if not stack:
         why.append(f"{DECODE_STACK_ENV}=0")
-    return CpuKernelPath(True, variant, rows, stack, "; ".join(why))
+    return CpuKernelPath(True, variant, rows, stack, "; ".join(why), gguf_bf16_max_rows(cpu, tiles))
 
 
 _current: CpuKernelPath | None = None
@@ -113,12 +117,16 @@ def reset() -> None:
 
 def describe(model, path: CpuKernelPath) -> str:
     """The start-up line: which path `model`'s decode steps take and why."""
+    import torch
+
     dtype = str(model.config.dtype).removeprefix("torch.")
     stack = getattr(model, "decode_stack", None)
     if not path.kernels:
         how = "the torch path"
     elif stack is not None:
-        how = f"the C decode stack (all layers in one call, up to {stack.max_rows} rows), else layer by layer"
+        qrows = stack.max_rows if stack.dtype != torch.bfloat16 else stack.md.qmax_rows
+        blocks = f"; matmuls of up to {qrows} rows read the GGUF blocks" if qrows else ""
+        how = f"the C decode stack (all layers in one call, up to {stack.max_rows} rows{blocks}), else layer by layer"
     else:
         how = ("layer by layer with the C kernels (the decode stack serves float32 with --quantization gguf "
                "and bfloat16 where the bf16 matmul kernel runs)")

@@ -126,7 +126,7 @@ GGUF_HEAD_BYTES_PER_WEIGHT = 34 / 32
 
 def rank_gguf_block_bytes(model: ModelConfig, parallel: ParallelConfig, rank: int) -> int:
     """Bytes of GGUF blocks `rank` holds beside its dense weights with `--quantization gguf`
-    (CPU, float32): its stage's linear layers / tp in Q4_1 and, on the last stage, its LM
+    (CPU): its stage's linear layers / tp in Q4_1 and, on the last stage, its LM
     head shard in Q8_0. The embedding lookup and the norms keep only the dense weight."""
     pos = RankPosition.of(rank, parallel)
     h, i = model.hidden_size, model.intermediate_size

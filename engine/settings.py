@@ -118,11 +118,14 @@ SETTINGS: tuple[Setting, ...] = (
       "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
       "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
       "0.12 and later add nothing. An empty string renders no flag"),
-    # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py)
+    # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py);
+    # issue 32: on by default for a GGUF model, as vLLM's EngineArgs.create_model_config sets it
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
       "blocks for matmuls of up to 8 tokens on CPU (64 with KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the "
-      "dense weights serve)",
-      choices=("gguf",), short="-q"),
+      "dense weights serve), the default for a GGUF model (a builtin alias or a .gguf file) as in vLLM; none: "
+      "the dense (dequantized) weights only, so a sequence's tokens do not depend on how many others share "
+      "its steps",
+      choices=("gguf", "none"), short="-q"),
 )
 del S
 
@@ -230,6 +233,19 @@ def problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda nam
     found = [p for name, value in values.items() if name in BY_NAME
              if (p := BY_NAME[name].problem(value, spell(name)))]
     return found + rule_problems(values, spell)
+
+
+def resolve_quantization(quantization: str | None, gguf_model: bool, on_cpu: bool) -> str | None:
+    """The quantization an engine loads with (None: the dense weights): `quantization` as given,
+    "none" meaning the dense weights; unset, "gguf" for a GGUF model (`gguf_model`) on CPU, as
+    vLLM's EngineArgs.create_model_config sets `quantization = load_format = "gguf"` for a GGUF
+    file (on a GPU the dense weights serve: the GGUF kernel is a CPU kernel). Shared by the
+    engine and the tuner's memory model."""
+    if quantization == "none":
+        return None
+    if quantization is None:
+        return "gguf" if gguf_model and on_cpu else None
+    return quantization
 
 
 def check(values: Mapping[str, Any]) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 import optuna
 
 from kvpilot.api.spec import InferenceServiceSpec, service_url
-from kvpilot.engine.settings import flag_value
+from kvpilot.api.models import is_gguf_source
+from kvpilot.engine.settings import flag_value, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
@@ -88,8 +89,10 @@ def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
     memory = int(a.device_memory_gib * (1 << 30)) if a.device_memory_gib else quantity_bytes(spec.resources.memory)
     value = flag_value(spec.engine.extraArgs, "num_gpu_blocks_override")
     override = None if value is None else int(value)
+    quantization = resolve_quantization(flag_value(spec.engine.extraArgs, "quantization"),
+                                        is_gguf_source(spec.model.source), not a.device_memory_gib)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
-                    shared_memory=not a.device_memory_gib)
+                    shared_memory=not a.device_memory_gib, quantization=quantization)
 
 
 def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Callable[[], bool] = lambda: False,

@@ -124,7 +124,7 @@ class Hardware:
     shared_memory: bool = False
     dtype: str | torch.dtype | None = None
     cpu_kvcache_space_bytes: int | None = None
-    quantization: str | None = None  # the engine's --quantization; gguf on CPU in float32 adds the blocks
+    quantization: str | None = None  # settings.resolve_quantization of the engine; gguf on CPU adds the blocks
 
     def engine_dtype(self, model: ModelConfig) -> str:
         """The name of the dtype the engine runs in ('bfloat16', 'float32', 'float16')."""
@@ -147,7 +147,7 @@ def estimate_rank_memory(settings: EngineSettings, model: ModelConfig, parallel:
     """Every rank's predicted weights, activation and KV bytes per block, in rank order,
     from the engine's layer split (`parallel_layout`). packed_weights: the engine holds a
     second, oneDNN-packed copy of its weights (CPU, bfloat16). gguf_blocks: it also holds
-    the GGUF's blocks (`--quantization gguf`, CPU, float32). packed_vocab: each embedding
+    the GGUF's blocks (`--quantization gguf`, CPU, float32 or bfloat16). packed_vocab: each embedding
     and LM-head weight is held twice, plain and packed (CPU, float32: the linear layers'
     packed copies replace their plain weights, layers/linear.py)."""
     weight_elem = element_bytes(model.dtype) * (2 if packed_weights else 1)
@@ -202,7 +202,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
         return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
                                   f"exceeds the {hardware.num_devices} available device(s)")
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
-    gguf = hardware.quantization == "gguf" and hardware.shared_memory and dtype_name(model.dtype) == "float32"
+    gguf = (hardware.quantization == "gguf" and hardware.shared_memory
+            and dtype_name(model.dtype) in ("float32", "bfloat16"))
     vocab = hardware.shared_memory and (dtype_name(model.dtype) == "float32" or (
         packed and has_bf16_matmul_kernel(detect_cpu())))
     ranks = estimate_rank_memory(settings, model, parallel, hardware.activation_scale, packed, gguf, vocab)

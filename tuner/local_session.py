@@ -11,7 +11,8 @@ from typing import Any
 
 import optuna
 
-from kvpilot.engine.settings import flag_value, flag_words
+from kvpilot.api.models import is_gguf_source
+from kvpilot.engine.settings import flag_value, flag_words, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
@@ -42,8 +43,9 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
     override = None
     if (value := flag_value(a.engine_args, "num_gpu_blocks_override")) is not None:
         override = int(value)
+    quantization = resolve_quantization(flag_value(a.engine_args, "quantization"), is_gguf_source(a.model), not on_gpu)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
-                    shared_memory=not on_gpu)
+                    shared_memory=not on_gpu, quantization=quantization)
 
 
 def base_settings(a: argparse.Namespace) -> EngineSettings:

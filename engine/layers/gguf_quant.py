@@ -58,8 +58,8 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the quantized path cannot run here (the dense weights serve instead), or None."""
     if device.type != "cpu":
         return f"the GGUF kernel runs on CPU only, not {device.type}"
-    if dtype != torch.float32:
-        return f"the GGUF kernel takes float32 activations, not {str(dtype).removeprefix('torch.')}"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the GGUF kernel takes float32 or bfloat16 activations, not {str(dtype).removeprefix('torch.')}"
     path = cpu_kernel_path.current()
     if not path.kernels:
         return f"the C kernels are off ({path.reason})"
@@ -124,10 +124,12 @@ def _targets(model: nn.Module, name: str) -> list[tuple[nn.Module, int | None]]:
     return [(model.layers[layer].get_submodule(module), index)]
 
 
-def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8_1") -> int:
+def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8_1",
+                       max_tokens: int | None = None) -> int:
     """Gives each linear layer of `model` (this stage, this rank's shard) and its LM head
     the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`), read with
-    `activations` ("q8_1" or "float32", ACTIVATIONS), and returns their bytes.
+    `activations` ("q8_1" or "float32", ACTIVATIONS) by matmuls of up to `max_tokens` rows
+    (default: linear.gguf_max_tokens), and returns their bytes.
     A fused layer (qkv, gate_up) is quantized only when all its parts share one type; a
     layer whose input shard is not a whole number of blocks keeps the dense path."""
     from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -141,13 +143,15 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8
             elif isinstance(module, RowParallelLinear):
                 part = _shard_columns(blocks, qtype, module.in_shard, rank)
                 if part is not None:
-                    module.set_qweight(qtype, part, activations)
+                    module.set_qweight(qtype, part, activations, max_tokens)
             else:  # the LM head (VocabParallelEmbedding)
-                module.set_qweight(qtype, _shard_rows(blocks, module.shard, rank) if tp > 1 else blocks, activations)
+                module.set_qweight(qtype, _shard_rows(blocks, module.shard, rank) if tp > 1 else blocks, activations,
+                                  max_tokens)
     for module, parts in fused.items():
         types = {qtype for qtype, _ in parts.values()}
         if len(parts) == len(module.output_sizes) and len(types) == 1:
-            module.set_qweight(types.pop(), np.concatenate([parts[i][1] for i in range(len(parts))]), activations)
+            module.set_qweight(types.pop(), np.concatenate([parts[i][1] for i in range(len(parts))]), activations,
+                              max_tokens)
     return sum(m.qweight.numel() for m in model.modules() if getattr(m, "qweight", None) is not None)
 
 
@@ -165,8 +169,10 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
         return 0
     from kvpilot.engine.layers.linear import gguf_max_tokens
 
-    extra = attach_gguf_blocks(model, Path(gguf_path), activations)
     max_tokens = gguf_max_tokens(activations)
+    if dtype == torch.bfloat16 and activations == "q8_1":  # the dense bf16 matmuls catch up sooner
+        max_tokens = min(max_tokens, cpu_kernel_path.current().gguf_bf16_max_rows)
+    extra = attach_gguf_blocks(model, Path(gguf_path), activations, max_tokens)
     how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
            f"{ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
            else f"float32 activations ({ACTIVATIONS_ENV}=float32)")

@@ -52,24 +52,24 @@ class _Linear(nn.Module):
     qweight: torch.Tensor | None = None
     qtype: int = 0
     qactivations: str = "q8_1"
+    qmax_tokens: int = 0  # matmuls of up to this many rows read qweight
 
-    @property
-    def qmax_tokens(self) -> int:
-        """The most rows a matmul reads `qweight` with (gguf_max_tokens of `qactivations`)."""
-        return gguf_max_tokens(self.qactivations)
-
-    def set_qweight(self, qtype: int, blocks, activations: str = "q8_1") -> None:
+    def set_qweight(self, qtype: int, blocks, activations: str = "q8_1", max_tokens: int | None = None) -> None:
         """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
-        read with `activations` "q8_1" (8-bit) or "float32" (kvpilot.kernels.cpu.gguf.ACTIVATIONS)."""
+        read with `activations` "q8_1" (8-bit) or "float32" (kvpilot.kernels.cpu.gguf.ACTIVATIONS)
+        by matmuls of up to `max_tokens` rows (default: gguf_max_tokens of `activations`)."""
         self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
         self.qtype = qtype
         self.qactivations = activations
+        self.qmax_tokens = gguf_max_tokens(activations) if max_tokens is None else max_tokens
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> x weight^T [..., out], same dtype."""
+        """x [..., in] -> x weight^T [..., out], same dtype. With GGUF blocks, bf16 rows are widened to
+        float32 (exact) for the kernel and its float32 results rounded back (nearest even)."""
         if (self.qweight is not None and x.dim() == 2 and x.shape[0] <= self.qmax_tokens
-                and x.dtype == torch.float32 and x.stride(1) == 1):
-            return gguf_matmul(x, self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
+                and x.dtype in (torch.float32, torch.bfloat16) and x.stride(1) == 1):
+            y = gguf_matmul(x.float(), self.qweight, self.qtype, self.qweight.shape[0], activations=self.qactivations)
+            return y.to(x.dtype)
         if (self.bf16_packed is not None and x.dim() == 2 and x.shape[0] <= self.bf16_max_rows
                 and x.dtype == torch.bfloat16 and x.stride(1) == 1):
             return bf16_gemm.matmul(x, self.bf16_packed, self.packed_out_features)

@@ -42,6 +42,7 @@ from kvpilot.kernels.cpu import gguf
 from kvpilot.kernels.cpu.decode_stack import Layer as _Layer
 from kvpilot.kernels.cpu.decode_stack import Model as _Model
 from kvpilot.kernels.cpu.decode_stack import QLinear as _QLinear
+from kvpilot.kernels.cpu.decode_stack import gguf_kernel
 from kvpilot.kernels.cpu.decode_stack import kernels as _kernels
 from kvpilot.kernels.cpu.decode_stack import load
 from kvpilot.kernels.cpu.loader import kernel_range
@@ -49,23 +50,31 @@ from kvpilot.kernels.cpu.loader import kernel_range
 logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")  # the path's one start-up line
 
 
+def _blocks_ok(module, n: int, k: int) -> bool:
+    """Whether the layer holds GGUF blocks for [n, k] the kernel reads."""
+    w = getattr(module, "qweight", None)
+    return not (w is None or module.qtype not in gguf.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
+                or tuple(w.shape) != (n, k // gguf.BLOCK_WEIGHTS * gguf.BLOCK_BYTES[module.qtype])
+                or k % gguf.BLOCK_WEIGHTS)
+
+
 def _qlinear(module, n: int, k: int) -> _QLinear | None:
     """float32: the layer's GGUF blocks, or None where it has none of the right shape."""
-    w = getattr(module, "qweight", None)
-    if (w is None or module.qtype not in gguf.BLOCK_BYTES or w.dtype != torch.uint8 or not w.is_contiguous()
-            or tuple(w.shape) != (n, k // gguf.BLOCK_WEIGHTS * gguf.BLOCK_BYTES[module.qtype])
-            or k % gguf.BLOCK_WEIGHTS):
+    if not _blocks_ok(module, n, k):
         return None
-    return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
+    return _QLinear(module.qweight.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"))
 
 
 def _plinear(module, n: int, k: int) -> _QLinear | None:
-    """bfloat16: the layer's copy packed for the bf16 kernel, or None where it has none for [n, k]."""
+    """bfloat16: the layer's copy packed for the bf16 kernel (and its GGUF blocks where it has them),
+    or None where it has no packed copy for [n, k]."""
     w = getattr(module, "bf16_packed", None)
     if (w is None or module.packed_out_features != n or w.dtype != torch.bfloat16 or not w.is_contiguous()
             or w.numel() != n * k):
         return None
-    return _QLinear(w.data_ptr(), n, k, 0, 0)
+    if not _blocks_ok(module, n, k):
+        return _QLinear(w.data_ptr(), n, k, 0, 0, None)
+    return _QLinear(w.data_ptr(), n, k, module.qtype, int(module.qactivations == "q8_1"), module.qweight.data_ptr())
 
 
 _LINEAR = {torch.float32: (_qlinear, "qweight"), torch.bfloat16: (_plinear, "bf16_packed")}
@@ -90,8 +99,9 @@ def _layer(layer, cfg) -> tuple[_Layer, tuple] | None:
     if (any(p is None for p in parts) or not all(_norm_ok(n, cfg.hidden_size, cfg.dtype) for n in norms)
             or not getattr(attn.backend, "fuse_rope_cache", False) or attn.head_dim % 2):
         return None
-    tensors = (norms[0].weight, norms[1].weight,
-               *(getattr(mod, weight_name) for mod in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+    mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    tensors = (norms[0].weight, norms[1].weight, *(getattr(mod, weight_name) for mod in mods),
+               *(mod.qweight for mod in mods if getattr(mod, "qweight", None) is not None))
     return _Layer(norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), norms[0].eps, norms[1].eps,
                   *parts, None, None), tensors
 
@@ -126,9 +136,20 @@ class DecodeStack:
         self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
         self.keep = [cos, sin, model.norm.weight] + [t for _, ts in layers for t in ts]
         self.caches_key: tuple | None = None
-        self.max_rows = (min(m.bf16_max_rows for m in model.modules() if getattr(m, "bf16_packed", None) is not None)
-                         if self.dtype == torch.bfloat16 else
-                         min(m.qmax_tokens for m in model.modules() if getattr(m, "qweight", None) is not None))
+        linears = [mod for layer in model.layers[model.start_layer:model.end_layer]
+                   for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                               layer.mlp.down_proj)]
+        if self.dtype == torch.bfloat16:
+            self.max_rows = min(mod.bf16_max_rows for mod in linears)
+            # --quantization gguf: every layer's blocks for steps of up to qmax_rows rows, as the modules read them
+            quantized = all(q.qw for layer, _ in layers for q in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            self.md.qmax_rows = min([self.max_rows] + [mod.qmax_tokens for mod in linears]) if quantized else 0
+        else:
+            self.max_rows = min(mod.qmax_tokens for mod in linears)
+        widest_k = max(self.hidden, self.num_heads * self.head_dim, self.intermediate)
+        widest_n = max(self.qkv_n, self.hidden, 2 * self.intermediate)
+        self.qscratch = torch.empty(self.md.qmax_rows * (widest_k + widest_n), dtype=torch.float32)
+        self.md.qmatmul, self.md.qscratch = (gguf_kernel() if self.md.qmax_rows else None), self.qscratch.data_ptr()
         self.work = torch.empty(self.max_rows * (self.head_dim + self.qkv_n + self.num_heads * self.head_dim
                                                    + 3 * self.intermediate), dtype=self.dtype)
         self.args_tail = (ctypes.byref(self.md), ctypes.byref(self.layers), len(layers))

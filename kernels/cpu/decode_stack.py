@@ -23,10 +23,10 @@ LIBRARY = {torch.float32: "decode_stack", torch.bfloat16: "decode_stack_bf16"}
 
 
 class QLinear(ctypes.Structure):
-    """kvp_qlinear_t: one linear layer [n outputs, k inputs]: float32, GGUF blocks (qtype, act8);
-    bfloat16, bf16_gemm.pack's copy."""
+    """kvp_qlinear_t: one linear layer [n outputs, k inputs]: float32, `w` the GGUF blocks (qtype,
+    act8); bfloat16, `w` bf16_gemm.pack's copy and `qw` the GGUF blocks (qtype, act8) or None."""
 
-    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("qtype", _I), ("act8", _I)]
+    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("qtype", _I), ("act8", _I), ("qw", _P)]
 
 
 class Layer(ctypes.Structure):
@@ -38,12 +38,14 @@ class Layer(ctypes.Structure):
 
 
 class Model(ctypes.Structure):
-    """kvp_model_t: the kernels called, the shapes, the final norm and the RoPE tables."""
+    """kvp_model_t: the kernels called, the shapes, the final norm and the RoPE tables; in bfloat16
+    also the GGUF matmul (`gguf_kernel`) for layers with GGUF blocks, the most rows it serves
+    (0: none) and its float32 scratch of qmax_rows * (the largest k + the largest n) floats."""
 
     _fields_ = [("matmul", _P), ("norm", _P), ("silu", _P), ("attn", _P),
                 ("hidden", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("block_size", _I),
                 ("intermediate", _I), ("scale", _D), ("final_norm", _P), ("final_eps", _D),
-                ("cos_table", _P), ("sin_table", _P)]
+                ("cos_table", _P), ("sin_table", _P), ("qmatmul", _P), ("qmax_rows", _I), ("qscratch", _P)]
 
 
 _ARGTYPES = [_P, _P, _I, _P, _P, _I, _P, _P, _P, _I, _P, _P, ctypes.c_int, ctypes.c_int]
@@ -65,11 +67,16 @@ def _fn_ptr(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(lib[name], _P).value  # lib[name]: a fresh handle, whatever wraps lib.name
 
 
+def gguf_kernel() -> int:
+    """Address of `kvp_gguf_matmul` (the bfloat16 stack's matmul for layers with GGUF blocks)."""
+    return _fn_ptr(gguf.load(), "kvp_gguf_matmul")
+
+
 def kernels(dtype: torch.dtype) -> tuple[int, int, int, int]:
     """Addresses of the matmul, RMSNorm, SiLU*mul and fused decode functions the glue calls for
     `dtype` (the first four fields of Model), from this CPU's variant."""
     clib = norm_act.lib(dtype)
-    matmul = (_fn_ptr(gguf.load(), "kvp_gguf_matmul") if dtype == torch.float32
+    matmul = (gguf_kernel() if dtype == torch.float32
               else _fn_ptr(bf16_gemm.load(), "kvp_bf16_gemm"))
     return (matmul, *(_fn_ptr(clib, attention.kernel_name(base, dtype))
                       for base in ("kvp_rms_norm", "kvp_silu_mul", "kvp_rope_cache_decode")))

@@ -22,19 +22,30 @@ def bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_gguf_throughput_runs_float32_activations_and_records_them(tmp_path):
+def test_throughput_runs_the_engine_as_shipped_and_records_its_weights(tmp_path):
+    # the builtin GGUF on CPU: the engine's default is --quantization gguf with 8-bit activations
     out = tmp_path / "t.json"
     env = {k: v for k, v in os.environ.items() if k != "KVPILOT_GGUF_ACTIVATIONS"}
-    r = bench("--num-prompts", "2", "--skip-hf", "--dtype", "float32", "--quantization", "gguf",
-              "--output-json", str(out), env=env)
+    r = bench("--num-prompts", "2", "--skip-hf", "--dtype", "float32", "--output-json", str(out), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "kvpilot on the GGUF blocks (float32 activations)" in " ".join(r.stdout.split())
+    assert "kvpilot on the GGUF blocks (q8_1 activations)" in " ".join(r.stdout.split())
     result = json.loads(out.read_text())
-    assert result["quantization"] == "gguf" and result["gguf_activations"] == "float32"
+    assert result["quantization"] == "gguf" and result["gguf_activations"] == "q8_1"
     assert result["dtype"] == "float32" and result["kvpilot"]["output_tokens_per_s"] > 0
     assert "hf_generate" not in result
     # the step profile sees the C decode stack (a torch profiler range), not only "other"
     assert result["profile_share"]["decode stack (all layers in one C call)"] > 0
+
+
+@pytest.mark.slow
+def test_throughput_on_the_dense_weights_records_no_blocks(tmp_path):
+    out = tmp_path / "t.json"
+    r = bench("--num-prompts", "2", "--skip-hf", "--dtype", "float32", "--quantization", "none",
+              "--output-json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "GGUF blocks" not in " ".join(r.stdout.split())
+    result = json.loads(out.read_text())
+    assert result["quantization"] is None and result["gguf_activations"] is None
 
 
 def test_unknown_quantization_exits_2():

@@ -35,8 +35,10 @@ def llm():
     # the CPU has one (AMX CPUs too), else the plain-C loop of the same layout
     with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(),
                                                     bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)):
+        # dense weights: the bf16 kernel's packed copies serve every step (test_cpu_decode_stack_bf16_gguf.py
+        # covers the default, which reads the GGUF's blocks for the smallest steps)
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
-                  swap_space=0)
+                  swap_space=0, quantization="none")
 
 
 @pytest.mark.slow

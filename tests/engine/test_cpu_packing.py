@@ -84,12 +84,12 @@ def test_packed_float32_layers_match_f_linear_and_replace_the_plain_weights():
 def test_engine_greedy_tokens_and_logprobs_with_packed_float32_weights(monkeypatch):
     prompts = ["The three primary colors are", "def fibonacci(n):", "Paris is the capital of"]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
-    packed = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256)
+    packed = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256, quantization="none")
     assert packed.engine.runner.packed_weights_bytes > 0
     want = packed.generate(prompts, params)
     packed.engine.close()
     monkeypatch.setattr(model_runner, "pack_weights_for_cpu", lambda model: 0)
-    plain = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256)
+    plain = LLM("smollm2-135m-instruct", dtype="float32", max_model_len=256, quantization="none")
     got = plain.generate(prompts, params)
     plain.engine.close()
     for a, b in zip(want, got):
@@ -107,12 +107,12 @@ def test_engine_greedy_tokens_agree_with_and_without_packing_as_vllm_checks_bf16
     # side's token must be among the other side's top logprobs (a near tie), not elsewhere.
     prompts = ["The three primary colors are", "def fibonacci(n):", "Paris is the capital of"]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
-    packed = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256)
+    packed = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256, quantization="none")
     assert packed.engine.runner.packed_weights_bytes > 0
     want = [o.outputs[0] for o in packed.generate(prompts, params)]
     packed.engine.close()
     monkeypatch.setattr(model_runner, "pack_weights_for_cpu", lambda model: 0)
-    plain = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256)
+    plain = LLM("smollm2-135m-instruct", dtype="bfloat16", max_model_len=256, quantization="none")
     assert plain.engine.runner.packed_weights_bytes == 0
     got = [o.outputs[0] for o in plain.generate(prompts, params)]
     plain.engine.close()

@@ -98,6 +98,7 @@ def test_decode_sized_matmuls_read_the_blocks_and_agree_with_the_dense_weight(qu
         module = dict(model.named_modules())[name]
         assert module.qactivations == "q8_1"  # attach_gguf_blocks' default
         monkeypatch.setattr(module, "qactivations", activations)
+        monkeypatch.setattr(module, "qmax_tokens", limit)  # set_qweight's default for the format
         x = torch.randn(tokens, module.weight.shape[1])
         got, want = module.matmul(x), F.linear(x, module.weight)
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
@@ -141,11 +142,11 @@ def test_quantization_needs_a_gguf_model(model_path):
         EngineArgs(model=MODEL, quantization="awq", device="cpu").create_engine_config()
 
 
-def test_no_kernel_bf16_or_cuda_fall_back_to_the_dense_weights_with_a_log_line(monkeypatch, caplog):
+def test_no_kernel_float16_or_cuda_fall_back_to_the_dense_weights_with_a_log_line(monkeypatch, caplog):
     model = torch.nn.Linear(32, 8)
     gguf = str(builtin_gguf_path(MODEL))
     with caplog.at_level(logging.WARNING, logger="kvpilot.engine.layers.gguf_quant"):
-        assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cpu"), torch.bfloat16) == 0
+        assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cpu"), torch.float16) == 0
         assert gguf_quant.maybe_quantize(model, "gguf", gguf, torch.device("cuda"), torch.float32) == 0
         monkeypatch.setenv(cpu_kernel_path.KERNELS_ENV, "0")
         cpu_kernel_path.reset()
@@ -154,5 +155,5 @@ def test_no_kernel_bf16_or_cuda_fall_back_to_the_dense_weights_with_a_log_line(m
         finally:
             monkeypatch.delenv(cpu_kernel_path.KERNELS_ENV)
             cpu_kernel_path.reset()
-    assert "not bfloat16" in caplog.text and "CPU only" in caplog.text and "the C kernels are off" in caplog.text
+    assert "not float16" in caplog.text and "CPU only" in caplog.text and "the C kernels are off" in caplog.text
     assert gguf_quant.maybe_quantize(model, None, gguf, torch.device("cpu"), torch.float32) == 0

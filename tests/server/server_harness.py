@@ -17,8 +17,12 @@ API_KEY = "test-key-123"
 ADMIN_TOKEN = "test-admin-token-4567"  # the control routes' own token
 LIMITED_DEADLINE_S = 8.0  # the `limited` server's --request-deadline-s and --max-queue-len
 LIMITED_QUEUE = 8
-# The settings the offline-equality test must share with the server.
-ENGINE_SETTINGS = {"max_model_len": 1024, "max_num_seqs": 8, "num_gpu_blocks_override": 256, "dtype": "float32"}
+# The settings the offline-equality test must share with the server. The dense weights (not the
+# GGUF's blocks the builtin model reads by default for steps of up to 8 rows): a request's tokens then
+# do not depend on how many others share its steps (the offline-equality test), and the deadline and
+# drain tests' long requests (900-1000 tokens) take longer than their 8 s and 15 s at this speed.
+ENGINE_SETTINGS = {"max_model_len": 1024, "max_num_seqs": 8, "num_gpu_blocks_override": 256, "dtype": "float32",
+                   "quantization": "none"}
 
 
 def engine_flags(**settings) -> list[str]:

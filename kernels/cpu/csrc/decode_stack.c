@@ -15,20 +15,22 @@
  * the step's RoPE cos/sin rows from the tables.
  * One source, two builds: float32 (elements `float`, the GGUF matmul `kvp_gguf_matmul`) and, with
  * -DKVP_BF16, bfloat16 (elements bf16 bits, the matmul `kvp_bf16_gemm` of bf16_gemm.c over
- * its packed weights; the attention library's `_bf16` norm, activation and attention).
+ * its packed weights; the attention library's `_bf16` norm, activation and attention). With
+ * `--quantization gguf` the bf16 build reads a layer's GGUF blocks instead for steps of at most
+ * `qmax_rows` rows, as the module path does (engine/layers/linear.py): the bf16 rows widened to
+ * float32 (exact), `kvp_gguf_matmul`, the float32 results rounded to nearest even.
  */
 
 #include "kvp.h"
 
+typedef int (*gguf_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
+                       int64_t m, float *y, int64_t y_stride, int threads, int act8);
 #ifdef KVP_BF16
 typedef void (*matmul_fn)(const kvp_t *x, int64_t ldx, const kvp_t *wp, kvp_t *y, int64_t ldy, int64_t m,
                           int64_t n, int64_t k, int64_t threads);
-/* kvp_bf16_gemm cannot fail */
-#define MATMUL(L, x, ldx, y, ldy) \
-    (md->matmul((x), (ldx), (const kvp_t *)(L).w, (y), (ldy), m, (L).n, (L).k, threads), 0)
+#define MATMUL(L, x, ldx, y, ldy) matmul_bf16(md, &(L), (x), (ldx), (y), (ldy), m, threads)
 #else
-typedef int (*matmul_fn)(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
-                         int64_t m, float *y, int64_t y_stride, int threads, int act8);
+typedef gguf_fn matmul_fn;
 #define MATMUL(L, x, ldx, y, ldy) \
     md->matmul((int)(L).qtype, (const uint8_t *)(L).w, (L).n, (L).k, (x), (ldx), m, (y), (ldy), threads, \
                (int)(L).act8)
@@ -42,12 +44,14 @@ typedef int (*attn_fn)(const kvp_t *qkv, int64_t qkv_stride, const kvp_t *cos, c
                        int64_t seq_begin, int64_t seq_end, int64_t num_heads, int64_t num_kv_heads,
                        int64_t head_dim, int64_t block_size, float scale, int64_t num_threads);
 
-/* one linear layer [n outputs, k inputs]: float32, GGUF blocks [n, k / 32 * block bytes] (qtype, act8:
-   gguf_kernel's); bf16, the packed weight of bf16_gemm.pack (qtype, act8 unused) */
+/* one linear layer [n outputs, k inputs]: float32, w the GGUF blocks [n, k / 32 * block bytes] (qtype,
+   act8: kvp_gguf_matmul's); bf16, w the packed weight of bf16_gemm.pack and qw the GGUF blocks
+   (qtype, act8) or NULL */
 typedef struct {
     const void *w;
     int64_t n, k;
     int64_t qtype, act8;
+    const void *qw;
 } kvp_qlinear_t;
 
 typedef struct {
@@ -67,7 +71,33 @@ typedef struct {
     const kvp_t *final_norm;
     double final_eps;
     const kvp_t *cos_table, *sin_table;  /* [max_positions, head_dim / 2] */
+    /* bf16 build: the GGUF matmul for layers with qw, steps of at most qmax_rows rows (0: none), and
+       its float32 scratch of qmax_rows * (the largest k + the largest n) floats */
+    gguf_fn qmatmul;
+    int64_t qmax_rows;
+    float *qscratch;
 } kvp_model_t;
+
+#ifdef KVP_BF16
+/* y = x W^T for one bf16 layer: its GGUF blocks where it has them and m <= qmax_rows, else the bf16
+   kernel's packed copy. Returns kvp_gguf_matmul's code (-2: out of memory), else 0. */
+static int matmul_bf16(const kvp_model_t *md, const kvp_qlinear_t *L, const kvp_t *x, int64_t ldx, kvp_t *y,
+                       int64_t ldy, int64_t m, int threads) {
+    if (L->qw == NULL || m > md->qmax_rows) {
+        md->matmul(x, ldx, (const kvp_t *)L->w, y, ldy, m, L->n, L->k, threads);
+        return 0;
+    }
+    float *fx = md->qscratch, *fy = fx + m * L->k;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < L->k; ++j) fx[i * L->k + j] = bf16_ld(x[i * ldx + j]);
+    const int code = md->qmatmul((int)L->qtype, (const uint8_t *)L->qw, L->n, L->k, fx, L->k, m, fy, L->n,
+                                 threads, (int)L->act8);
+    if (code) return code;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < L->n; ++j) y[i * ldy + j] = bf16_st(fy[i * L->n + j]);
+    return 0;
+}
+#endif
 
 /* residual [m, hidden]: the embeddings in, the residual stream out; h [m, hidden]: the
    final-normed hidden states out. work: m * (head_dim + qkv_n + num_heads * head_dim
