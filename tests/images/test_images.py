@@ -78,6 +78,8 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
     path_line = next((line for line in log.splitlines() if "decode steps run" in line), "")
     assert f"runs the {variant} kernel build" in path_line, log[-4000:]
     assert "the torch path" not in path_line and "C " in path_line, path_line
+    # the builtin GGUF serves with its blocks by default (vLLM's rule for a GGUF file)
+    assert "--quantization gguf:" in log and "read the GGUF blocks" in path_line, log[-4000:]
     threads_line = next((line for line in log.splitlines() if "CPU threads:" in line), "")
     assert threads_line or len(os.sched_getaffinity(0)) == 1, log[-4000:]
     assert timed.usage.completion_tokens >= 1

@@ -93,6 +93,98 @@ static void attend_part(const float *q, const kvp_t *k_cache, const kvp_t *v_cac
     }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 elements of a K or V row as floats (bf16: the upper halves of float32 lanes). */
+static inline __m512 ld16(const kvp_t *p) {
+#ifdef KVP_BF16
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+#else
+    return _mm512_loadu_ps(p);
+#endif
+}
+
+/* attend_part for head_dim = 16 * D and G query heads per KV head (always inlined with constant D and G,
+   so the G x D query and accumulator vectors live in zmm registers): KV head by KV head, each token's
+   K (then V) slice is converted once for the G query heads that read it, the dot products are one
+   FMA chain and one horizontal sum per head, and p.V accumulates in registers instead of a
+   load/FMA/store of acc per head and token. Same arithmetic as attend_part in another summation
+   order (results differ in the last bits). The first KV head's pass prefetches whole rows ahead,
+   so the other heads find them in cache. */
+static inline __attribute__((always_inline)) void attend_part_zmm(
+    const float *q, const kvp_t *k_cache, const kvp_t *v_cache, const int32_t *table, int64_t len,
+    int64_t num_kv_heads, int64_t block_size, float scale, float *scores, float *acc, float *mx, float *l, const int D,
+    const int G) {
+    const int64_t head_dim = 16 * D, num_heads = G * num_kv_heads, row = num_kv_heads * head_dim;
+    const int64_t block_elems = block_size * row;
+    for (int64_t g = 0; g < num_kv_heads; ++g) {
+        __m512 qv[G * D];
+        for (int h = 0; h < G; ++h)
+            for (int d = 0; d < D; ++d) qv[h * D + d] = _mm512_loadu_ps(q + (g * G + h) * head_dim + 16 * d);
+        for (int64_t b = 0, t = 0; t < len; ++b) {
+            const kvp_t *k = k_cache + (int64_t)table[b] * block_elems + g * head_dim;
+            const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+            for (; t < end; ++t, k += row) {
+                if (g == 0) prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
+                __m512 kv[D];
+                for (int d = 0; d < D; ++d) kv[d] = ld16(k + 16 * d);
+                for (int h = 0; h < G; ++h) {
+                    __m512 sum = _mm512_mul_ps(qv[h * D], kv[0]);
+                    for (int d = 1; d < D; ++d) sum = _mm512_fmadd_ps(qv[h * D + d], kv[d], sum);
+                    scores[(g * G + h) * len + t] = _mm512_reduce_add_ps(sum) * scale;
+                }
+            }
+        }
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+        float *sc = scores + h * len;
+        float m = -FLT_MAX, sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
+        mx[h] = m;
+        l[h] = sum;
+    }
+    for (int64_t g = 0; g < num_kv_heads; ++g) {
+        __m512 a[G * D];
+        for (int i = 0; i < G * D; ++i) a[i] = _mm512_setzero_ps();
+        for (int64_t b = 0, t = 0; t < len; ++b) {
+            const kvp_t *v = v_cache + (int64_t)table[b] * block_elems + g * head_dim;
+            const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+            for (; t < end; ++t, v += row) {
+                if (g == 0) prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
+                __m512 vv[D];
+                for (int d = 0; d < D; ++d) vv[d] = ld16(v + 16 * d);
+                for (int h = 0; h < G; ++h) {
+                    const __m512 p = _mm512_set1_ps(scores[(g * G + h) * len + t]);
+                    for (int d = 0; d < D; ++d) a[h * D + d] = _mm512_fmadd_ps(p, vv[d], a[h * D + d]);
+                }
+            }
+        }
+        for (int h = 0; h < G; ++h)
+            for (int d = 0; d < D; ++d) _mm512_storeu_ps(acc + (g * G + h) * head_dim + 16 * d, a[h * D + d]);
+    }
+}
+#endif
+
+/* attend_part, by the register-blocked path where this build and the shape have one. */
+static void attend_item(const float *q, const kvp_t *k_cache, const kvp_t *v_cache, const int32_t *table, int64_t len,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                        float *scores, float *acc, float *mx, float *l) {
+#if defined(__AVX512F__)
+    const int64_t group = num_heads / num_kv_heads;
+#define ZMM_CASE(D, G) \
+    if (head_dim == 16 * (D) && group == (G)) { \
+        attend_part_zmm(q, k_cache, v_cache, table, len, num_kv_heads, block_size, scale, scores, acc, mx, l, D, G); \
+        return; \
+    }
+    ZMM_CASE(4, 1) ZMM_CASE(4, 2) ZMM_CASE(4, 3) ZMM_CASE(4, 4) ZMM_CASE(8, 1) ZMM_CASE(8, 2)
+#undef ZMM_CASE
+#endif
+    attend_part(q, k_cache, v_cache, table, len, num_heads, num_kv_heads, head_dim, block_size, scale, scores, acc,
+                mx, l);
+}
+
 /* out[h][:] from a sequence's parts items (each acc[num_heads*head_dim], mx[num_heads],
    l[num_heads], stride floats apart): sum_i e^(mx_i - M) acc_i / sum_i e^(mx_i - M) l_i. */
 static void merge_parts(const float *partial, int64_t parts, int64_t stride, int64_t num_heads, int64_t head_dim,
@@ -192,7 +284,7 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
             const int64_t len = lens[s] - begin < part ? lens[s] - begin : part;
             float *p = partial + i * stride;
             if (!failed)
-                attend_part(qrot + s * hh, a.k_cache, a.v_cache,
+                attend_item(qrot + s * hh, a.k_cache, a.v_cache,
                             a.tables + (a.seq_begin + s) * a.max_blocks + begin / a.block_size, len, a.num_heads,
                             a.num_kv_heads, a.head_dim, a.block_size, a.scale, scores, p, p + hh, p + hh + a.num_heads);
         }

@@ -92,28 +92,12 @@ static void group_rows(const uint16_t *x, int64_t ldx, const uint16_t *wg, int64
 #endif
 
 #if defined(KVP_BF16_SIMD) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #define KVP_AMX 1
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* 1 once the kernel granted this process the AMX tile state (Linux 5.16+), else 0; asked once. */
-static int amx_granted(void) {
-    static int state = -1; /* -1 not asked yet; a race only asks twice */
-    if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    return state;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
 
 /* Tiles 0-3: C (mt rows x 16 float32), 4: A (mt rows x 32 bf16), 5: B (16 k-pairs x 16 columns). */
 static void amx_configure(int mt) {
-    tile_config cfg;
+    kvp_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 5; ++t) { cfg.rows[t] = (uint8_t)mt; cfg.colsb[t] = 64; }
@@ -159,7 +143,7 @@ static void amx_items(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16
    the kernel), else 0. */
 int kvp_bf16_gemm_amx(void) {
 #ifdef KVP_AMX
-    return amx_granted();
+    return kvp_amx_granted();
 #else
     return 0;
 #endif
@@ -182,7 +166,7 @@ int kvp_bf16_gemm_simd(void) {
 void kvp_bf16_gemm(const uint16_t *x, int64_t ldx, const uint16_t *wp, uint16_t *y, int64_t ldy, int64_t m,
                    int64_t n, int64_t k, int64_t num_threads) {
 #ifdef KVP_AMX
-    if (k % 32 == 0 && amx_granted()) {
+    if (k % 32 == 0 && kvp_amx_granted()) {
         const int64_t tiles = (m + 15) / 16, items = n / 64 * tiles;
         const int64_t teams = num_threads < items ? num_threads : items;
         #pragma omp parallel for schedule(static, 1) num_threads((int)teams) if (teams > 1)
