@@ -79,20 +79,20 @@ def bf16_matmul_kernel_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
     return BF16_KERNEL_MAX_ROWS
 
 
-# The most rows a bfloat16 engine's matmul reads `--quantization gguf`'s blocks for (8-bit activations), by
-# CPU kind: `kvpilot bench decode-step --dtypes bfloat16 --quantization none,gguf` (2 threads). Sapphire
-# Rapids with the bf16 kernel on AMX tiles: the blocks win while a step reads the weights once (one row
-# 6.1 vs 12.6 ms a step, 8.6 vs 13.3 at 2, 11.5 vs 14.1 at 3), tie at 4 (14.6 vs 15.1) and lose from 6
-# (19.1 vs 16.1; 23.0 vs 16.9 at 8). Elsewhere vLLM's MMVQ limit (linear.GGUF_MAX_TOKENS), not measured.
-GGUF_BF16_MAX_ROWS_AMX = 4
-GGUF_BF16_MAX_ROWS = 8
+# The most rows a matmul reads `--quantization gguf`'s blocks for with 8-bit activations (either dtype):
+# vLLM's MMVQ limit (linear.GGUF_MAX_TOKENS) with the AVX2 dot products; where they run on AMX tiles
+# (kernels/cpu/gguf.amx(), csrc/gguf_amx.c) up to 16 rows: `kvpilot bench decode-step --dtypes bfloat16
+# --quantization none,gguf` on Sapphire Rapids (2 threads), ms a step, dense bf16 (the bf16 kernel on
+# AMX tiles) vs the blocks: 1 row 13.1 vs 6.0, 8 rows 16.7 vs 12.7, 16 rows 20.5 vs 18.2, 24 rows 26.5 vs
+# 26.9, 32 rows 30.1 vs 31.7 (benchmarks/results/throughput/README.md).
+GGUF_MAX_ROWS = 8
+GGUF_MAX_ROWS_AMX = 16
 
 
-def gguf_bf16_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
-    """Up to how many rows a bfloat16 engine's matmul reads the GGUF blocks (8-bit activations)
-    instead of its dense weight on this CPU: fewer where the bf16 kernel runs on AMX tiles
-    (`tiles`: bf16_gemm.amx()), whose dense matmuls catch up with the blocks' one pass sooner."""
-    return GGUF_BF16_MAX_ROWS_AMX if tiles and "amx_bf16" in cpu.flags else GGUF_BF16_MAX_ROWS
+def gguf_max_rows(amx_int8: bool) -> int:
+    """Up to how many rows a matmul reads the GGUF blocks (8-bit activations) instead of the dense
+    weight: GGUF_MAX_ROWS_AMX where the 8-bit matmuls run on AMX tiles (`amx_int8`), else GGUF_MAX_ROWS."""
+    return GGUF_MAX_ROWS_AMX if amx_int8 else GGUF_MAX_ROWS
 
 
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:

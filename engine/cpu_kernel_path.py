@@ -28,8 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvpilot.engine.cpu_info import (GGUF_BF16_MAX_ROWS, CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu,
-                                      gguf_bf16_max_rows)
+from kvpilot.engine.cpu_info import GGUF_MAX_ROWS, CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu, gguf_max_rows
 
 logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")
 
@@ -43,16 +42,17 @@ class CpuKernelPath:
     build loaded (kernels/cpu/build.py VARIANTS); bf16_gemm_max_rows: bfloat16 matmuls of up to
     this many rows take the bf16 kernel (packed copies; 0: never, at most
     bf16_gemm.BF16_GEMM_MAX_TOKENS), and so do bf16 decode stacks; decode_stack: small decode-only
-    steps run in one C call where the model allows; reason: why, for the log; gguf_bf16_max_rows:
-    with `--quantization gguf`, bfloat16 matmuls of up to this many rows read the GGUF blocks
-    (8-bit activations; float32 engines read them up to linear.gguf_max_tokens)."""
+    steps run in one C call where the model allows; reason: why, for the log; gguf_max_rows: with
+    `--quantization gguf` and 8-bit activations, matmuls of up to this many rows read the GGUF
+    blocks; gguf_amx: they read them on AMX tiles, in kernels/cpu/gguf.amx_pack's layout."""
 
     kernels: bool
     variant: str | None
     bf16_gemm_max_rows: int
     decode_stack: bool
     reason: str
-    gguf_bf16_max_rows: int = GGUF_BF16_MAX_ROWS
+    gguf_max_rows: int = GGUF_MAX_ROWS
+    gguf_amx: bool = False
 
     @property
     def bf16_gemm(self) -> bool:
@@ -65,7 +65,7 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> C
     kernels (unless KVPILOT_CPU_KERNELS=0)."""
     if env.get(KERNELS_ENV, "1") == "0":
         return CpuKernelPath(False, None, 0, False, f"{KERNELS_ENV}=0: the torch path, no C kernel")
-    from kvpilot.kernels.cpu import bf16_gemm, loader
+    from kvpilot.kernels.cpu import bf16_gemm, gguf, loader
 
     cpu = cpu or detect_cpu()
     variant = loader.selected_variant()
@@ -82,7 +82,10 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> C
                    " (this Linux kernel grants no AMX tile state to the process)")
     if not stack:
         why.append(f"{DECODE_STACK_ENV}=0")
-    return CpuKernelPath(True, variant, rows, stack, "; ".join(why), gguf_bf16_max_rows(cpu, tiles))
+    int8_tiles = gguf.amx()
+    if int8_tiles:
+        why.append(f"--quantization gguf's 8-bit matmuls of up to {gguf_max_rows(True)} rows on AMX tiles")
+    return CpuKernelPath(True, variant, rows, stack, "; ".join(why), gguf_max_rows(int8_tiles), int8_tiles)
 
 
 _current: CpuKernelPath | None = None

@@ -125,11 +125,12 @@ def _targets(model: nn.Module, name: str) -> list[tuple[nn.Module, int | None]]:
 
 
 def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8_1",
-                       max_tokens: int | None = None) -> int:
+                       max_tokens: int | None = None, amx: bool = False) -> int:
     """Gives each linear layer of `model` (this stage, this rank's shard) and its LM head
     the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`), read with
     `activations` ("q8_1" or "float32", ACTIVATIONS) by matmuls of up to `max_tokens` rows
-    (default: linear.gguf_max_tokens), and returns their bytes.
+    (default: linear.gguf_max_tokens), in the AMX tiles' layout where `amx` (8-bit activations
+    only; kernels/cpu/gguf.amx_pack, same bytes), and returns their bytes.
     A fused layer (qkv, gate_up) is quantized only when all its parts share one type; a
     layer whose input shard is not a whole number of blocks keeps the dense path."""
     from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -143,15 +144,15 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8
             elif isinstance(module, RowParallelLinear):
                 part = _shard_columns(blocks, qtype, module.in_shard, rank)
                 if part is not None:
-                    module.set_qweight(qtype, part, activations, max_tokens)
+                    module.set_qweight(qtype, part, activations, max_tokens, amx)
             else:  # the LM head (VocabParallelEmbedding)
                 module.set_qweight(qtype, _shard_rows(blocks, module.shard, rank) if tp > 1 else blocks, activations,
-                                  max_tokens)
+                                  max_tokens, amx)
     for module, parts in fused.items():
         types = {qtype for qtype, _ in parts.values()}
         if len(parts) == len(module.output_sizes) and len(types) == 1:
             module.set_qweight(types.pop(), np.concatenate([parts[i][1] for i in range(len(parts))]), activations,
-                              max_tokens)
+                              max_tokens, amx)
     return sum(m.qweight.numel() for m in model.modules() if getattr(m, "qweight", None) is not None)
 
 
@@ -169,10 +170,10 @@ def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | 
         return 0
     from kvpilot.engine.layers.linear import gguf_max_tokens
 
-    max_tokens = gguf_max_tokens(activations)
-    if dtype == torch.bfloat16 and activations == "q8_1":  # the dense bf16 matmuls catch up sooner
-        max_tokens = min(max_tokens, cpu_kernel_path.current().gguf_bf16_max_rows)
-    extra = attach_gguf_blocks(model, Path(gguf_path), activations, max_tokens)
+    path = cpu_kernel_path.current()
+    q8 = activations == "q8_1"
+    max_tokens = path.gguf_max_rows if q8 else gguf_max_tokens(activations)
+    extra = attach_gguf_blocks(model, Path(gguf_path), activations, max_tokens, amx=q8 and path.gguf_amx)
     how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
            f"{ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
            else f"float32 activations ({ACTIVATIONS_ENV}=float32)")

@@ -22,6 +22,7 @@ from torch import nn
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
 from kvpilot.kernels.cpu import bf16_gemm
+from kvpilot.kernels.cpu.gguf import amx_pack as gguf_amx_pack
 from kvpilot.kernels.cpu.gguf import gguf_matmul
 
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
@@ -54,12 +55,16 @@ class _Linear(nn.Module):
     qactivations: str = "q8_1"
     qmax_tokens: int = 0  # matmuls of up to this many rows read qweight
 
-    def set_qweight(self, qtype: int, blocks, activations: str = "q8_1", max_tokens: int | None = None) -> None:
+    def set_qweight(self, qtype: int, blocks, activations: str = "q8_1", max_tokens: int | None = None,
+                    amx: bool = False) -> None:
         """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
         read with `activations` "q8_1" (8-bit) or "float32" (kvpilot.kernels.cpu.gguf.ACTIVATIONS)
-        by matmuls of up to `max_tokens` rows (default: gguf_max_tokens of `activations`)."""
+        by matmuls of up to `max_tokens` rows (default: gguf_max_tokens of `activations`); with
+        `amx` (8-bit activations, rows a multiple of 16), in gguf.amx_pack's layout for AMX tiles."""
         self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
         self.qtype = qtype
+        if amx and activations == "q8_1" and self.qweight.shape[0] % 16 == 0:
+            self.qweight, self.qtype = gguf_amx_pack(self.qweight, qtype)
         self.qactivations = activations
         self.qmax_tokens = gguf_max_tokens(activations) if max_tokens is None else max_tokens
 

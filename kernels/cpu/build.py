@@ -91,9 +91,9 @@ LIBRARIES = {
     "attention": Library(*_ATTENTION),
     "attention_bf16": Library(_ATTENTION[0], (*_ATTENTION[1], "-DKVP_BF16"), _ATTENTION[2]),
     "bf16_gemm": Library(("bf16_gemm.c",), ("-O3", "-fopenmp"), ("-fopenmp",)),
-    "gguf": Library(("gguf.c",), ("-O3", "-ffp-contract=off", "-fopenmp", "-pthread"), ("-fopenmp", "-pthread")),
-    "decode_stack": Library(("decode_stack.c",), ("-O2",), ()),
-    "decode_stack_bf16": Library(("decode_stack.c",), ("-O2", "-DKVP_BF16"), ()),
+    "gguf": Library(("gguf.c", "gguf_amx.c"), ("-O3", "-ffp-contract=off", "-fopenmp", "-pthread"), ("-fopenmp", "-pthread")),
+    "decode_stack": Library(("decode_stack.c",), ("-O3",), ()),
+    "decode_stack_bf16": Library(("decode_stack.c",), ("-O3", "-DKVP_BF16"), ()),
 }
 
 

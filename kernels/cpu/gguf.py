@@ -31,10 +31,13 @@ import torch
 from kvpilot.kernels.cpu.loader import kernel_range
 from kvpilot.kernels.cpu.loader import load as load_library
 
-# GGML type numbers (gguf.GGMLQuantizationType) -> bytes per block of 32 weights
+# GGML type numbers (gguf.GGMLQuantizationType) -> bytes per block of 32 weights; Q4_1_AMX and Q8_0_AMX
+# (our numbers) are the same blocks in csrc/gguf_amx.c's layout for AMX tiles (`amx_pack`), as many bytes
 Q4_1, Q8_0 = 3, 8
+Q4_1_AMX, Q8_0_AMX = 103, 108
 BLOCK_WEIGHTS = 32
-BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
+BLOCK_BYTES = {Q4_1: 20, Q8_0: 34, Q4_1_AMX: 20, Q8_0_AMX: 34}
+AMX_LAYOUT = {Q4_1: Q4_1_AMX, Q8_0: Q8_0_AMX}
 
 # Activation formats: "q8_1" (8-bit blocks, integer dot products) or "float32" (exact x).
 ACTIVATIONS = ("q8_1", "float32")
@@ -55,7 +58,32 @@ def load(variant: str | None = None) -> ctypes.CDLL:
         lib.kvp_gguf_simd.restype = ctypes.c_int
         lib.kvp_gguf_set_tiled_min_m.restype = ctypes.c_int
         lib.kvp_gguf_set_tiled_min_m.argtypes = [ctypes.c_int]
+        lib.kvp_gguf_amx.restype = ctypes.c_int
+        lib.kvp_gguf_amx_pack.restype = ctypes.c_int
+        lib.kvp_gguf_amx_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     return lib
+
+
+def amx() -> bool:
+    """Whether this CPU's build runs the 8-bit matmuls on AMX tiles (the amx build, where Linux
+    grants the process the tile state): `amx_pack`'s layout is then readable."""
+    return bool(load().kvp_gguf_amx())
+
+
+def amx_pack(blocks: torch.Tensor, qtype: int) -> tuple[torch.Tensor, int]:
+    """The GGUF blocks [N, K / 32 * BLOCK_BYTES[qtype]] uint8 (Q4_1 or Q8_0; N a multiple of 16) in
+    csrc/gguf_amx.c's layout for AMX tiles (tiles of 16 rows, per block a B tile and the rows'
+    scales): a tensor of the same shape and bytes, and its qtype (Q4_1_AMX, Q8_0_AMX), which
+    `gguf_matmul` reads with 8-bit activations only. Raises ValueError on another qtype or shape."""
+    n, row_bytes = blocks.shape
+    if qtype not in AMX_LAYOUT or n % 16 or blocks.dtype != torch.uint8 or not blocks.is_contiguous():
+        raise ValueError(f"amx_pack: needs contiguous Q4_1/Q8_0 blocks of a multiple of 16 rows, got "
+                         f"{tuple(blocks.shape)} {blocks.dtype} of type {qtype}")
+    out = torch.empty_like(blocks)
+    k = row_bytes // BLOCK_BYTES[qtype] * BLOCK_WEIGHTS
+    if load().kvp_gguf_amx_pack(qtype, blocks.data_ptr(), n, k, out.data_ptr()):
+        raise ValueError(f"amx_pack: the kernel refused {tuple(blocks.shape)} of type {qtype}")
+    return out, AMX_LAYOUT[qtype]
 
 
 def quantize_q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,7 +105,8 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features:
 
     x:       [M, K] float32 on CPU, K a multiple of 32, last dim contiguous (rows may be strided)
     blocks:  [N, K / 32 * BLOCK_BYTES[qtype]] uint8, contiguous: row n holds W[n]'s blocks
-    qtype:   Q4_1 (3) or Q8_0 (8), gguf.GGMLQuantizationType's numbers
+    qtype:   Q4_1 (3) or Q8_0 (8), gguf.GGMLQuantizationType's numbers, or Q4_1_AMX / Q8_0_AMX
+             (`amx_pack`'s layout; activations "q8_1" only)
     out:     optional [M, N] float32 contiguous, written and returned
     activations: "q8_1" (x quantized to 8-bit blocks, integer dot products) or "float32"
     returns  [M, N] float32. Uses torch.get_num_threads() threads.
@@ -89,6 +118,8 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features:
         raise ValueError(f"gguf_matmul: activations must be one of {ACTIVATIONS}, not {activations!r}")
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"gguf_matmul: quantization type {qtype} is not supported (Q4_1=3, Q8_0=8)")
+    if qtype in (Q4_1_AMX, Q8_0_AMX) and activations != "q8_1":
+        raise ValueError("gguf_matmul: the AMX layout is read with 8-bit activations only")
     m, k = x.shape
     if (x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1 or k % BLOCK_WEIGHTS
             or blocks.dtype != torch.uint8 or not blocks.is_contiguous()

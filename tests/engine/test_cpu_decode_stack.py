@@ -19,13 +19,13 @@ from kvpilot.engine.models.cpu_decode_stack import DecodeStack
 from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
 
 MODEL = "smollm2-135m-instruct"
-PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(10)]  # 9..54 tokens each
+PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(18)]  # 9..94 tokens each
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=16,
-               num_gpu_blocks_override=128, swap_space=0)
+    return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=24,
+               num_gpu_blocks_override=160, swap_space=0)
 
 
 @pytest.mark.slow
@@ -53,10 +53,13 @@ def test_more_rows_than_the_kernel_batch_take_the_modules_and_agree(llm, served_
 
 
 def check_more_rows_than_the_kernel_batch(llm, served_rows):
-    prompts = PROMPTS[: GGUF_MAX_TOKENS + 2]  # 10 decodes: the modules (dense matmuls) until 8 remain
+    # the blocks' row limit: 8 (vLLM's), 16 where the 8-bit matmuls run on AMX tiles
+    limit = llm.engine.runner.model.decode_stack.max_rows
+    assert limit == cpu_kernel_path.current().gguf_max_rows >= GGUF_MAX_TOKENS
+    prompts = PROMPTS[: limit + 2]  # limit + 2 decodes: the modules (dense matmuls) until `limit` remain
     want = generate(llm, prompts, stack=False, max_tokens=(3, 6))
     assert generate(llm, prompts, stack=True, max_tokens=(3, 6)) == want
-    assert served_rows and max(served_rows) <= GGUF_MAX_TOKENS
+    assert served_rows and max(served_rows) <= limit
 
 
 @pytest.mark.slow
@@ -155,9 +158,9 @@ def test_float32_activations_serve_more_rows_than_the_8_bit_batch_limit(llm_floa
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see test_more_rows_than_the_kernel_batch_take_the_modules_and_agree
     try:
-        want = generate(llm_float32, PROMPTS, stack=False, max_tokens=(3, 6))
+        want = generate(llm_float32, PROMPTS[:10], stack=False, max_tokens=(3, 6))
         assert served_rows == []
-        assert generate(llm_float32, PROMPTS, stack=True, max_tokens=(3, 6)) == want
+        assert generate(llm_float32, PROMPTS[:10], stack=True, max_tokens=(3, 6)) == want
     finally:
         torch.set_num_threads(threads)
-    assert max(served_rows) == len(PROMPTS) > GGUF_MAX_TOKENS
+    assert max(served_rows) == 10 > GGUF_MAX_TOKENS

@@ -1,5 +1,5 @@
 """The bfloat16 decode stack with `--quantization gguf` (the default for the builtin GGUF on CPU):
-steps of up to `gguf_bf16_max_rows` rows read each layer's GGUF blocks (bf16 rows widened to
+steps of up to `gguf_max_rows` rows read each layer's GGUF blocks (bf16 rows widened to
 float32, the GGUF kernel, results rounded back to bf16), larger ones the bf16 kernel's packed
 copies, in the one C call (kernels/cpu/csrc/decode_stack.c, `matmul_bf16`), with tokens and
 logprobs bit-identical to the module path (engine/layers/linear.py reads the same blocks for the
@@ -26,7 +26,7 @@ QROWS = 4
 
 def _path():
     return dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS,
-                               gguf_bf16_max_rows=QROWS)
+                               gguf_max_rows=QROWS)
 
 
 @pytest.fixture(scope="module")

@@ -444,11 +444,17 @@ static int run_chunk(const job_t *j, int64_t c, int tiled) {
 }
 
 /* y[m, y_stride] (first n columns) = x[m, x_stride] (first k columns) @ W^T, W [n, k] in
-   blocks of qtype 3 (Q4_1) or 8 (Q8_0), rows contiguous; k a multiple of 32. act8: quantize
+   blocks of qtype 3 (Q4_1) or 8 (Q8_0), rows contiguous, or (qtype 103 / 108, act8 only) in
+   kvp_gguf_amx_pack's layout of them; k a multiple of 32. act8: quantize
    x to 8-bit blocks first (kvp_quantize_q8_1) and use integer dot products. Uses up to
    `threads` threads. Returns 0, -1 for a bad qtype or k, -2 out of memory. */
+int kvp_gguf_amx_matmul(int qtype, const uint8_t *wp, int64_t n, int64_t k, const float *x, int64_t x_stride,
+                        int64_t m, float *y, int64_t y_stride, int threads);
+
 int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
                     int64_t m, float *y, int64_t y_stride, int threads, int act8) {
+    if (qtype == 103 || qtype == 108)  /* kvp_gguf_amx_pack's layout of Q4_1 / Q8_0 (gguf_amx.c) */
+        return act8 ? kvp_gguf_amx_matmul(qtype - 100, w, n, k, x, x_stride, m, y, y_stride, threads) : -1;
     if ((qtype != 3 && qtype != 8) || k % 32) return -1;
     if (m <= 0 || n <= 0) return 0;
     if (threads < 1) threads = 1;
