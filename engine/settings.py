@@ -121,8 +121,8 @@ SETTINGS: tuple[Setting, ...] = (
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py);
     # issue 32: on by default for a GGUF model, as vLLM's EngineArgs.create_model_config sets it
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "
-      "blocks for matmuls of up to 8 tokens on CPU (64 with KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the "
-      "dense weights serve), the default for a GGUF model (a builtin alias or a .gguf file) as in vLLM; none: "
+      "blocks for matmuls of up to 8 tokens on CPU (16 where they run on AMX tiles, 64 with "
+      "KVPILOT_GGUF_ACTIVATIONS=float32; elsewhere the dense weights serve), the default for a GGUF model (a builtin alias or a .gguf file) as in vLLM; none: "
       "the dense (dequantized) weights only, so a sequence's tokens do not depend on how many others share "
       "its steps",
       choices=("gguf", "none"), short="-q"),

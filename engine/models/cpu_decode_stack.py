@@ -19,7 +19,9 @@ activation switched on, every row a decode, and either float32 with every layer'
 layers quantized, at most as many rows as the layers' matmuls read the blocks for
 (`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones), or bfloat16 with
 every layer's linear layers packed for the bf16 kernel, at most their `bf16_max_rows` rows
-(the kernel path's limit for this CPU kind).
+(the kernel path's limit for this CPU kind); with `--quantization gguf` (the default for a GGUF
+model) the bf16 stack's matmuls of up to the layers' `qmax_tokens` rows read their GGUF blocks
+instead, as the modules do (decode_stack.c `matmul_bf16`).
 Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
 from the same OpenMP team.
 Any other step returns None and the modules run. Whether a model gets a stack at all is

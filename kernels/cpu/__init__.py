@@ -9,7 +9,8 @@ CPU runs. The ops, each with a docstring giving shapes, dtypes, errors and sourc
 - prefill.py     paged_prefill_attention, PrefillBatch
 - norm_act.py    rms_norm (with vLLM's fused residual add), silu_and_mul
 - bf16_gemm.py   pack, matmul: decode-sized bf16 matmuls with AVX512_BF16 (vdpbf16ps)
-- gguf.py        gguf_matmul over Q4_1 / Q8_0 blocks, quantize_q8_1
+- gguf.py        gguf_matmul over Q4_1 / Q8_0 blocks, quantize_q8_1; amx_pack, the blocks' layout
+                 for the 8-bit matmuls on AMX tiles (csrc/gguf_amx.c, amx build)
 - decode_stack.py  the one-call decode step's library and C structs
 
 Which of them a CPU engine runs is decided in one place, kvpilot.engine.cpu_kernel_path.

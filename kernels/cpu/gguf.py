@@ -1,7 +1,10 @@
 """y = x W^T for W kept in GGUF's Q4_1 or Q8_0 blocks, in plain C (AVX2 where the CPU
 has it, a scalar loop in the generic variant; csrc/gguf.c), called through ctypes; float32
 activations, or (the default of
-`--quantization gguf`, as vLLM's GGUF path) activations quantized to 8-bit blocks.
+`--quantization gguf`, as vLLM's GGUF path) activations quantized to 8-bit blocks. Where the amx
+build runs with the tile state granted (`amx()`), the blocks repacked once by `amx_pack` (same
+bytes, csrc/gguf_amx.c) take the 8-bit products of several rows on AMX tiles (TDPBSUD / TDPBSSD),
+as llama.cpp's AMX backend does.
 
 Why: one decode step at batch 1 reads every weight once, so its time is the weight bytes
 over the memory bandwidth. Q4_1 takes 20 bytes per 32 weights (6.4x fewer than float32)

@@ -42,6 +42,19 @@ static inline void prefetch_ahead(const kvp_t *cache, const int32_t *table, int6
         if (t0 + a * block_size < len) prefetch_row(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
 }
 
+/* scores [num_heads, len] -> e^(score - the row's max) in place, with mx[h] the max and l[h] the sum. */
+static void softmax_rows(float *scores, int64_t num_heads, int64_t len, float *mx, float *l) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+        float *sc = scores + h * len;
+        float m = -FLT_MAX, sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
+        mx[h] = m;
+        l[h] = sum;
+    }
+}
+
 /* Attention of one float query row (num_heads heads of head_dim, contiguous) over
    the len tokens whose blocks are table[0..], softmax not normalized: mx[h] = max_t s_ht,
    l[h] = sum_t e^(s_ht - mx[h]), acc[h][:] = sum_t e^(s_ht - mx[h]) V_t, for
@@ -67,15 +80,7 @@ static void attend_part(const float *q, const kvp_t *k_cache, const kvp_t *v_cac
             }
         }
     }
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float *sc = scores + h * len;
-        float m = -FLT_MAX, sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
-        mx[h] = m;
-        l[h] = sum;
-    }
+    softmax_rows(scores, num_heads, len, mx, l);
     for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const kvp_t *v = v_cache + (int64_t)table[b] * block_elems;
@@ -136,15 +141,7 @@ static inline __attribute__((always_inline)) void attend_part_zmm(
             }
         }
     }
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float *sc = scores + h * len;
-        float m = -FLT_MAX, sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) m = sc[t] > m ? sc[t] : m;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t t = 0; t < len; ++t) { sc[t] = expf(sc[t] - m); sum += sc[t]; }
-        mx[h] = m;
-        l[h] = sum;
-    }
+    softmax_rows(scores, num_heads, len, mx, l);
     for (int64_t g = 0; g < num_kv_heads; ++g) {
         __m512 a[G * D];
         for (int i = 0; i < G * D; ++i) a[i] = _mm512_setzero_ps();
