@@ -30,6 +30,8 @@ from kvpilot.tuner.workload import Load, Workload, client_measurement, drive
 
 logger = logging.getLogger("kvpilot.tuner")
 
+ROUTE_WAIT_S = 30.0  # how long warm-up requests that cannot connect are sent again (LocalRunner.warm_up)
+
 
 class Source(Protocol):
     name: str
@@ -120,6 +122,23 @@ class WindowMeasurer:
                 raise TrialFailed(TRANSIENT, f"the engine reports other settings than the trial's: {wrong}")
             time.sleep(0.5)
 
+    def warm_up(self, requests: list, base_url: str, headers: dict[str, str], timed: bool) -> None:
+        """Sends the warm-up requests at once. Where none could connect, sends them again for up to
+        ROUTE_WAIT_S: a pod that answers its readiness probe (and `confirm`) may not be reachable
+        through its Service for new connections yet, while the node's proxy rules catch up with the
+        EndpointSlice after the rollout (Kubernetes programs them asynchronously; seen on the test
+        node right after a trial's rollout). Raises TrialFailed (transient) when no request succeeds."""
+        deadline = time.monotonic() + ROUTE_WAIT_S
+        while True:
+            results, _ = drive(requests, self.workload, base_url, self.model_name, headers,
+                               offsets=[0.0] * len(requests) if timed else None)
+            if any(r.success for r in results):
+                return
+            if not all(r.error_kind == "connect" for r in results) or time.monotonic() >= deadline:
+                raise TrialFailed(TRANSIENT, f"warm-up requests failed: {results[0].error[:500]}")
+            logger.info("warm-up: %s; waiting for the Service to route to the engine", results[0].error[:200])
+            time.sleep(1.0)
+
     def wait_idle(self, base_url: str) -> None:
         """Blocks until no request is running or waiting (measurement hygiene)."""
         deadline = time.monotonic() + self.idle_timeout_s
@@ -158,10 +177,7 @@ class WindowMeasurer:
             warm = self.workload.warmup_requests
             requests, offsets = load.requests, load.offsets
             if warm:
-                results, _ = drive(requests[:warm], self.workload, base_url, self.model_name, headers,
-                                   offsets=[0.0] * warm if offsets else None)
-                if not any(r.success for r in results):
-                    raise TrialFailed(TRANSIENT, f"warm-up requests failed: {results[0].error[:500]}")
+                self.warm_up(requests[:warm], base_url, headers, bool(offsets))
             self.wait_idle(base_url)
             source = self.source_for(base_url)
             start = source.begin()
