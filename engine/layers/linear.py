@@ -21,6 +21,7 @@ from torch import nn
 
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.cpu_info import GGUF_MAX_ROWS
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.gguf import amx_pack as gguf_amx_pack
 from kvpilot.kernels.cpu.gguf import gguf_matmul
@@ -28,7 +29,7 @@ from kvpilot.kernels.cpu.gguf import gguf_matmul
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
 
 
-GGUF_MAX_TOKENS = 8  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
+GGUF_MAX_TOKENS = GGUF_MAX_ROWS  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
 # float32 activations: the kernel's tiled path (gguf_tiled_c.py) beat oneDNN's packed float32
 # matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (section 12 of `git show bbe6366:benchmarks/results/throughput/README.md`)
 GGUF_FLOAT_MAX_TOKENS = 64

@@ -448,14 +448,13 @@ static int run_chunk(const job_t *j, int64_t c, int tiled) {
    kvp_gguf_amx_pack's layout of them; k a multiple of 32. act8: quantize
    x to 8-bit blocks first (kvp_quantize_q8_1) and use integer dot products. Uses up to
    `threads` threads. Returns 0, -1 for a bad qtype or k, -2 out of memory. */
-int kvp_gguf_amx_matmul(int qtype, const uint8_t *wp, int64_t n, int64_t k, const float *x, int64_t x_stride,
-                        int64_t m, float *y, int64_t y_stride, int threads);
+int kvp_gguf_amx_run(int qtype, const uint8_t *wp, int64_t n, int64_t k, const int8_t *xq, const float *xds,
+                     int64_t m, float *y, int64_t y_stride, int threads);
 
 int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t x_stride,
                     int64_t m, float *y, int64_t y_stride, int threads, int act8) {
-    if (qtype == 103 || qtype == 108)  /* kvp_gguf_amx_pack's layout of Q4_1 / Q8_0 (gguf_amx.c) */
-        return act8 ? kvp_gguf_amx_matmul(qtype - 100, w, n, k, x, x_stride, m, y, y_stride, threads) : -1;
-    if ((qtype != 3 && qtype != 8) || k % 32) return -1;
+    const int amx_layout = qtype == 103 || qtype == 108;  /* kvp_gguf_amx_pack's layout (gguf_amx.c) */
+    if ((amx_layout ? !act8 : qtype != 3 && qtype != 8) || k % 32) return -1;
     if (m <= 0 || n <= 0) return 0;
     if (threads < 1) threads = 1;
     int64_t per = (n + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
@@ -470,6 +469,7 @@ int kvp_gguf_matmul(int qtype, const uint8_t *w, int64_t n, int64_t k, const flo
         job.xq = (const int8_t *)buf;
         job.xds = (const float *)(buf + qbytes);
         kvp_quantize_q8_1(x, x_stride, m, k, (int8_t *)buf, (float *)(buf + qbytes));
+        if (amx_layout) return kvp_gguf_amx_run(qtype - 100, w, n, k, job.xq, job.xds, m, y, y_stride, threads);
     } else if (qtype == 3 && !tiled) {
         float *xsum = scratch(sizeof(float) * m * nb);
         if (!xsum) return -2;

@@ -16,7 +16,7 @@
  * So a record holds the same bytes per weight as the GGUF's blocks (20 or 34 per 32), and the packed
  * weight has the blocks' shape [n, k / 32 * block bytes].
  *
- * Per call: x is quantized to Q8_1 blocks (kvp_quantize_q8_1, as gguf.c's 8-bit path), so the A
+ * Per call: x is quantized to Q8_1 blocks (by gguf.c's kvp_gguf_matmul, as for its 8-bit path), so the A
  * tile of block b (up to 16 activation rows x 32 bytes) is read in place from the quantized rows.
  * For each tile of 16 weight rows and each group of 4 blocks (4 C tiles in flight, so their
  * latencies overlap): Q4_1's record is unpacked with two AND and one shift per 64 bytes, the C
@@ -32,11 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
-void kvp_quantize_q8_1(const float *x, int64_t x_stride, int64_t m, int64_t k, int8_t *q, float *ds);
-
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__F16C__)
 #include <immintrin.h>
-#include <stdlib.h>
 #include "amx.h"
 #define KVP_AMX_INT8 1
 
@@ -141,7 +138,7 @@ static void vnni_rows(const uint8_t *rec0, int64_t nb, const int8_t *xq, const f
 }
 #endif
 
-/* 1 where this build runs kvp_gguf_amx_matmul (the amx build, the tile state granted), else 0. */
+/* 1 where this build runs kvp_gguf_amx_run (the amx build, the tile state granted), else 0. */
 int kvp_gguf_amx(void) {
 #ifdef KVP_AMX_INT8
     return kvp_amx_granted();
@@ -175,22 +172,17 @@ int kvp_gguf_amx_pack(int qtype, const uint8_t *w, int64_t n, int64_t k, uint8_t
     return 0;
 }
 
-/* y [m, y_stride] (first n columns) = x [m, x_stride] @ W^T for W packed by kvp_gguf_amx_pack from
-   qtype 3 or 8 blocks; x quantized to 8-bit blocks first. m any (in passes of 16 rows). Uses up to
-   `threads` OpenMP threads over the tiles of 16 weight rows. Returns 0, -1 for a bad qtype or
-   shape or a build / process without AMX, -2 out of memory. */
-int kvp_gguf_amx_matmul(int qtype, const uint8_t *wp, int64_t n, int64_t k, const float *x, int64_t x_stride,
-                        int64_t m, float *y, int64_t y_stride, int threads) {
+/* y [m, y_stride] (first n columns) = x8 @ W^T for W packed by kvp_gguf_amx_pack from qtype 3 or 8
+   blocks, x8 the rows x already quantized to Q8_1 blocks (kvp_quantize_q8_1: xq [m, k] int8, xds
+   [m, k / 32, 2]); kvp_gguf_matmul quantizes into its per-thread scratch and calls this for the
+   layout's qtypes. m any (in passes of 16 rows). Uses up to `threads` OpenMP threads over the tiles
+   of 16 weight rows. Returns 0, or -1 for a bad qtype or shape or a build / process without AMX. */
+int kvp_gguf_amx_run(int qtype, const uint8_t *wp, int64_t n, int64_t k, const int8_t *xq, const float *xds,
+                     int64_t m, float *y, int64_t y_stride, int threads) {
 #ifdef KVP_AMX_INT8
     if ((qtype != 3 && qtype != 8) || k % 32 || n % 16 || !kvp_amx_granted()) return -1;
     if (m <= 0 || n <= 0) return 0;
     const int64_t nb = k / 32, tiles = n / 16, rb = record_bytes(qtype);
-    const size_t qbytes = ((size_t)(m * k) + 63) & ~(size_t)63;
-    char *buf = aligned_alloc(64, qbytes + (((sizeof(float) * 2 * m * nb) + 63) & ~(size_t)63));
-    if (!buf) return -2;
-    int8_t *xq = (int8_t *)buf;
-    float *xds = (float *)(buf + qbytes);
-    kvp_quantize_q8_1(x, x_stride, m, k, xq, xds);
     const int team = threads > 1 ? threads : 1;
     #pragma omp parallel num_threads(team) if (team > 1)
     {
@@ -208,10 +200,9 @@ int kvp_gguf_amx_matmul(int qtype, const uint8_t *wp, int64_t n, int64_t k, cons
             }
         if (configured) _tile_release();
     }
-    free(buf);
     return 0;
 #else
-    (void)qtype; (void)wp; (void)n; (void)k; (void)x; (void)x_stride; (void)m; (void)y; (void)y_stride; (void)threads;
+    (void)qtype; (void)wp; (void)n; (void)k; (void)xq; (void)xds; (void)m; (void)y; (void)y_stride; (void)threads;
     return -1;
 #endif
 }
