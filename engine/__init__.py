@@ -1,9 +1,14 @@
 """kvpilot's paged-attention engine (vLLM v1 design at small size).
 
 The public names load on first use (PEP 562), so that torch-free submodules such as
-`kvpilot.engine.entrypoints.cli_args` (which the operator imports) do not pull in torch."""
+`kvpilot.engine.entrypoints.cli_args` (which the operator imports) do not pull in torch, and so
+that the OpenMP wait policy is in the environment before torch loads libgomp (omp_wait.py)."""
 
 from importlib import import_module
+
+from kvpilot.engine import omp_wait
+
+omp_wait.apply()  # before anything loads torch (and with it libgomp, which reads the wait policy once)
 
 _EXPORTS = {
     "EngineArgs": "kvpilot.engine.arg_utils",

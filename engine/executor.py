@@ -53,7 +53,7 @@ from kvpilot.engine.pipeline import MicroBatchPolicy
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.stage_runner import rank_memory
 from kvpilot.engine.step_input import StepInput
-from kvpilot.engine.worker import gather_to_driver, init_rank, threads_per_rank, worker_main
+from kvpilot.engine.worker import gather_to_driver, init_rank, worker_main
 
 logger = logging.getLogger("kvpilot.engine.executor")
 
@@ -89,7 +89,7 @@ class MultiprocExecutor:
         atexit.register(self.close)
         try:
             if config.device == "cpu":
-                torch.set_num_threads(threads_per_rank(self.world_size))
+                configure_cpu_threads(self.world_size, 0)
             self._run_guarded(self._init_driver, config, init_method, micro_batching)
         except BaseException:
             self.close()

@@ -9,6 +9,7 @@ for the i-th token at position `pos` of its sequence.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from kvpilot.engine import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.cpu_thread_adapter import adapter_from_env
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
 from kvpilot.engine.memory import PeakMemoryProbe, estimate_activation_bytes
@@ -49,6 +51,9 @@ class ModelRunner:
                                                     self.device, self.dtype)
         if self.device.type == "cpu":
             cpu_decode_stack.apply(self.model)
+        # decode steps' team size from their measured times (engine/cpu_thread_adapter.py)
+        self.thread_adapter = adapter_from_env(torch.get_num_threads()) if self.device.type == "cpu" else None
+        self._threads_set = torch.get_num_threads()
         self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -129,6 +134,39 @@ class ModelRunner:
         self._copy_blocks(out)
         if not out.scheduled:
             return {}
+        adapter = self._adapter_for(out)
+        if adapter is None:
+            return self._run(out, sample)
+        rows = len(out.scheduled)
+        threads = adapter.threads_for(rows)
+        if threads != self._threads_set:
+            torch.set_num_threads(threads)
+            self._threads_set = threads
+        start = time.perf_counter()
+        results = self._run(out, sample)
+        adapter.record(rows, threads, time.perf_counter() - start)
+        return results
+
+    def _adapter_for(self, out: SchedulerOutput):
+        """The thread adapter where this step is decode-only and the engine still owns the thread
+        count; a count set by hand since the last step stops it (the engine's own count again
+        for steps that do not adapt)."""
+        adapter = self.thread_adapter
+        if adapter is None:
+            return None
+        if torch.get_num_threads() != self._threads_set:
+            logger.info("CPU threads: set to %d by hand; decode steps no longer adapt their thread count",
+                        torch.get_num_threads())
+            self.thread_adapter = None
+            return None
+        if all(n == 1 and not seq.is_prefill for seq, n in out.scheduled):
+            return adapter
+        if self._threads_set != adapter.max_threads:
+            torch.set_num_threads(adapter.max_threads)
+            self._threads_set = adapter.max_threads
+        return None
+
+    def _run(self, out: SchedulerOutput, sample: bool) -> dict[str, SampleResult]:
         input_ids, positions, meta, sample_idx, sample_seqs = self._prepare(out)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sample_seqs:

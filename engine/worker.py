@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from kvpilot.engine import parallel_state
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.cpu_threads import available_cpus
+from kvpilot.engine.cpu_threads import configure_cpu_threads
 from kvpilot.engine.parallel_layout import RankPosition
 from kvpilot.engine.pipeline import MicroBatchPolicy
 from kvpilot.engine.stage_runner import StageRunner
@@ -35,11 +35,6 @@ CONTROL_TIMEOUT = timedelta(days=7)  # an idle server sends no command for as lo
 def collective_timeout() -> timedelta:
     """Bound on a blocked collective or transfer (KVPILOT_TP_TIMEOUT_S, default 60 s)."""
     return timedelta(seconds=float(os.environ.get("KVPILOT_TP_TIMEOUT_S", "60")))
-
-
-def threads_per_rank(world_size: int) -> int:
-    """CPU threads per rank: the process's CPUs (affinity, cgroup quota) shared by the ranks."""
-    return max(1, available_cpus() // world_size)
 
 
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
@@ -86,7 +81,7 @@ def worker_main(config: EngineConfig, rank: int, init_method: str, parent_pid: i
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     world = config.parallel.world_size
     if config.device == "cpu":
-        torch.set_num_threads(threads_per_rank(world))
+        configure_cpu_threads(world, rank)  # the process's CPUs (cpuset, quota) shared by the ranks
     try:
         runner, control = init_rank(config, rank, init_method, micro_batching)
         _serve(runner, control, world)

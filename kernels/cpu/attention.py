@@ -25,6 +25,7 @@ import torch
 
 from kvpilot.kernels.cpu.loader import kernel_range
 from kvpilot.kernels.cpu.loader import load as load_library
+from kvpilot.kernels.cpu.threads import partition_width
 
 # Below this many (cached token x KV head) pairs, summed over a layer's sequences, its attention
 # costs less than waking the OpenMP team for it: one sequence of 256 tokens (3 KV heads) took
@@ -104,11 +105,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def attention_threads(lens: list[int], num_kv_heads: int) -> int:
-    """Threads for one layer's decode attention over sequences of `lens` cached tokens:
-    torch's thread count when the layer's work reaches PARALLEL_MIN_WORK, else 1 (no parallel
-    region). Fewer sequences than threads still take them all: the kernel cuts long sequences
-    into parts (csrc/attention.c)."""
-    threads = torch.get_num_threads()
+    """Threads for one layer's decode attention over sequences of `lens` cached tokens: the
+    engine's planned width (threads.partition_width: torch's thread count unless the engine set
+    one) when the layer's work reaches PARALLEL_MIN_WORK, else 1 (no parallel region). The kernel
+    cuts long sequences into parts by this number and runs them on the calling thread's team,
+    at most this many threads (csrc/attention.c), so fewer sequences than threads still take
+    them all."""
+    threads = partition_width()
     return threads if threads > 1 and sum(lens) * num_kv_heads >= PARALLEL_MIN_WORK else 1
 
 

@@ -93,6 +93,7 @@ LIBRARIES = {
     "bf16_gemm": Library(("bf16_gemm.c",), ("-O3", "-fopenmp"), ("-fopenmp",)),
     "gguf": Library(("gguf.c", "gguf_amx.c"), ("-O3", "-ffp-contract=off", "-fopenmp", "-pthread"), ("-fopenmp", "-pthread")),
     "decode_stack": Library(("decode_stack.c",), ("-O3",), ()),
+    "threads": Library(("threads.c",), ("-O2", "-fopenmp"), ("-fopenmp",)),
     "decode_stack_bf16": Library(("decode_stack.c",), ("-O3", "-DKVP_BF16"), ()),
 }
 

@@ -43,3 +43,15 @@ def pytest_runtest_makereport(item, call):
         for key, value in item.user_properties:
             if key == "seed":
                 report.sections.append(("seed", f"replay with KVPILOT_TEST_SEED={value}"))
+
+
+@pytest.fixture(autouse=True)
+def _no_planned_width():
+    """Each kernel test partitions decode attention by torch's thread count (what it sets or
+    patches), not by the width an engine built earlier in the session planned."""
+    from kvpilot.kernels.cpu import threads
+
+    saved = list(threads._width)
+    threads._width.clear()
+    yield
+    threads._width[:] = saved

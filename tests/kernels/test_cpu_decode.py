@@ -155,3 +155,34 @@ def test_long_sequences_cut_into_parts_over_threads_match_reference(kernel, lens
     kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
                                   0.125, out)
     assert_close_to_ref(out, ref, torch.float32, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_planned_width_not_the_running_team_decides_the_parts(kernel, dtype, seed):
+    """The engine may run a decode step on fewer threads than it planned
+    (engine/cpu_thread_adapter.py): with the planned width set, a long sequence is cut into the
+    same parts and merged the same way on 1 thread as on 2, so the output is bit-identical;
+    without it, the parts follow the running count and the last float32 bits differ."""
+    from kvpilot.kernels.cpu import threads as cpu_threads
+
+    batch = make_paged_batch([900, 37, 300], [1, 1, 1], *HEADS["gqa"], 64, 16, dtype)
+    batch.write_new_tokens()
+
+    def run(threads: int) -> torch.Tensor:
+        torch.set_num_threads(threads)
+        out = torch.empty_like(batch.query)
+        kernel.paged_decode_attention(batch.query, batch.k_cache, batch.v_cache, batch.block_tables,
+                                      batch.seq_lens, 0.125, out)
+        return out
+
+    saved = torch.get_num_threads()
+    try:
+        cpu_threads.set_partition_width(2)
+        assert kernel.attention_threads([900, 37, 300], 3) == 2
+        assert torch.equal(run(2), run(1))
+        cpu_threads._width.clear()  # no plan: torch's count decides, one part per sequence on 1 thread
+        if dtype == torch.float32:  # (bf16's rounding of the output can hide the difference)
+            assert not torch.equal(run(2), run(1))
+    finally:
+        cpu_threads._width.clear()
+        torch.set_num_threads(saved)

@@ -25,6 +25,9 @@
  */
 
 #include "kvp.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Software prefetch of n elements from p (one hint per 64-byte line). The cache blocks of a
    sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
@@ -256,6 +259,14 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
     if (n <= 0) return 0;
     const int32_t *lens = a.lens + a.seq_begin;
     const int64_t part = partition_tokens(lens, n, num_threads, a.block_size);
+    /* the parts follow num_threads (the engine's planned width), the team the calling thread's
+       current size, which may be smaller: the same parts, merged the same way, the same result */
+#ifdef _OPENMP
+    const int cap = omp_get_max_threads();
+#else
+    const int cap = 1;
+#endif
+    const int team = num_threads < cap ? (int)num_threads : cap;
     int64_t *first = malloc(sizeof(int64_t) * (n + 1));
     if (!first) return -1;
     first[0] = 0;
@@ -266,7 +277,7 @@ static int attend_rows(kvp_attn_args a, const kvp_rope_args *rope, int64_t num_t
     for (int64_t s = 0; !failed && s < n; ++s)
         for (int64_t i = first[s]; i < first[s + 1]; ++i) item_seq[i] = s;
     if (!failed) {
-        #pragma omp parallel num_threads((int)num_threads) if (num_threads > 1) reduction(|:failed)
+        #pragma omp parallel num_threads(team) if (team > 1) reduction(|:failed)
         {
         float *scores = malloc(sizeof(float) * a.num_heads * part);
         failed = !scores;

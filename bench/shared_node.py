@@ -1,0 +1,210 @@
+"""`kvpilot bench shared-node`: how a server holds up when its pod is not alone on the node.
+
+Each peer's server runs in a cpu cgroup of its own (bench/cgroups.py; root needed) and is
+measured, in one run, in three arrangements:
+- `alone`: nothing else runs (besides this client);
+- `neighbours`: K busy processes (`while True: pass`) in a second cgroup of the same weight, as
+  two pods with equal CPU requests on one node (`--neighbours K`, default 1);
+- `quota`: alone, but its cgroup limited to `--quota-cpus` CPUs per 100 ms period (a CPU
+  limit below the thread count it started with; default 1).
+In each: one stream (`--stream-requests` requests one after another, `--stream-output-len`
+tokens each, ignore_eos): ITL median / p95 / max and TTFT; then a burst: `--num-prompts`
+ShareGPT requests sent at once (offline-style: output tokens/s). The table gives each figure
+against the same server alone in the same run, and the goals of issue 38 (beside one
+neighbour: median ITL <= 2.5x alone, p95 <= 3x, burst throughput >= 0.4x; under the quota:
+median ITL <= 2.5x), which a fair share (half the CPUs) would meet at 2x.
+
+Peers (`--peers`): `kvpilot` runs `kvpilot serve` on the builtin model with its defaults (the
+command the engine image runs; extra flags go to it unchanged), threads sized by the engine
+itself; `llama-cpp-python` (and `llama-server`) as `kvpilot bench compare` runs them, with
+`--threads` threads (default: all CPUs) and the environment without kvpilot's OpenMP wait
+setting. Results: the table, and `--output-json` with the CPU, the load averages, every figure,
+the quota's throttled periods and the engine's thread lines from its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvpilot.bench.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
+from kvpilot.bench.compare_peers import PEERS, environment, has_llama_cpp, peer_command, smollm2_gguf
+from kvpilot.bench.compare_report import summarize_run
+from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.bench.serve import run_benchmark
+from kvpilot.bench.server_process import ServerProcess, ServerRefused
+from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
+from kvpilot.bench.sweep import fit_requests
+from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine import omp_wait
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpilot bench shared-node", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peers", default="kvpilot,llama-cpp-python", help=f"comma-separated, from {','.join(PEERS)}")
+    p.add_argument("--arrangements", default=",".join(ARRANGEMENTS), help="comma-separated, alone first")
+    p.add_argument("--neighbours", type=int, default=1, help="busy processes beside the server")
+    p.add_argument("--quota-cpus", type=float, default=1.0, help="the CPU limit of the quota arrangement")
+    p.add_argument("--stream-requests", type=int, default=5)
+    p.add_argument("--stream-output-len", type=int, default=64, help="tokens per stream request")
+    p.add_argument("--num-prompts", type=int, default=32, help="ShareGPT requests of the burst")
+    p.add_argument("--max-output-len", type=int, default=128, help="cap on a burst request's output tokens")
+    p.add_argument("--max-model-len", type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="ours; llama-server's --parallel")
+    p.add_argument("--model-name", default="smollm2-135m-instruct")
+    p.add_argument("--llama-cpp-python", default=sys.executable, metavar="PYTHON",
+                   help="interpreter with llama-cpp-python[server] installed")
+    p.add_argument("--llama-server", metavar="BIN", help="llama.cpp's C++ llama-server binary")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's --threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="shared-node-logs", help="the servers' logs")
+    p.add_argument("--output-json", default="shared-node.json")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--request-timeout", type=float, default=900.0)
+    return p
+
+
+def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[str], list[str]]:
+    names = [n.strip() for n in a.peers.split(",") if n.strip()]
+    if not names or (bad := [n for n in names if n not in PEERS]):
+        p.error(f"--peers takes names from {','.join(PEERS)}, got {a.peers!r}")
+    arrangements = [x.strip() for x in a.arrangements.split(",") if x.strip()]
+    if not arrangements or arrangements[0] != "alone" or (bad := [x for x in arrangements if x not in ARRANGEMENTS]):
+        p.error(f"--arrangements takes {','.join(ARRANGEMENTS)}, alone first (the baseline), got {a.arrangements!r}")
+    if a.neighbours < 1 or a.quota_cpus <= 0 or a.stream_requests < 1 or a.stream_output_len < 2 \
+            or a.num_prompts < 1 or a.threads < 1:
+        p.error("--neighbours, --stream-requests, --num-prompts, --threads must be >= 1, --stream-output-len >= 2 "
+                "and --quota-cpus > 0")
+    if "llama-cpp-python" in names and not has_llama_cpp(a.llama_cpp_python):
+        p.error(f"llama_cpp is not importable by {a.llama_cpp_python}: pass --llama-cpp-python PYTHON "
+                "(see `kvpilot bench compare --help` for how to build it) or leave it out of --peers")
+    if "llama-server" in names and not (a.llama_server and os.access(a.llama_server, os.X_OK)):
+        p.error("the llama-server peer needs --llama-server BIN")
+    return names, arrangements
+
+
+def _stream_stats(results: list) -> dict[str, float]:
+    ok = [r for r in results if r.success]
+    itl = np.array([x for r in ok for x in r.itl]) * 1e3
+    ttft = np.array([r.ttft for r in ok]) * 1e3
+    if not len(itl):
+        return {"failed": len(results) - len(ok)}
+    return {"failed": len(results) - len(ok), "tokens": int(len(itl) + len(ok)),
+            "median_itl_ms": float(np.median(itl)), "p95_itl_ms": float(np.percentile(itl, 95)),
+            "max_itl_ms": float(itl.max()), "median_ttft_ms": float(np.median(ttft))}
+
+
+def measure(base_url: str, model: str, stream: list[SampleRequest], burst: list[SampleRequest],
+            tokenizer: Any, timeout_s: float) -> dict[str, Any]:
+    """One stream (requests one at a time, ignore_eos), then the burst (all at once)."""
+    url = f"{base_url}/v1/completions"
+    results, _ = asyncio.run(run_benchmark(stream, api_url=url, model=model, max_concurrency=1, ignore_eos=True,
+                                           timeout_s=timeout_s, progress=False))
+    out = _stream_stats(results)
+    results, duration = asyncio.run(run_benchmark(burst, api_url=url, model=model, timeout_s=timeout_s,
+                                                  progress=False))
+    run = summarize_run(results, duration, tokenizer)
+    out.update(burst_output_throughput=run["output_throughput"], burst_failed=run["failed"],
+               burst_duration_s=duration)
+    return out
+
+
+@contextlib.contextmanager
+def arranged(name: str, engine: CpuGroup, neighbours: CpuGroup, a: argparse.Namespace) -> Iterator[None]:
+    """The arrangement `name` around the server in `engine` for the with-block."""
+    procs = []
+    try:
+        if name == "neighbours":
+            procs = busy_loops(a.neighbours, neighbours)
+            time.sleep(1.0)  # the scheduler's load tracking settles
+        elif name == "quota":
+            engine.set_quota(a.quota_cpus)
+        yield
+    finally:
+        stop_all(procs)
+        engine.set_quota(None)
+
+
+def run_peer(name: str, command: list[str], health: str, env: dict[str, str], arrangements: list[str],
+             loads: tuple[list[SampleRequest], list[SampleRequest]], tokenizer: Any,
+             a: argparse.Namespace) -> dict[str, Any] | str:
+    """One server through every arrangement; {arrangement: figures} or why it did not start."""
+    with CpuGroup(f"kvpilot-bench-{os.getpid()}-server") as engine, \
+            CpuGroup(f"kvpilot-bench-{os.getpid()}-neighbours") as neighbours:
+        server = ServerProcess(command, Path(a.log_dir) / f"{name}.log", health_path=health, env=env,
+                               startup_timeout_s=a.startup_timeout, on_spawn=engine.add)
+        try:
+            server.start()
+        except ServerRefused as exc:
+            return str(exc)
+        figures: dict[str, Any] = {}
+        try:
+            warm = [SampleRequest(loads[0][0].prompt, loads[0][0].prompt_len, 8)]
+            asyncio.run(run_benchmark(warm, api_url=f"{server.base_url}/v1/completions", model=a.model_name,
+                                      timeout_s=a.request_timeout, progress=False))
+            for arrangement in arrangements:
+                print(f"{name}: {arrangement}", file=sys.stderr, flush=True)
+                before, load = engine.stat(), os.getloadavg()[0]
+                with arranged(arrangement, engine, neighbours, a):
+                    figures[arrangement] = measure(server.base_url, a.model_name, *loads, tokenizer,
+                                                   a.request_timeout)
+                after = engine.stat()
+                figures[arrangement].update(
+                    load_1m_before=load, load_1m_after=os.getloadavg()[0],
+                    throttled_periods=after.get("nr_throttled", 0) - before.get("nr_throttled", 0))
+        finally:
+            server.stop()
+        figures["thread_lines"] = [line.split("] ", 1)[-1] for line in server.log().splitlines()
+                                   if "CPU threads:" in line]
+        return figures
+
+
+def main(argv: list[str]) -> int:
+    """Exit 2 on bad flags or where cgroups cannot be made (not root), 1 when a server does not
+    start, else 0 (the goals are reported, not enforced)."""
+    parser = build_parser()
+    a, serve_args = parser.parse_known_args(argv)
+    names, arrangements = _check(parser, a)
+    tokenizer = load_tokenizer(a.model_name)
+    pool = sample_sharegpt_requests(tokenizer, 4 * a.num_prompts + 32, seed=a.seed)
+    burst = fit_requests(pool, a.max_model_len, a.max_output_len, a.num_prompts)
+    stream = [SampleRequest(r.prompt, r.prompt_len, a.stream_output_len)
+              for r in fit_requests(pool, a.max_model_len - a.stream_output_len, None, a.stream_requests)]
+    gguf = smollm2_gguf()
+    env = environment(a, names)
+    report: dict[str, Any] = {"environment": env, "arrangements": arrangements, "neighbours": a.neighbours,
+                              "quota_cpus": a.quota_cpus, "stream_requests": a.stream_requests,
+                              "stream_output_len": a.stream_output_len, "num_prompts": a.num_prompts,
+                              "max_output_len": a.max_output_len, "peers": {}, "commands": {}}
+    t0 = time.monotonic()
+    try:
+        for name in names:
+            command, health = peer_command(name, gguf, a, serve_args)
+            if name == "kvpilot":  # what the image runs: the builtin model and the engine's own thread sizing
+                command[command.index(str(gguf))] = a.model_name
+            peer_env = os.environ.copy() if name == "kvpilot" else omp_wait.without_default()
+            report["commands"][name] = command
+            report["peers"][name] = run_peer(name, command, health, peer_env, arrangements, (stream, burst),
+                                             tokenizer, a)
+    except CgroupUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    env.update(load_avg_at_end=os.getloadavg(), wall_s=round(time.monotonic() - t0))
+    for name, figures in report["peers"].items():
+        if isinstance(figures, dict):
+            figures["vs_alone"] = ratios(figures, arrangements)
+    Path(a.output_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.output_json).write_text(json.dumps(report, indent=2) + "\n")
+    render(report)
+    return 1 if any(isinstance(f, str) for f in report["peers"].values()) else 0
