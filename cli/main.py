@@ -5,6 +5,7 @@
     kvpilot bench throughput     offline throughput against HF generate()
     kvpilot bench serve          serving benchmark against any OpenAI-compatible server
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
+    kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
     kvpilot operator             the Kopf operator for InferenceService resources
     kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
 
@@ -30,6 +31,7 @@ BENCH_COMMANDS = {
     "compare": "kvpilot.bench.compare",
     "dashboard": "kvpilot.bench.dashboard",  # issue 14: the Grafana dashboard's rows as PNGs
     "decode-step": "kvpilot.bench.decode_step",
+    "shared-node": "kvpilot.bench.shared_node",  # issue 38: beside busy neighbours and under a CPU limit
 }
 
 
