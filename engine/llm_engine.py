@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
 from kvpilot.engine.settings import LIVE_SETTINGS
 from kvpilot.engine.sequence import Sequence, SequenceStatus
+from kvpilot.engine.structured_output import GrammarCompiler, compiled_grammar
 
 logger = logging.getLogger("kvpilot.engine")
 
@@ -65,6 +67,8 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self.detokenize_incrementally = False  # the server turns it on for streaming
         self.last_step: StepStats | None = None
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
 
     def close(self) -> None:
@@ -72,6 +76,15 @@ class LLMEngine:
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The xgrammar compiler for this engine's tokenizer, built on first use (importing
+        xgrammar takes seconds); thread-safe, so the server compiles on its own threads."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.config.model.vocab_size)
+            return self._grammar_compiler
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -86,7 +99,8 @@ class LLMEngine:
         arrival_s: float | None = None,
     ) -> Sequence:
         """Validates and queues a request. Raises ValueError for an empty prompt, token ids
-        outside the vocabulary, or a prompt that leaves no room under max_model_len, and
+        (prompt or allowed_token_ids) outside the vocabulary, a prompt that leaves no room
+        under max_model_len, or a structured-output spec that cannot be compiled, and
         RequestError when its own setup (detokenizer, seeded generator) fails; either way
         nothing of it is left in the engine."""
         if isinstance(prompt, str):
@@ -101,6 +115,10 @@ class LLMEngine:
         vocab = self.config.model.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.allowed_token_ids is not None and any(not 0 <= t < vocab for t in params.allowed_token_ids):
+            raise ValueError(f"allowed_token_ids contains out-of-vocab token ids; they must be in [0, {vocab})")
+        grammar = (compiled_grammar(self.grammar_compiler, params.structured_outputs)
+                   if params.structured_outputs is not None else None)
         max_len = self.config.scheduler.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(
@@ -111,7 +129,7 @@ class LLMEngine:
         try:
             detok = (IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
                      if self.detokenize_incrementally or params.stop else None)
-            self.runner.sampler.add_request(request_id, params, seq.output_token_ids)
+            self.runner.sampler.add_request(request_id, params, seq.output_token_ids, grammar)
         except Exception as exc:
             self.runner.sampler.forget(request_id)
             raise RequestError(f"request {request_id} could not be set up: {type(exc).__name__}: {exc}") from exc

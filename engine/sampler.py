@@ -1,5 +1,7 @@
 """Token sampling for a batch of requests with per-request parameters.
 
+Before sampling, a row's constraints narrow it: its logits processors, its allowed_token_ids
+and its grammar's token bitmask (batched over the step's structured rows, grammar_bitmask.py).
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw by
 the exponential race (argmax of p / q with q ~ Exp(1)), which lets a seeded request draw
 its noise from its own generator while the batch shares one kernel. Logprobs come from the
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvpilot.engine.grammar_bitmask import GrammarBitmasks
 from kvpilot.engine.sampling_params import SamplingParams
 
 
@@ -34,19 +37,33 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
         self._request_generators: dict[str, torch.Generator] = {}
         self._output_token_ids: dict[str, list[int]] = {}
+        self._allowed_token_ids: dict[str, torch.Tensor] = {}
+        self.grammars: GrammarBitmasks | None = None  # built with the first grammar
         self.errors: dict[str, BaseException] = {}
 
-    def add_request(self, request_id: str, params: SamplingParams, output_token_ids: list[int]) -> None:
+    def add_request(self, request_id: str, params: SamplingParams, output_token_ids: list[int],
+                    grammar: object | None = None) -> None:
         """Builds the request's generator (seeded requests); `output_token_ids` is the live
-        list its logits processors see. Raises what torch raises for a seed it cannot take."""
+        list its logits processors see; `grammar` is its compiled xgrammar grammar, if any.
+        Raises what torch raises for a seed it cannot take."""
         if params.seed is not None:
             self._request_generators[request_id] = torch.Generator().manual_seed(params.seed)
         if params.logits_processors:
             self._output_token_ids[request_id] = output_token_ids
+        if params.allowed_token_ids is not None:
+            self._allowed_token_ids[request_id] = torch.tensor(sorted(set(params.allowed_token_ids)))
+        if grammar is not None:
+            if self.grammars is None:
+                info = grammar.tokenizer_info
+                self.grammars = GrammarBitmasks(info.vocab_size, list(info.stop_token_ids))
+            self.grammars.add(request_id, grammar)
 
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
         self._output_token_ids.pop(request_id, None)
+        self._allowed_token_ids.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.forget(request_id)
         self.errors.pop(request_id, None)
 
     def take_errors(self) -> dict[str, BaseException]:
@@ -81,6 +98,20 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 - the request's own code: it ends that request only
                 self.errors[request_id] = exc
 
+    def _constrained(self, request_ids: list[str], params: list[SamplingParams]) -> bool:
+        grammars = self.grammars
+        return (any(p.logits_processors for p in params) or any(r in self._allowed_token_ids for r in request_ids)
+                or (grammars is not None and any(r in grammars for r in request_ids)))
+
+    def _apply_allowed_token_ids(self, logits: torch.Tensor, request_ids: list[str]) -> None:
+        """-inf for every token outside a row's allowed_token_ids (vLLM's mask), in place."""
+        for row, request_id in enumerate(request_ids):
+            allowed = self._allowed_token_ids.get(request_id)
+            if allowed is not None:
+                kept = logits[row, allowed].clone()
+                logits[row] = float("-inf")
+                logits[row, allowed] = kept
+
     def _exponential_noise(self, probs: torch.Tensor, rows: list[tuple[str, SamplingParams]]) -> torch.Tensor:
         """Exp(1) noise shaped like probs [rows, vocab] float32: -log(U), U ~ Uniform[0, 1)
         (inverse CDF; U = 0 gives +inf, so that token is not drawn), one uniform draw for all
@@ -104,9 +135,12 @@ class Sampler:
         logprobs: the chosen token's and the top-N tokens'."""
         logits = logits.float()
         raw = logits  # logprobs come from the raw rows, as vLLM's do by default
-        if any(p.logits_processors for p in params):
+        if self._constrained(request_ids, params):
             logits = logits.clone()
             self._apply_logits_processors(logits, request_ids, params)
+            self._apply_allowed_token_ids(logits, request_ids)
+            if self.grammars is not None:
+                self.grammars.mask(logits, request_ids)
         n = logits.shape[0]
         tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -118,10 +152,12 @@ class Sampler:
                 [params[i].top_k for i in random_rows],
                 [params[i].top_p for i in random_rows],
             )
-            probs = sub.softmax(dim=-1)
+            probs = _apply_min_p(sub.softmax(dim=-1), [params[i].min_p for i in random_rows])
             tokens[idx] = argmax_rows(probs / self._exponential_noise(probs, [(request_ids[i], params[i])
                                                                             for i in random_rows]))
         token_list = tokens.tolist()
+        if self.grammars is not None:
+            self.errors.update(self.grammars.accept(request_ids, token_list))
         want = [p.logprobs for p in params]
         if all(w is None for w in want):
             return [(t, None) for t in token_list]
@@ -139,6 +175,15 @@ class Sampler:
                     entry.setdefault(tid, val)
             results.append((token_list[i], entry))
         return results
+
+
+def _apply_min_p(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Zeroes (in place) each row's tokens whose probability is below min_p x the row's
+    highest; probs [rows, vocab] float32. Source: vLLM v1 `Sampler.apply_min_p`."""
+    if all(p <= 0.0 for p in min_p):
+        return probs
+    floor = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_p).unsqueeze(1)
+    return probs.masked_fill_(probs < floor, 0.0)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

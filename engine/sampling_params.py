@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvpilot.engine.structured_output_params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what torch.Generator.manual_seed takes
 
@@ -19,6 +21,12 @@ class SamplingParams:
     """How to pick each output token and when to stop.
 
     temperature: 0 means greedy. top_p in (0, 1], top_k -1 (or 0) means off.
+    min_p: in [0, 1]; tokens less likely than min_p x the most likely token's probability
+        are dropped (after temperature); 0 means off.
+    allowed_token_ids: None, or the only token ids the output may hold (non-empty).
+    structured_outputs: None, or the grammar the output must follow (json schema, regex,
+        choice, EBNF grammar, any JSON); compiled by the engine's xgrammar compiler and
+        enforced with a token bitmask each step (engine/grammar_bitmask.py).
     seed: per-request seed; the same seed and prompt give the same output.
     max_tokens: output tokens at most (None: up to max_model_len).
     stop: strings that end the output (not included in the text).
@@ -36,6 +44,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -45,6 +54,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,6 +68,10 @@ class SamplingParams:
             raise ValueError(f"seed must be within int64 [{_INT64_MIN}, {_INT64_MAX}], got {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty (leave it unset to allow every token)")
         if self.top_k == 0:
             self.top_k = -1
         if self.top_k < -1:

@@ -69,6 +69,31 @@ def human_readable_int_or_auto(text: str) -> int:
     return human_readable_int(text)
 
 
+STRUCTURED_OUTPUTS_KEYS = {"backend": ("auto", "xgrammar"), "disable_any_whitespace": (False, True)}
+
+
+def structured_outputs_config(text: str) -> str:
+    """vLLM's `--structured-outputs-config` JSON, checked and written canonically: `backend`
+    (xgrammar, the only one kvpilot has; auto picks it) and `disable_any_whitespace` (JSON
+    without free whitespace between tokens, for every request that does not say). Raises
+    ValueError naming what is wrong. Source: vLLM `StructuredOutputsConfig`."""
+    import json
+
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError("must be a JSON object")
+    for key, value in config.items():
+        allowed = STRUCTURED_OUTPUTS_KEYS.get(key)
+        if allowed is None:
+            raise ValueError(f"{key!r} is not supported; keys: {sorted(STRUCTURED_OUTPUTS_KEYS)}")
+        if value not in allowed or type(value) is not type(allowed[0]):
+            raise ValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
+    return json.dumps(config, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One engine setting.

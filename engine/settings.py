@@ -41,6 +41,7 @@ from kvpilot.engine.setting import (  # noqa: F401 (re-exported: the table's use
     default_max_num_seqs,
     human_readable_int,
     human_readable_int_or_auto,
+    structured_outputs_config,
 )
 
 ATTENTION_BACKENDS = ("torch", "triton")  # kvpilot.engine.attention.BACKENDS (a test checks they agree)
@@ -118,6 +119,20 @@ SETTINGS: tuple[Setting, ...] = (
       "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
       "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
       "0.12 and later add nothing. An empty string renders no flag"),
+    # issue 40: tool calls as vLLM serves them (engine/entrypoints/tool_calls.py); server flags, as in vLLM's
+    # frontend. deploy_default None: unset renders no flag (vLLM's --enable-auto-tool-choice has no --no- form)
+    S("enable_auto_tool_choice", "--enable-auto-tool-choice", bool, False, "let the model call tools on its own "
+      "(tool_choice auto, the default when a request gives tools), found in its text by --tool-call-parser; "
+      "without it such a request is a 400 (required and named tool choices need neither flag)",
+      crd="enableAutoToolChoice", deploy_default=None, server=True),
+    S("tool_call_parser", "--tool-call-parser", str, None, "how tool calls are found in the text for tool_choice "
+      "auto: hermes (<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>, vLLM's usual choice for ChatML "
+      "models such as the builtin SmolLM2)", crd="toolCallParser", choices=("hermes",), server=True),
+    S("structured_outputs_config", "--structured-outputs-config", str, None, "structured-output settings as JSON, "
+      "as vLLM's flag takes them: backend (xgrammar; auto picks it) and disable_any_whitespace (true: JSON without free whitespace between "
+      "tokens unless a request says otherwise; small models such as the builtin SmolLM2 otherwise tend to loop on "
+      "whitespace)", crd="structuredOutputsConfig", parse=structured_outputs_config, metavar="JSON", max_length=1024,
+      server=True),
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py);
     # issue 32: on by default for a GGUF model, as vLLM's EngineArgs.create_model_config sets it
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "

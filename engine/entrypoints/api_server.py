@@ -25,13 +25,15 @@ from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE
 from kvpilot.engine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    DetokenizeRequest,
     ModelCard,
     ModelList,
     SchedulerConfigUpdate,
+    exact_integer_bounds,
+)
+from kvpilot.engine.entrypoints.protocol_tokenize import (
+    DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    exact_integer_bounds,
 )
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.entrypoints.serving_chat import OpenAIServingChat

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvpilot.engine.entrypoints.protocol import ErrorInfo, ErrorResponse
+from kvpilot.engine.entrypoints.request_fields import extra_field_message
 
 logger = logging.getLogger("kvpilot.server")
 
@@ -77,6 +78,8 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
         bound = _bound_text(err)
         if err.get("type") == "missing":
             parts.append(f"missing required field '{field}'")
+        elif err.get("type") == "extra_forbidden" and loc:
+            parts.append(extra_field_message(loc[-1], err.get("input")) + (f" (at {field})" if len(loc) > 1 else ""))
         elif bound and field:
             parts.append(f"{field} must be {bound}, got {_shown(err.get('input'))}")
         elif field:

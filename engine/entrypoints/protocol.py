@@ -1,13 +1,17 @@
 """Request and response bodies of the OpenAI API (completions, chat completions, models,
-errors), with vLLM's extra sampling fields (top_k, min_tokens, ignore_eos, stop_token_ids,
-skip_special_tokens). Unknown request fields are ignored, as OpenAI and vLLM do. Types are
-strict, as OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not coerced.
+errors), with vLLM's extra sampling fields (top_k, min_p, min_tokens, ignore_eos,
+stop_token_ids, allowed_token_ids, truncate_prompt_tokens, skip_special_tokens), structured
+outputs and tools (protocol_tools.py). A field kvpilot does not implement is a 400 naming it
+(request_fields.py), as is a field no API knows (OpenAI's answer). Types are strict, as
+OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not coerced.
 
 Every number has the bounds the engine can take, stated as JSON Schema minimum/maximum in
 /openapi.json and checked before anything reaches the engine (a 400 naming the field):
 vLLM's where vLLM has them (`seed` within int64, as vLLM's protocol; `n` >= 1; penalties in
 [-2, 2] and repetition_penalty > 0, top_p in (0, 1], temperature >= 0, max_tokens >= 1,
-min_tokens >= 0, top_k >= -1, logprobs <= 20, as vLLM's `SamplingParams._verify_args`;
+min_tokens >= 0, top_k >= -1, min_p in [0, 1], truncate_prompt_tokens >= 1 or -1 (the model's
+length), logprobs <= 20, as vLLM's `SamplingParams._verify_args`; allowed_token_ids non-empty
+and within the vocabulary, as vLLM's input processor;
 logit_bias in [-100, 100], as OpenAI's), and int32 for the other counts and token ids (the
 dtype of the engine's token tensors). Floats are finite: the JSON extensions NaN and
 Infinity, which Python's parser accepts, are a 400.
@@ -18,8 +22,18 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from kvpilot.engine.entrypoints.protocol_tools import (
+    MAX_TOOLS,
+    ChatCompletionToolsParam,
+    DeltaToolCall,
+    ResponseFormat,
+    StructuredOutputsRequest,
+    ToolCall,
+    ToolChoice,
+)
+from kvpilot.engine.entrypoints.request_fields import drop_noop_fields
 from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
 
@@ -27,12 +41,21 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # torch.iinfo(torch.long), vLLM's _L
 INT32_MAX = 2**31 - 1
 MAX_N = 16  # choices per prompt (kvpilot's cap; vLLM only asks n >= 1)
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's top_logprobs cap
+MAX_ALLOWED_TOKEN_IDS = 1 << 20  # kvpilot's cap on the list (larger than any vocabulary it serves)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_noop_fields(cls, data: Any) -> Any:
+        """Unimplemented fields sent with the value that asks for nothing are served; any
+        other undeclared field is refused (extra="forbid"; request_fields.py says why)."""
+        declared = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        return drop_noop_fields(data, declared)
 
     @field_validator("*")
     @classmethod
@@ -70,11 +93,16 @@ class _SamplingRequest(_Request):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_p: float | None = Field(None, ge=0, le=1)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     n: int = Field(1, ge=1, le=MAX_N)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT32_MAX)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stream: bool = False
@@ -94,12 +122,15 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
+    add_special_tokens: bool = True
 
 
 class ChatMessage(_Request):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, given to the chat template
+    tool_call_id: str | None = None  # a tool turn's answer to that call
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -110,6 +141,9 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[ChatCompletionToolsParam] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none" (OpenAI's default)
+    parallel_tool_calls: bool | None = None  # False: at most one call
 
 
 def exact_integer_bounds(doc: dict, models: list[type[BaseModel]]) -> dict:
@@ -187,6 +221,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = []
 
 
 class ChatChoice(BaseModel):
@@ -209,6 +244,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):
@@ -252,40 +288,3 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
-
-
-# -------------------------------------------------------------- tokenization
-# POST /tokenize and /detokenize, with vLLM's shapes (vllm/entrypoints/openai/protocol.py:
-# TokenizeCompletionRequest, TokenizeChatRequest, TokenizeResponse, DetokenizeRequest,
-# DetokenizeResponse). Defaults are vLLM's: special tokens added to a text prompt, not to a chat
-# (its template already has them).
-class TokenizeCompletionRequest(_Request):
-    model: str | None = None
-    prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-
-
-class TokenizeChatRequest(_Request):
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
-    return_token_strs: bool = False
-
-
-class TokenizeResponse(BaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None
-
-
-class DetokenizeRequest(_Request):
-    model: str | None = None
-    tokens: list[TokenId]
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -49,6 +50,7 @@ from kvpilot.engine.exit_codes import (
     report_failure,
 )
 from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.settings import BY_NAME
 
 logger = logging.getLogger("kvpilot.server")
 
@@ -221,6 +223,9 @@ def main(argv: list[str]) -> int:
     if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
     check_http_limits(parser, ns)
+    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
+        parser.error(f"{BY_NAME['enable_auto_tool_choice'].flag} needs {BY_NAME['tool_call_parser'].flag} "
+                     f"(one of {list(BY_NAME['tool_call_parser'].choices)})")
     api_key, admin_token = resolve_secrets(parser, ns)
     try:
         check_version(ns.show_hidden_metrics_for_version)
@@ -243,6 +248,9 @@ def main(argv: list[str]) -> int:
         log_requests=not ns.disable_log_requests,
         profiler_dir=(os.environ.get(PROFILER_DIR_ENV) or None) if admin_token else None,
         show_hidden_metrics_for_version=ns.show_hidden_metrics_for_version,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
+        disable_any_whitespace=json.loads(ns.structured_outputs_config or "{}").get("disable_any_whitespace", False),
     )
     if os.environ.get(PROFILER_DIR_ENV) and not admin_token:
         logger.warning("%s is set but the admin routes are off (--enable-admin-routes): no profiler routes",

@@ -42,6 +42,9 @@ class ServerState:
     num_reserved: int = 0  # admitted engine requests not yet handed to the engine
     metrics_registry: CollectorRegistry = field(default_factory=server_registry)
     show_hidden_metrics_for_version: str | None = None
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
+    tool_call_parser: str | None = None  # --tool-call-parser (tool_parsers.TOOL_PARSERS)
+    disable_any_whitespace: bool = False  # --structured-outputs-config's, for requests that do not say
 
     def model_names(self) -> set[str]:
         return {self.served_model_name}

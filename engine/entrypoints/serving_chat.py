@@ -24,12 +24,18 @@ from kvpilot.engine.entrypoints.protocol import (
 )
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest
 from kvpilot.engine.entrypoints.serving_engine import OpenAIServing, ServeContext
+from kvpilot.engine.entrypoints.tool_calls import final_tool_calls, tool_finish_reason, tool_mode, tool_spec
+from kvpilot.engine.entrypoints.tool_parsers import TOOL_PARSERS
+from kvpilot.engine.entrypoints.tool_stream import ToolStream
 from kvpilot.engine.outputs import RequestOutput
+from kvpilot.engine.structured_output_params import StructuredOutputsParams
 
 
 def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     """Token ids of the conversation with the generation prompt. Content may be a string
-    or a list of text parts; other parts (images, audio) are refused with 400."""
+    or a list of text parts; other parts (images, audio) are refused with 400. Messages' name,
+    tool_calls and tool_call_id, and the request's tools, go to the chat template as vLLM
+    gives them (the builtin SmolLM2's template renders none of them)."""
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
@@ -41,9 +47,12 @@ def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
                                       f"{part.get('type')!r}", param="messages")
                 texts.append(part["text"])
             content = "\n".join(texts)
-        messages.append({"role": m.role, "content": content or ""})
+        extra = {k: v for k, v in (("name", m.name), ("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id))
+                 if v is not None}
+        messages.append({"role": m.role, "content": content or "", **extra})
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if getattr(req, "tools", None) else None
     try:
-        out = state.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+        out = state.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
                                                   tokenize=True)
     except Exception as exc:  # jinja errors: bad roles or order for this template
         raise bad_request(f"cannot apply the chat template to these messages: {exc}", param="messages") from None
@@ -63,6 +72,23 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs=true", param="top_logprobs")
 
+    def _structured_spec(self, ctx: ServeContext) -> tuple[StructuredOutputsParams | None, str | None]:
+        """A required or named tool_choice's grammar, else response_format's or
+        structured_outputs' (400 when both are given)."""
+        state = self.state
+        ctx.tool_mode = tool_mode(ctx.request, state.enable_auto_tool_choice and state.tool_call_parser is not None)
+        spec, param = super()._structured_spec(ctx)
+        tools_spec = tool_spec(ctx.request, ctx.tool_mode, state.disable_any_whitespace)
+        if tools_spec is None:
+            return spec, param
+        if spec is not None:
+            raise bad_request(f"tool_choice {ctx.tool_mode.kind!r} cannot be combined with {param}", param="tool_choice")
+        return tools_spec, "tools"
+
+    def _parser(self):
+        name = self.state.tool_call_parser
+        return TOOL_PARSERS[name]() if name else None
+
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
         req = ctx.request
         ids = chat_prompt(self.state, req)
@@ -81,17 +107,21 @@ class OpenAIServingChat(OpenAIServing):
         if ctx.top_logprobs is not None and out.new_token_ids:
             start = len(comp.token_ids) - len(out.new_token_ids)
             lp = self._logprobs(out, out.new_token_ids, start, ctx.top_logprobs)
-        if not out.new_text and lp is None and not out.finished:
+        stream = ctx.tool_streams.setdefault(index, ToolStream(ctx.tool_mode, self._parser()))
+        text, calls = stream.step(out.new_text, out.finished)
+        if not text and not calls and lp is None and not out.finished:
             return None
-        delta = DeltaMessage(content=out.new_text) if out.new_text or not out.finished else DeltaMessage()
-        return ChatStreamChoice(index=index, delta=delta, logprobs=lp, finish_reason=comp.finish_reason,
-                                stop_reason=comp.stop_reason)
+        delta = DeltaMessage(content=text if text or not (out.finished or calls) else None, tool_calls=calls or None)
+        return ChatStreamChoice(index=index, delta=delta, logprobs=lp, stop_reason=comp.stop_reason,
+                                finish_reason=tool_finish_reason(ctx.tool_mode, stream.calls, comp.finish_reason))
 
     def _final_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> ChatChoice:
         comp = out.outputs[0]
         lp = self._logprobs(out, comp.token_ids, 0, ctx.top_logprobs) if ctx.top_logprobs is not None else None
-        return ChatChoice(index=index, message=AssistantMessage(content=comp.text),
-                          logprobs=lp, finish_reason=comp.finish_reason, stop_reason=comp.stop_reason)
+        content, calls = final_tool_calls(ctx.tool_mode, comp.text, self._parser())
+        return ChatChoice(index=index, message=AssistantMessage(content=content, tool_calls=calls),
+                          logprobs=lp, finish_reason=tool_finish_reason(ctx.tool_mode, calls, comp.finish_reason),
+                          stop_reason=comp.stop_reason)
 
     def _logprobs(self, out: RequestOutput, token_ids: list[int], start: int, top_n: int) -> ChatLogprobs:
         content = []

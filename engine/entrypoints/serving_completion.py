@@ -20,8 +20,10 @@ from kvpilot.engine.outputs import RequestOutput
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, as in vLLM
 
 
-def completion_prompts(state: ServerState, prompt) -> list[tuple[list[int], str | None]]:
-    """Normalizes `prompt` (text, token ids, or a batch of either) to (token ids, text)."""
+def completion_prompts(state: ServerState, prompt, add_special_tokens: bool = True) -> list[tuple[list[int], str | None]]:
+    """Normalizes `prompt` (text, token ids, or a batch of either) to (token ids, text); text
+    is tokenized with the tokenizer's special tokens (BOS) when add_special_tokens (vLLM's
+    default for completions)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
@@ -30,7 +32,7 @@ def completion_prompts(state: ServerState, prompt) -> list[tuple[list[int], str 
     out = []
     for p in prompt:
         if isinstance(p, str):
-            ids, text = state.tokenizer.encode(p, add_special_tokens=False), p
+            ids, text = state.tokenizer.encode(p, add_special_tokens=add_special_tokens), p
         else:
             ids, text = list(p), None
             if any(not 0 <= t < vocab for t in ids):
@@ -58,11 +60,12 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
         req = ctx.request
-        prompts = completion_prompts(self.state, req.prompt)
+        prompts = completion_prompts(self.state, req.prompt, req.add_special_tokens)
         ctx.top_logprobs = req.logprobs
         subs = self._sub_requests(ctx, [ids for ids, _ in prompts], req.max_tokens, DEFAULT_MAX_TOKENS)
         if req.echo:
-            ctx.echo = {s.index: (prompts[s.index // req.n][1] or self.state.tokenizer.decode(s.prompt_token_ids))
+            whole = req.truncate_prompt_tokens is None  # else the prompt as truncated
+            ctx.echo = {s.index: ((whole and prompts[s.index // req.n][1]) or self.state.tokenizer.decode(s.prompt_token_ids))
                         for s in subs}
         ctx.text_offsets = {s.index: len(ctx.echo.get(s.index, "")) for s in subs}
         return subs

@@ -23,8 +23,10 @@ from kvpilot.engine.entrypoints.limits import check_request_limits
 from kvpilot.engine.entrypoints.protocol import INT64_MAX, INT64_MIN, UsageInfo, _SamplingRequest
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest, admit, merged_outputs
 from kvpilot.engine.entrypoints.serving_stream import collect_finals, sse, streaming_response
+from kvpilot.engine.entrypoints.structured_outputs import compile_spec, request_spec
 from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.structured_output_params import StructuredOutputsParams
 
 logger = logging.getLogger("kvpilot.server")
 
@@ -42,6 +44,9 @@ class ServeContext:
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token
     echo: dict[int, str] = field(default_factory=dict)  # completions' echo=true: prompt text per choice
     text_offsets: dict[int, int] = field(default_factory=dict)  # completions: characters sent per choice
+    structured: StructuredOutputsParams | None = None  # the grammar every choice must follow, compiled
+    tool_mode: object = None  # chat: tool_calls.ToolMode
+    tool_streams: dict[int, object] = field(default_factory=dict)  # chat: tool_stream.ToolStream per choice
 
 
 class OpenAIServing(ABC):
@@ -65,6 +70,11 @@ class OpenAIServing(ABC):
         self._validate_request(req)
         ctx = ServeContext(req, f"{self.request_id_prefix}-{uuid.uuid4().hex}",
                            req.model or self.state.served_model_name)
+        spec, param = self._structured_spec(ctx)
+        if spec is not None and req.allowed_token_ids is not None:  # their intersection may empty a step's row
+            raise bad_request(f"allowed_token_ids cannot be combined with {param}", param="allowed_token_ids")
+        if spec is not None:  # compiled on the grammar thread, never on the engine's
+            ctx.structured = await compile_spec(self._grammar_compiler, spec, param)
         ctx.subs = self._prepare_sub_requests(ctx)
         ctx.engine = admit(self.state, ctx.subs)
         self._log_request(ctx)
@@ -91,6 +101,23 @@ class OpenAIServing(ABC):
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
         check_request_limits(req)
+        vocab = self.state.vocab_size
+        if req.allowed_token_ids is not None and vocab and any(t >= vocab for t in req.allowed_token_ids):
+            raise bad_request(f"allowed_token_ids contains out-of-vocab token ids; they must be in [0, {vocab})",
+                              param="allowed_token_ids")
+        if req.truncate_prompt_tokens is not None and not (req.truncate_prompt_tokens == -1
+                                                           or 1 <= req.truncate_prompt_tokens <= self.state.max_model_len):
+            raise bad_request(f"truncate_prompt_tokens must be -1 (the model's length) or in [1, max_model_len "
+                              f"{self.state.max_model_len}], got {req.truncate_prompt_tokens}",
+                              param="truncate_prompt_tokens")
+
+    def _structured_spec(self, ctx: ServeContext) -> tuple[StructuredOutputsParams | None, str | None]:
+        """The grammar the request asks for and the field that asked (response_format,
+        structured_outputs; chat adds tool_choice)."""
+        return request_spec(ctx.request, self.state.disable_any_whitespace)
+
+    def _grammar_compiler(self):
+        return self.state.ready_engine().engine.grammar_compiler
 
     @abstractmethod
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
@@ -119,16 +146,20 @@ class OpenAIServing(ABC):
                       default_max_tokens: int | None) -> list[SubRequest]:
         """n engine requests per prompt: choice p*n + j is sample j of prompt p."""
         n = ctx.request.n
+        truncate = ctx.request.truncate_prompt_tokens
+        if truncate is not None:  # keep the last tokens, as vLLM does
+            prompts = [ids[-(self.state.max_model_len if truncate == -1 else truncate):] for ids in prompts]
         subs = []
         for p, ids in enumerate(prompts):
             for j in range(n):
                 params = self._sampling_params(ctx.request, len(ids), max_tokens, default_max_tokens,
-                                               ctx.top_logprobs, j)
+                                               ctx.top_logprobs, j, ctx.structured)
                 subs.append(SubRequest(p * n + j, f"{ctx.request_id}-{p * n + j}", ids, params, n))
         return subs
 
     def _sampling_params(self, req: _SamplingRequest, prompt_len: int, max_tokens: int | None,
-                         default_max_tokens: int | None, logprobs: int | None, index: int = 0) -> SamplingParams:
+                         default_max_tokens: int | None, logprobs: int | None, index: int = 0,
+                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """Builds the engine's sampling parameters for one prompt. 400 when max_tokens is not
         positive, when prompt + max_tokens exceeds max_model_len, or a value is out of range.
         Sample `index` of a seeded request gets seed + index, wrapped into int64."""
@@ -152,7 +183,8 @@ class OpenAIServing(ABC):
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=-1 if req.top_k is None else req.top_k,
+                top_k=-1 if req.top_k is None else req.top_k, min_p=req.min_p or 0.0,
+                allowed_token_ids=req.allowed_token_ids, structured_outputs=structured,
                 seed=None if req.seed is None else _wrap_int64(req.seed + index), max_tokens=max_tokens,
                 min_tokens=req.min_tokens, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,

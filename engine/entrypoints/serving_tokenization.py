@@ -8,7 +8,7 @@ Errors: 400 for bad input (token ids outside the vocabulary, unsupported options
 from __future__ import annotations
 
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
-from kvpilot.engine.entrypoints.protocol import (
+from kvpilot.engine.entrypoints.protocol_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,

@@ -102,7 +102,8 @@ def test_deploy_defaults_differ_from_the_engine_only_where_the_model_decides():
     deployed = settings.deploy_defaults()
     differs = {s.name for s in SETTINGS if deployed[s.name] != s.default}
     assert differs == {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "show_hidden_metrics_for_version",
-                       "performance_mode"}  # unset in a spec: no flag, so vLLM images before 0.17 start
+                       "performance_mode",  # unset in a spec: no flag, so vLLM images before 0.17 start
+                       "enable_auto_tool_choice"}  # unset: no flag (vLLM's has no --no- form)
     assert deployed["max_num_batched_tokens"] == 2048 and deployed["max_num_seqs"] == 256
 
 

@@ -21,10 +21,12 @@ def profiler_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, profiler_dir: Path) -> Iterator[ServerProcess]:
     """The shared server: API key (from $VLLM_API_KEY), admin and profiler routes on behind
-    their own token, a waiting-queue limit of 4, a request deadline of 60 s."""
+    their own token, a waiting-queue limit of 4, a request deadline of 60 s, and the README's
+    structured-output flags: tool_choice auto with the hermes parser, compact JSON."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = ServerProcess(log, *engine_flags(**ENGINE_SETTINGS), "--max-queue-len", "4", "--enable-admin-routes",
-                         "--request-deadline-s", "60",
+                         "--request-deadline-s", "60", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                         "--structured-outputs-config", '{"disable_any_whitespace": true}',
                          env={"VLLM_API_KEY": API_KEY, "KVPILOT_ADMIN_TOKEN": ADMIN_TOKEN,
                               "VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
     proc.start()
