@@ -71,6 +71,7 @@ from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep import fit_requests
 from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import BY_NAME
 
 __all__ = ["GGUF_NAME", "PEERS", "PIP_COMMAND", "build_parser", "environment", "has_llama_cpp", "llama_cpp_command",
@@ -90,8 +91,10 @@ def run_server(name: str, command: list[str], health: str, requests: list[Sample
                model: str, a: argparse.Namespace, tokenizer: Any) -> dict[float, dict] | str:
     """Start one server, run every rate, stop it. Returns {rate: numbers}, or the
     refusal message when it does not start."""
+    # llama.cpp's OpenMP build reads GOMP_SPINCOUNT too: it runs with its own defaults, not kvpilot's
+    env = None if name == "kvpilot" else omp_wait.without_default()
     server = ServerProcess(command, Path(a.output_dir) / f"{name}.log", health_path=health,
-                           startup_timeout_s=a.startup_timeout)
+                           startup_timeout_s=a.startup_timeout, env=env)
     try:
         server.start()
     except ServerRefused as exc:

@@ -122,6 +122,7 @@ async def send_request(
     *,
     timeout_s: float | None = None,
     on_done: Callable[[RequestResult], None] | None = None,
+    keep_partial: bool = False,
 ) -> RequestResult:
     """Send one streaming request and time it; never raises for server or network faults.
 
@@ -129,7 +130,9 @@ async def send_request(
     "timeout" (no answer within httpx's timeouts or `timeout_s` seconds overall),
     "disconnect" (the stream broke off), "error_event" (the server streamed an error
     object), "bad_event" (an event that is not JSON), "no_tokens" (the stream ended before
-    any token), "other". `on_done` is called with the result (e.g. to advance a bar)."""
+    any token), "other". `on_done` is called with the result (e.g. to advance a bar).
+    A failed result has no timings, unless `keep_partial`: then the TTFT and gaps of the
+    tokens that arrived before the failure stay (a benchmark cut short by its time budget)."""
     result = RequestResult(prompt_len=req.prompt_len)
     result.start_time = time.perf_counter()
     try:
@@ -148,7 +151,7 @@ async def send_request(
     except Exception as exc:  # a benchmark records every failure instead of aborting the run
         result.error_kind, result.error = "other", f"{type(exc).__name__}: {exc}"
     result.success = not result.error_kind
-    if not result.success:
+    if not result.success and not keep_partial:
         result.ttft, result.itl, result.latency = 0.0, [], 0.0
     if on_done is not None:
         on_done(result)

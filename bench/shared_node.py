@@ -9,7 +9,9 @@ measured, in one run, in three arrangements:
   limit below the thread count it started with; default 1).
 In each: one stream (`--stream-requests` requests one after another, `--stream-output-len`
 tokens each, ignore_eos): ITL median / p95 / max and TTFT; then a burst: `--num-prompts`
-ShareGPT requests sent at once (offline-style: output tokens/s). The table gives each figure
+ShareGPT requests sent at once (offline-style: output tokens/s). Each part has a wall-time
+budget (`--stream-budget-s`, `--burst-budget-s`): a server that collapses (seconds per token)
+is cut there and measured on the tokens that arrived. The table gives each figure
 against the same server alone in the same run, and the goals of issue 38 (beside one
 neighbour: median ITL <= 2.5x alone, p95 <= 3x, burst throughput >= 0.4x; under the quota:
 median ITL <= 2.5x), which a fair share (half the CPUs) would meet at 2x.
@@ -35,12 +37,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from kvpilot.bench.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
 from kvpilot.bench.compare_peers import PEERS, environment, has_llama_cpp, peer_command, smollm2_gguf
-from kvpilot.bench.compare_report import summarize_run
 from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.bench.metrics import RequestResult
+from kvpilot.bench.request_client import RequestInput, send_request
 from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
@@ -71,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default="shared-node-logs", help="the servers' logs")
     p.add_argument("--output-json", default="shared-node.json")
     p.add_argument("--startup-timeout", type=float, default=300.0)
-    p.add_argument("--request-timeout", type=float, default=900.0)
+    p.add_argument("--stream-budget-s", type=float, default=60.0,
+                   help="wall time of the stream per arrangement; a request still running then is cut, its "
+                        "tokens so far counted (a server that collapses would take hours otherwise)")
+    p.add_argument("--burst-budget-s", type=float, default=120.0, help="likewise for the burst")
     return p
 
 
@@ -94,30 +101,52 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[str]
     return names, arrangements
 
 
-def _stream_stats(results: list) -> dict[str, float]:
-    ok = [r for r in results if r.success]
-    itl = np.array([x for r in ok for x in r.itl]) * 1e3
-    ttft = np.array([r.ttft for r in ok]) * 1e3
-    if not len(itl):
-        return {"failed": len(results) - len(ok)}
-    return {"failed": len(results) - len(ok), "tokens": int(len(itl) + len(ok)),
-            "median_itl_ms": float(np.median(itl)), "p95_itl_ms": float(np.percentile(itl, 95)),
-            "max_itl_ms": float(itl.max()), "median_ttft_ms": float(np.median(ttft))}
+def _stream_stats(results: list[RequestResult]) -> dict[str, float]:
+    itl = np.array([x for r in results for x in r.itl]) * 1e3
+    ttft = np.array([r.ttft for r in results if r.ttft > 0]) * 1e3
+    out: dict[str, float] = {"failed": sum(1 for r in results if not r.success and r.error_kind != "timeout"),
+                             "cut_by_budget": sum(1 for r in results if r.error_kind == "timeout"),
+                             "tokens": int(len(itl) + len(ttft))}
+    if len(itl):
+        out.update(median_itl_ms=float(np.median(itl)), p95_itl_ms=float(np.percentile(itl, 95)),
+                   max_itl_ms=float(itl.max()))
+    if len(ttft):
+        out["median_ttft_ms"] = float(np.median(ttft))
+    return out
+
+
+async def _measure(url: str, model: str, stream: list[SampleRequest], burst: list[SampleRequest],
+                   a: argparse.Namespace) -> dict[str, Any]:
+    def request(r: SampleRequest, ignore_eos: bool) -> RequestInput:
+        return RequestInput(r.prompt, r.prompt_len, r.expected_output_len, model, url, ignore_eos=ignore_eos)
+
+    limits = httpx.Limits(max_connections=len(burst) + 1)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=60.0), limits=limits) as client:
+        results: list[RequestResult] = []
+        deadline = time.monotonic() + a.stream_budget_s
+        for r in stream:  # one at a time, until done or out of budget (the last one then cut)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            results.append(await send_request(client, request(r, True), timeout_s=left, keep_partial=True))
+        out = _stream_stats(results)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(send_request(client, request(r, False), timeout_s=a.burst_budget_s,
+                                                      keep_partial=True) for r in burst))
+        elapsed = time.perf_counter() - start
+    tokens = sum(len(r.itl) + (r.ttft > 0) for r in results)
+    out.update(burst_output_throughput=tokens / elapsed, burst_tokens=tokens, burst_duration_s=elapsed,
+               burst_completed=sum(r.success for r in results),
+               burst_failed=sum(1 for r in results if not r.success and r.error_kind != "timeout"))
+    return out
 
 
 def measure(base_url: str, model: str, stream: list[SampleRequest], burst: list[SampleRequest],
-            tokenizer: Any, timeout_s: float) -> dict[str, Any]:
-    """One stream (requests one at a time, ignore_eos), then the burst (all at once)."""
-    url = f"{base_url}/v1/completions"
-    results, _ = asyncio.run(run_benchmark(stream, api_url=url, model=model, max_concurrency=1, ignore_eos=True,
-                                           timeout_s=timeout_s, progress=False))
-    out = _stream_stats(results)
-    results, duration = asyncio.run(run_benchmark(burst, api_url=url, model=model, timeout_s=timeout_s,
-                                                  progress=False))
-    run = summarize_run(results, duration, tokenizer)
-    out.update(burst_output_throughput=run["output_throughput"], burst_failed=run["failed"],
-               burst_duration_s=duration)
-    return out
+            a: argparse.Namespace) -> dict[str, Any]:
+    """One stream (requests one at a time, ignore_eos, within --stream-budget-s), then the burst
+    (all at once, within --burst-budget-s): output tokens/s counted as streamed token events, so
+    that a burst cut by its budget still counts what arrived."""
+    return asyncio.run(_measure(f"{base_url}/v1/completions", model, stream, burst, a))
 
 
 @contextlib.contextmanager
@@ -137,8 +166,7 @@ def arranged(name: str, engine: CpuGroup, neighbours: CpuGroup, a: argparse.Name
 
 
 def run_peer(name: str, command: list[str], health: str, env: dict[str, str], arrangements: list[str],
-             loads: tuple[list[SampleRequest], list[SampleRequest]], tokenizer: Any,
-             a: argparse.Namespace) -> dict[str, Any] | str:
+             loads: tuple[list[SampleRequest], list[SampleRequest]], a: argparse.Namespace) -> dict[str, Any] | str:
     """One server through every arrangement; {arrangement: figures} or why it did not start."""
     with CpuGroup(f"kvpilot-bench-{os.getpid()}-server") as engine, \
             CpuGroup(f"kvpilot-bench-{os.getpid()}-neighbours") as neighbours:
@@ -152,13 +180,12 @@ def run_peer(name: str, command: list[str], health: str, env: dict[str, str], ar
         try:
             warm = [SampleRequest(loads[0][0].prompt, loads[0][0].prompt_len, 8)]
             asyncio.run(run_benchmark(warm, api_url=f"{server.base_url}/v1/completions", model=a.model_name,
-                                      timeout_s=a.request_timeout, progress=False))
+                                      timeout_s=a.burst_budget_s, progress=False))
             for arrangement in arrangements:
                 print(f"{name}: {arrangement}", file=sys.stderr, flush=True)
                 before, load = engine.stat(), os.getloadavg()[0]
                 with arranged(arrangement, engine, neighbours, a):
-                    figures[arrangement] = measure(server.base_url, a.model_name, *loads, tokenizer,
-                                                   a.request_timeout)
+                    figures[arrangement] = measure(server.base_url, a.model_name, *loads, a)
                 after = engine.stat()
                 figures[arrangement].update(
                     load_1m_before=load, load_1m_after=os.getloadavg()[0],
@@ -195,8 +222,7 @@ def main(argv: list[str]) -> int:
                 command[command.index(str(gguf))] = a.model_name
             peer_env = os.environ.copy() if name == "kvpilot" else omp_wait.without_default()
             report["commands"][name] = command
-            report["peers"][name] = run_peer(name, command, health, peer_env, arrangements, (stream, burst),
-                                             tokenizer, a)
+            report["peers"][name] = run_peer(name, command, health, peer_env, arrangements, (stream, burst), a)
     except CgroupUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -55,6 +55,8 @@ def test_demo_flags_parse(tmp_path):
     assert a.workload.num_requests == BURST and math.isinf(a.workload.request_rate)  # one burst per window
     # not one at a time: a window would take BURST request-times
     assert a.space.enable_chunked_prefill == (True,) and a.space.max_num_seqs[0] == 2
+    # the guide's first remedy is in the search too: up to KV_CACHE_GROWTH times the demo's cache
+    assert a.space.kv_cache_memory_bytes == (CACHE.kv_cache_memory_bytes, 4 * CACHE.kv_cache_memory_bytes)
 
 
 def test_demo_slos_come_from_the_calibration():
