@@ -13,6 +13,9 @@ now and then, and moves to one whose median is clearly lower. A try that loses w
 long before the next (up to `max_probe_interval_s`); the median of the count in use rising by
 half over the one it was chosen with starts a try at once (a neighbour arrived).
 
+Every step runs at most ceil(the cgroup's CPU quota) threads, re-read every second (a limit
+applied or resized while the engine runs): more would exhaust the quota early in each 100 ms
+period and stall until the next.
 Only decode-only steps adapt: their C kernels give the same result with any number of threads
 (each output of a matmul is computed by one thread; decode attention partitions sequences by
 the engine's planned thread count, not the running one: kernels/cpu/threads.py), so a greedy
@@ -26,12 +29,15 @@ to the team size; Linux CFS group scheduling (Documentation/scheduler/sched-desi
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from kvpilot.engine.cpu_threads import cgroup_cpu_quota
 
 logger = logging.getLogger(__name__)
 ADAPTIVE_ENV = "KVPILOT_ADAPTIVE_THREADS"
@@ -69,15 +75,28 @@ class ThreadAdapter:
 
     def __init__(self, max_threads: int, *, samples: int = 5, probe_interval_s: float = 0.5,
                  max_probe_interval_s: float = 4.0, margin: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, cap: Callable[[], int] | None = None,
+                 cap_every_s: float = 1.0) -> None:
         self.counts = candidate_counts(max_threads)
         self.samples, self.margin, self.clock = samples, margin, clock
         self.probe_interval_s, self.max_probe_interval_s = probe_interval_s, max_probe_interval_s
         self._shapes: dict[int, _Shape] = {}
+        self._cap, self._cap_every_s = cap, cap_every_s
+        self._allowed, self._cap_read_s = self.counts[0], -math.inf
 
     @property
     def max_threads(self) -> int:
         return self.counts[0]
+
+    def allowed(self) -> int:
+        """The most threads a step may use now: max_threads, or fewer where `cap` (the cgroup's CPU
+        quota rounded up, re-read every cap_every_s) says so: more threads than the quota only
+        exhaust it early in the period and wait for the next (a pod's limit can change while it
+        runs: Kubernetes' in-place resize)."""
+        if self._cap is not None and self.clock() - self._cap_read_s >= self._cap_every_s:
+            self._cap_read_s = self.clock()
+            self._allowed = max(1, min(self.max_threads, self._cap()))
+        return self._allowed
 
     def _shape(self, bucket: int) -> _Shape:
         shape = self._shapes.get(bucket)
@@ -96,9 +115,15 @@ class ThreadAdapter:
         if len(self.counts) == 1:
             return 1
         shape = self._shape(rows_bucket(rows))
+        allowed = self.allowed()
+        if shape.current > allowed:  # the quota shrank: the largest count it allows, tries among those
+            shape.current = next(n for n in self.counts if n <= allowed)
+            shape.probing, shape.reference_s = None, 0.0
+            self._reset_tries(shape, self.clock() + self.probe_interval_s)
         if shape.probing is None and len(shape.times[shape.current]) == self.samples:
-            nxt = min(shape.due_s, key=shape.due_s.__getitem__)
-            if self.clock() >= shape.due_s[nxt]:
+            due = {n: t for n, t in shape.due_s.items() if n <= allowed}
+            nxt = min(due, key=due.__getitem__, default=None)
+            if nxt is not None and self.clock() >= due[nxt]:
                 shape.probing = nxt
                 shape.times[nxt].clear()
         return shape.current if shape.probing is None else shape.probing
@@ -143,10 +168,19 @@ class ThreadAdapter:
         return {bucket: shape.current for bucket, shape in sorted(self._shapes.items())}
 
 
+def quota_threads(max_threads: int) -> int:
+    """ceil(this cgroup's CPU quota), or max_threads where it has none."""
+    quota = cgroup_cpu_quota()
+    return max_threads if quota is None else math.ceil(quota)
+
+
 def adapter_from_env(max_threads: int) -> ThreadAdapter | None:
-    """A ThreadAdapter for `max_threads`, or None where `KVPILOT_ADAPTIVE_THREADS=0` or there is
-    one thread. Raises ValueError for a value other than 0 or 1."""
+    """A ThreadAdapter for `max_threads` capped by the cgroup's CPU quota as it is now, or None
+    where `KVPILOT_ADAPTIVE_THREADS=0` or there is one thread. Raises ValueError for a value
+    other than 0 or 1."""
     value = os.environ.get(ADAPTIVE_ENV, "1").strip() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{ADAPTIVE_ENV}={value!r}: use 1 (adapt the decode steps' thread count, the default) or 0")
-    return ThreadAdapter(max_threads) if value == "1" and max_threads > 1 else None
+    if value == "0" or max_threads <= 1:
+        return None
+    return ThreadAdapter(max_threads, cap=lambda: quota_threads(max_threads))

@@ -48,23 +48,63 @@ THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 
-def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
-    """CPUs' worth of time per period that this process's cgroup may use (e.g. 1.5), or None
-    when it has no quota. Reads v2's `cpu.max` ("max 100000" or "150000 100000"), else v1's
-    `cpu/cpu.cfs_quota_us` (-1: none) over `cpu/cpu.cfs_period_us`; a container sees its own
-    cgroup at these paths (runc mounts it there)."""
+def _own_paths(proc_cgroup: Path) -> dict[str, str]:
+    """{controller list ("" for v2, e.g. "cpu,cpuacct" for v1): this process's cgroup path} from
+    /proc/self/cgroup ("0::/kubepods/..." or "4:cpu,cpuacct:/kubepods/...")."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    for directory in (root / "cpu", root / "cpu,cpuacct"):
-        try:
-            quota_us = int((directory / "cpu.cfs_quota_us").read_text())
-            period_us = int((directory / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return {}
+    return {parts[1]: parts[2] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3}
+
+
+def _chain(mount: Path, own: str | None) -> list[Path]:
+    """The directories from this process's cgroup up to the mount's root, the root alone where the
+    own path is not below this mount (a container without a cgroup namespace mounts its own group
+    at the root)."""
+    if not own or own == "/":
+        return [mount]
+    leaf = mount / own.lstrip("/")
+    if not leaf.is_dir():
+        return [mount]
+    return [leaf, *[p for p in leaf.parents if p == mount or mount in p.parents]]
+
+
+def _quota_v2(directory: Path) -> float | None:
+    quota, period = (directory / "cpu.max").read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _quota_v1(directory: Path) -> float | None:
+    quota_us = int((directory / "cpu.cfs_quota_us").read_text())
+    period_us = int((directory / "cpu.cfs_period_us").read_text())
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs' worth of time per period that this process's cgroup may use (e.g. 1.5), or None
+    when it has no quota: the smallest quota from its own cgroup (named by /proc/self/cgroup) up
+    to the hierarchy's root, as a pod's container and pod cgroups both carry one. Reads v2's
+    `cpu.max` ("max 100000" or "150000 100000"), else v1's `cpu.cfs_quota_us` (-1: none) over
+    `cpu.cfs_period_us`; a container sees its own cgroup at the mount's root (runc mounts it
+    there). Source: the JDK's container support (JDK-8146115, CgroupV1/V2 subsystems)."""
+    own = _own_paths(proc_cgroup)
+    if (root / "cpu.max").exists() or (root / "cgroup.controllers").exists():
+        hierarchies = [(root, own.get(""), _quota_v2)]
+    else:
+        hierarchies = [(root / name, next((p for c, p in own.items() if "cpu" in c.split(",")), None), _quota_v1)
+                       for name in ("cpu", "cpu,cpuacct")]
+    for mount, path, read in hierarchies:
+        if not mount.is_dir():
             continue
-        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+        quotas = []
+        for directory in _chain(mount, path):
+            try:
+                quotas.append(read(directory))
+            except (OSError, ValueError, IndexError):
+                continue
+        found = [q for q in quotas if q is not None]
+        return min(found) if found else None
     return None
 
 

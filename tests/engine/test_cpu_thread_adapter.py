@@ -79,3 +79,13 @@ def test_the_switch_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("KVPILOT_ADAPTIVE_THREADS", "yes")
     with pytest.raises(ValueError, match="KVPILOT_ADAPTIVE_THREADS='yes'"):
         adapter_from_env(4)
+
+
+def test_a_quota_applied_while_running_caps_every_count():
+    clock, quota = Clock(), [None]
+    adapter = ThreadAdapter(4, clock=clock, cap=lambda: 4 if quota[0] is None else quota[0])
+    run(adapter, clock, {4: 0.004, 2: 0.006, 1: 0.010}, 300)
+    assert adapter.choices() == {1: 4} and adapter.allowed() == 4
+    quota[0] = 2  # a 2-CPU limit (an in-place resize, or the benchmark's quota)
+    used = run(adapter, clock, {4: 0.004, 2: 0.006, 1: 0.010}, 600)
+    assert adapter.allowed() == 2 and max(used[300:]) == 2 and adapter.choices() == {1: 2}

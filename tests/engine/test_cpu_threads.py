@@ -149,3 +149,23 @@ def test_auto_pins_the_openmp_team_to_a_narrow_cpuset():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["cpus"] == [cpu] and out["ran_on"] == [cpu], out
     assert out["line"].startswith(f"CPU threads: 1 per rank, bound to CPUs [{cpu}] (")
+
+
+def test_the_quota_is_the_smallest_from_the_process_own_cgroup_up(tmp_path):
+    """On a host (no cgroup namespace) the process's group is below the mount, named by
+    /proc/self/cgroup; a pod's limit sits on its container's and its pod's group."""
+    v1 = cgroup_v1(tmp_path / "v1", -1)
+    (v1 / "cpu" / "pod" / "ctr").mkdir(parents=True)
+    for directory, quota in ((v1 / "cpu" / "pod", 150_000), (v1 / "cpu" / "pod" / "ctr", -1)):
+        (directory / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (directory / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "cgroup-v1"
+    proc.write_text("4:memory:/other\n3:cpu,cpuacct:/pod/ctr\n")
+    assert cgroup_cpu_quota(v1, proc) == 1.5
+    v2 = cgroup_v2(tmp_path / "v2", "max 100000")
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    cgroup_v2(v2 / "a", "50000 100000")
+    (tmp_path / "cgroup-v2").write_text("0::/a\n")
+    assert cgroup_cpu_quota(v2, tmp_path / "cgroup-v2") == 0.5
+    (tmp_path / "cgroup-v2").write_text("0::/not-here\n")  # a container's own group at the mount's root
+    assert cgroup_cpu_quota(v2, tmp_path / "cgroup-v2") is None
