@@ -51,6 +51,7 @@ from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
 from kvpilot.bench.sweep import fit_requests
 from kvpilot.bench.tokenizers import load_tokenizer
 from kvpilot.engine import omp_wait
+from kvpilot.engine.settings import BY_NAME
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-output-len", type=int, default=64, help="tokens per stream request")
     p.add_argument("--num-prompts", type=int, default=32, help="ShareGPT requests of the burst")
     p.add_argument("--max-output-len", type=int, default=128, help="cap on a burst request's output tokens")
-    p.add_argument("--max-model-len", type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="ours; llama-server's --parallel")
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=32, help="ours; llama-server's --parallel")
     p.add_argument("--model-name", default="smollm2-135m-instruct")
     p.add_argument("--llama-cpp-python", default=sys.executable, metavar="PYTHON",
                    help="interpreter with llama-cpp-python[server] installed")
