@@ -6,6 +6,7 @@
     kvpilot bench serve          serving benchmark against any OpenAI-compatible server
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
     kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
+    kvpilot bench structured-outputs  output tokens/s with and without a JSON schema; grammar compile times
     kvpilot operator             the Kopf operator for InferenceService resources
     kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
 
@@ -32,6 +33,7 @@ BENCH_COMMANDS = {
     "dashboard": "kvpilot.bench.dashboard",  # issue 14: the Grafana dashboard's rows as PNGs
     "decode-step": "kvpilot.bench.decode_step",
     "shared-node": "kvpilot.bench.shared_node",  # issue 38: beside busy neighbours and under a CPU limit
+    "structured-outputs": "kvpilot.bench.structured_outputs",  # issue 40: what a grammar costs
 }
 
 
