@@ -40,8 +40,8 @@ class GrammarBitmasks:
         return request_id in self._matchers
 
     def mask(self, logits: torch.Tensor, request_ids: list[str]) -> None:
-        """logits [rows, vocab_size] float32 on CPU, row i for request_ids[i]: in place, -inf
-        for every token that row's grammar does not allow next."""
+        """logits [rows, vocab_size] float32 (CPU or CUDA), row i for request_ids[i]: in place,
+        -inf for every token that row's grammar does not allow next."""
         rows = [i for i, rid in enumerate(request_ids) if rid in self._matchers]
         if not rows:
             return
@@ -51,11 +51,14 @@ class GrammarBitmasks:
                 self._bitmask = self._xgr.allocate_token_bitmask(len(request_ids), self.vocab_size)
             bitmask = self._bitmask[: len(request_ids)]
             self._batch.batch_fill_next_token_bitmask([self._matchers[request_ids[i]] for i in live], bitmask, live)
+            if logits.device.type != "cpu":  # xgrammar fills on the CPU and applies where the logits are
+                bitmask = bitmask.to(logits.device, non_blocking=True)
             self._xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=live)
+        stop_ids = self.stop_token_ids.to(logits.device)
         for i in set(rows) - set(live):
-            stops = logits[i, self.stop_token_ids].clone()
+            stops = logits[i, stop_ids].clone()
             logits[i] = float("-inf")
-            logits[i, self.stop_token_ids] = stops
+            logits[i, stop_ids] = stops
 
     def accept(self, request_ids: list[str], token_ids: list[int]) -> dict[str, BaseException]:
         """Advances each structured request's matcher by its sampled token (one batched
