@@ -3,6 +3,8 @@ OpenAPI document:
 
 - schemathesis cases for every operation, positive (valid by the schema) and negative
   (each breaks the schema somewhere), as schemathesis generates them;
+- structured cases (issue 40): schemas, regexes, grammars, choices and tools that are deep,
+  recursive, huge in their counts, malformed or in conflict, on both generation routes;
 - hostile cases (hypothesis): a valid body per POST route with one field, or the first
   message's content, replaced by a value from a hostile family: the field's own stated
   bounds and one past them, huge integers (2**63, 2**70, 10**100), NaN and +-Infinity
@@ -34,6 +36,49 @@ ODD_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0]
 WRONG_TYPES = ["5", "", True, None, [], {}, [1], {"a": 1}, 1.5]
 ODD_TEXT = ["\ud800", "\udfff\ud800", "\u202e\u2066abc", "\x00\x00", "e\u0301" * 50, "\U0001f600" * 20,
             "\ufeff", "\uffff", "\u200d" * 100]
+_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": MAX_TOKENS}
+_FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "x": {"type": "integer"}}, "required": ["x"]}}}
+
+
+def _schema(schema: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+STRUCTURED_BODIES = [  # (route, body): each compiles (or fails) on its own and must never stall the engine
+    ("/v1/chat/completions", {**_CHAT, "response_format": _schema(_nested(200))}),
+    ("/v1/chat/completions", {**_CHAT, "response_format": _schema(
+        {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})}),
+    ("/v1/chat/completions", {**_CHAT, "response_format": _schema({"type": "string", "maxLength": 10**9})}),
+    ("/v1/chat/completions", {**_CHAT, "response_format": _schema({"type": "array", "minItems": 10**7})}),
+    ("/v1/chat/completions", {**_CHAT, "response_format": _schema({"type": "nonsense", "enum": []})}),
+    ("/v1/chat/completions", {**_CHAT, "response_format": {"type": "json_object"}, "n": 2, "stream": True}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "structured_outputs": {"regex": "(a+)+$"}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "structured_outputs": {"regex": "a{1,999999999}"}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "structured_outputs": {"regex": "(("}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "structured_outputs": {"grammar": "root ::= root"}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS,
+                         "structured_outputs": {"grammar": 'root ::= "a"{1,999999999}'}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "structured_outputs": {"choice": [""]}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "stream": True,
+                         "structured_outputs": {"choice": [str(i) for i in range(1000)]}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "ignore_eos": True, "min_tokens": MAX_TOKENS,
+                         "structured_outputs": {"choice": ["a"]}}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS, "allowed_token_ids": [5],
+                         "structured_outputs": {"choice": ["a"]}}),
+    ("/v1/chat/completions", {**_CHAT, "tools": [_FN] * 128, "tool_choice": "required", "stream": True}),
+    ("/v1/chat/completions", {**_CHAT, "tools": [_FN], "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ("/v1/chat/completions", {**_CHAT, "tools": [{"type": "function", "function": {
+        "name": "g", "parameters": {"type": "nonsense"}}}], "tool_choice": "required"}),
+    ("/v1/chat/completions", {**_CHAT, "tools": [_FN]}),  # auto: a 400 without --enable-auto-tool-choice
+]
 RAW_BODIES = [b'{"prompt": "Hi", "max_tokens": ', b'{"messages": [', b"\xff\xfe", b"null", b"[]", b'"x"',
               b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
 
@@ -159,11 +204,14 @@ def hostile_strategy(openapi: dict, max_size: int):
 
 
 def hostile_cases(openapi: dict, count: int, seed: int, max_size: int = 1_000_000) -> list[FuzzCase]:
+    fixed = len(RAW_BODIES) + len(STRUCTURED_BODIES)
     cases = [FuzzCase("POST", path, "hostile-" + family, json_body=body, has_json=True)
-             for path, family, body in draw(hostile_strategy(openapi, max_size), count - len(RAW_BODIES), seed)]
+             for path, family, body in draw(hostile_strategy(openapi, max_size), count - fixed, seed)]
     raws = [FuzzCase("POST", path, "hostile-raw", raw=raw, content_type="application/json")
             for path, raw in zip(GENERATION_PATHS * len(RAW_BODIES), RAW_BODIES)]
-    return cases + raws
+    structured = [FuzzCase("POST", path, "hostile-structured", json_body=body, has_json=True)
+                  for path, body in STRUCTURED_BODIES]
+    return cases + raws + structured
 
 
 def fuzz_cases(openapi: dict, count: int, seed: int = 0, hostile_share: float = 0.4,
@@ -171,7 +219,8 @@ def fuzz_cases(openapi: dict, count: int, seed: int = 0, hostile_share: float = 
     """`count` cases, schemathesis and hostile ones interleaved (hostile ones make up what
     schemathesis does not: it draws each distinct case of a parameterless GET once)."""
     generated = schemathesis_cases(openapi, int(count * (1 - hostile_share)), seed)
-    hostile = hostile_cases(openapi, max(len(RAW_BODIES) + 1, count - len(generated)), seed, max_size)
+    fixed = len(RAW_BODIES) + len(STRUCTURED_BODIES)
+    hostile = hostile_cases(openapi, max(fixed + 1, count - len(generated)), seed, max_size)
     merged = [c for pair in zip(generated, hostile) for c in pair]
     merged += generated[len(hostile):] + hostile[len(generated):]
     return merged[:count]

@@ -53,7 +53,18 @@ class GrammarCompiler:
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The xgrammar `CompiledGrammar` for params. Raises ValueError with xgrammar's reason
-        when the schema, regex or grammar cannot be compiled."""
+        when the schema, regex or grammar cannot be compiled, or when it allows no first token
+        (a grammar such as `root ::= root` matches nothing)."""
+        compiled = self._compile(params)
+        import xgrammar as xgr
+
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+        if not bool(bitmask.any()):
+            raise ValueError(f"the {params.kind} matches no output: no token can start it")
+        return compiled
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
         kind = params.kind
         try:
             if kind == "json":

@@ -110,6 +110,7 @@ def test_malformed_specs_are_refused_before_compiling(kwargs, message):
 @pytest.mark.parametrize("spec, reason", [
     (Spec(json={"type": "nonsense"}), "Unsupported type"), (Spec(regex="(("), "parenthesis"),
     (Spec(grammar="root ::= x"), "not defined"), (Spec(json={"$ref": "#/defs/x"}), "Cannot find"),
+    (Spec(grammar="root ::= root"), "matches no output"),
 ])
 def test_specs_that_cannot_compile_raise_value_error_with_xgrammars_reason(compiler, spec, reason):
     with pytest.raises(ValueError, match=reason):

@@ -45,6 +45,6 @@ def test_fuzzed_requests_over_every_route_leave_the_engine_alive_and_no_block_le
     assert result.server_errors == [] and result.unanswered == [] and result.bad_error_shape == []
     assert result.statuses[200] > 0 and result.statuses[400] > 0, result.statuses
     assert {"schemathesis-positive", "schemathesis-negative", "hostile-huge-int", "hostile-nan-infinity",
-            "hostile-wrong-type", "hostile-huge-array", "hostile-huge-string", "hostile-odd-unicode",
+            "hostile-wrong-type", "hostile-huge-array", "hostile-huge-string", "hostile-odd-unicode", "hostile-structured",
             "hostile-raw"} <= set(result.kinds)
     assert leaked_blocks(fuzzed.url, NUM_BLOCKS) == (0, 0)
