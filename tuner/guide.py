@@ -10,6 +10,9 @@ trials that Optuna's sampler would only reach by chance with a budget of a few d
   defaults' max_num_seqs and the defaults' measurement preempted or failed (vLLM's
   tuning guide: preemptions mean max_num_seqs is too high for the cache; without them a
   lower max_num_seqs only queues requests).
+- More KV cache (`more_cache_settings`), the guide's first remedy for preemptions, before the
+  memory-model points when the search has the KV cache's bytes as an axis: the largest cache
+  the space allows (dropped with them when the defaults did not preempt).
 - A repair point when the defaults break the inter-token latency SLO. On a GPU: chunked
   prefill on with a small token budget (the guide: "smaller max_num_batched_tokens gives
   better ITL"; the chunked-prefill study: below ~256 tokens the total time grows, so 256
@@ -106,6 +109,17 @@ def kv_fit_settings(base: EngineSettings, space: SearchSpace, model: ModelConfig
     return out
 
 
+def more_cache_settings(base: EngineSettings, space: SearchSpace) -> list[EngineSettings]:
+    """The guide's first remedy for preemptions, more KV cache memory, where the search has the
+    axis: the base with the largest `kv_cache_memory_bytes` the space allows (an opt-in axis:
+    `--kv-cache-memory-bytes LOW:HIGH`), else nothing. Proposed before the memory-model points
+    that lower max_num_seqs: a larger cache removes preemptions without queueing requests."""
+    bounds = space.kv_cache_memory_bytes
+    if bounds is None or base.kv_cache_memory_bytes is None or bounds[1] <= base.kv_cache_memory_bytes:
+        return []
+    return [base.replace(kv_cache_memory_bytes=bounds[1])]
+
+
 def repair_settings(defaults: EngineSettings, violated: set[str], space: SearchSpace,
                     base: EngineSettings, cpu: bool = False) -> list[EngineSettings]:
     """Points the tuning guide recommends for the SLOs the defaults broke (see module doc);
@@ -197,7 +211,7 @@ class Guide:
                  hardware: feasibility.Hardware, slo: SLO, tokens: RequestTokens | None, seed: int = 0):
         self.space, self.base, self.model, self.hardware, self.slo = space, base, model, hardware, slo
         self.tokens, self.rng = tokens, random.Random(seed)
-        self.seeds = kv_fit_settings(base, space, model, hardware, tokens)
+        self.seeds = more_cache_settings(base, space) + kv_fit_settings(base, space, model, hardware, tokens)
         self.repaired = False
 
     def _tried(self, study: optuna.Study) -> list[EngineSettings]:

@@ -48,6 +48,10 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
                     shared_memory=not on_gpu, quantization=quantization)
 
 
+# settings that --engine-arg may set and the defaults trial takes as its own (base_settings)
+SETTINGS_FROM_ARGS = ("performance_mode", "kv_cache_memory_bytes")
+
+
 def base_settings(a: argparse.Namespace) -> EngineSettings:
     """The defaults trial's settings: the engine's defaults at --max-model-len, with the
     --engine-arg values of the settings that move them or the KV cache (--performance-mode
@@ -56,9 +60,26 @@ def base_settings(a: argparse.Namespace) -> EngineSettings:
     from kvpilot.engine.settings import BY_NAME
 
     given = {name: BY_NAME[name].parse(v) if BY_NAME[name].parse else v
-             for name in ("performance_mode", "kv_cache_memory_bytes")
-             if (v := flag_value(a.engine_args, name)) is not None}
+             for name in SETTINGS_FROM_ARGS if (v := flag_value(a.engine_args, name)) is not None}
     return EngineSettings(max_model_len=a.max_model_len, **given)
+
+
+def fixed_engine_args(engine_args: list[str]) -> list[str]:
+    """--engine-arg values without the settings base_settings took from them: every trial's own
+    flags carry those (the last flag wins, so a repeated fixed value would override the trial's,
+    e.g. a searched --kv-cache-memory-bytes)."""
+    from kvpilot.engine.settings import BY_NAME
+
+    flags = {BY_NAME[name].flag for name in SETTINGS_FROM_ARGS}
+    out, skip = [], False
+    for arg in engine_args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif arg.split("=", 1)[0] not in flags:
+            out.append(arg)
+    return out
 
 
 def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
@@ -102,7 +123,8 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
 
     load = load_requests(load_tokenizer(a.model), a.workload, a.max_model_len)
     name = a.model.removeprefix("builtin://")
-    engine = EngineProcess(a.model, a.report_dir / "engine.log", a.engine_args, a.api_key, port=a.port)
+    engine = EngineProcess(a.model, a.report_dir / "engine.log", fixed_engine_args(a.engine_args), a.api_key,
+                           port=a.port)
     source_for = None
     if a.prometheus_url:
         selector = ",".join(s for s in (f'model_name="{name}"', a.prometheus_selector) if s)
@@ -134,7 +156,7 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
     best = EngineSettings(**rep["best"]["settings"]) if replace else base
     artifacts.write_manifest(a.report_dir, artifacts.tuned_inferenceservice(
         name.split("-")[0], f"builtin://{name}" if not a.model.startswith("/") else a.model, best, a.slo,
-        extra_args=a.engine_args))
+        extra_args=fixed_engine_args(a.engine_args)))
     artifacts.write_plots(a.report_dir, study, rep)
     print(reports.table(rep))
     print(f"\nreport: {path}")

@@ -105,3 +105,14 @@ def test_daemon_builds_its_session_flags_from_the_environment():
     assert wants_tuning(spec={"tuning": {"enabled": True}}, status={})
     assert not wants_tuning(spec={"tuning": {"enabled": True}}, status={"tuning": {"phase": "Done"}})
     assert not wants_tuning(spec={"tuning": {"enabled": False}}, status={})
+
+
+def test_a_searched_setting_given_as_an_engine_arg_is_not_repeated_after_the_trials_flags():
+    """The demo sizes the defaults' cache with --engine-arg=--kv-cache-memory-bytes=N and searches
+    the same setting: every trial's own flags carry it, and the fixed arguments must not repeat N
+    after them (argparse's last value would win and no trial would get another cache)."""
+    from kvpilot.tuner.local_session import base_settings, fixed_engine_args
+
+    a = cli.parse(demo_args(CALIBRATION, CACHE, Path("/tmp")) + ["--engine-arg=--num-gpu-blocks-override=64"])
+    assert base_settings(a).kv_cache_memory_bytes == CACHE.kv_cache_memory_bytes
+    assert fixed_engine_args(a.engine_args) == ["--num-gpu-blocks-override", "64"]

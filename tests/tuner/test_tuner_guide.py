@@ -221,3 +221,29 @@ def test_over_seeds_the_guided_tuner_lands_near_the_best_and_beats_random_search
         rand.append(ratio(best))
     assert statistics.median(tuner) >= 0.95 and min(tuner) >= 0.85
     assert statistics.median(tuner) > statistics.median(rand) or min(tuner) > min(rand)
+
+
+def test_preempted_defaults_try_the_largest_kv_cache_first_when_the_search_has_it():
+    """vLLM's guide's first remedy (more KV cache memory) before its second (fewer sequences):
+    with `--kv-cache-memory-bytes LOW:HIGH` searched, the trial after the defaults is the
+    defaults with the largest cache; without the axis it is the memory model's 4 sequences."""
+    from kvpilot.tuner.guide import more_cache_settings
+
+    cache = 24 * 16 * 23040  # 24 blocks of the builtin model's bf16 KV: one max_model_len sequence fits
+    base = EngineSettings(max_model_len=256, kv_cache_memory_bytes=cache)
+    space = SearchSpace(max_num_batched_tokens=(64, 2048), max_num_seqs=(1, 256), enable_chunked_prefill=(True,),
+                        kv_cache_memory_bytes=(cache, 4 * cache))
+    assert more_cache_settings(base, space) == [base.replace(kv_cache_memory_bytes=4 * cache)]
+    assert more_cache_settings(base, SPACE) == [] and more_cache_settings(BASE, space) == []
+    cpu = Hardware(device_memory_bytes=1 << 34, shared_memory=True)
+
+    def preempting(s: EngineSettings) -> Measurement:
+        fits = s.kv_cache_memory_bytes // (16 * 23040) // 8  # requests of 8 blocks the cache holds
+        return Measurement(duration_s=60, completed=60, throughput_rps=1.0, goodput_rps=1.0, ttft_p95_s=1.0,
+                           itl_p95_s=0.1, preemptions=6.0 * max(0, min(s.max_num_seqs, 8) - fits))
+
+    runner = Recorder(preempting)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0))
+    Tuner(study, space, base, SMOL, cpu, SLOS, runner,
+          TunerConfig(n_trials=2, remeasure_top=0, guided=True, request_tokens=RequestTokens(mean=120, longest=120))).run()
+    assert runner.deployed[:2] == [base, base.replace(kv_cache_memory_bytes=4 * cache)]
