@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import secrets
 import shlex
 from dataclasses import dataclass
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 
@@ -151,8 +154,11 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     engine, res = spec.engine, spec.resources
     command = engine_command(spec)
     limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
+    requests = dict(limits)
     if res.gpu:
-        limits[res.gpuResourceName] = engine.world_size
+        limits[res.gpuResourceName] = requests[res.gpuResourceName] = engine.world_size
+    else:
+        requests["cpu"], limits["cpu"] = cpu_request_and_limit(res.cpu)
     env = _engine_env(name, engine)
     mounts, volumes = _mounts_and_volumes(name, spec)
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
@@ -164,7 +170,7 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
         "args": command[2:],
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
         "env": env,
-        "resources": {"requests": dict(limits), "limits": limits},
+        "resources": {"requests": requests, "limits": limits},
         # Loading weights can take minutes: the startup probe holds the others off until then.
         "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
@@ -195,6 +201,26 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
         },
         "spec": pod_spec,
     }
+
+
+def cpu_request_and_limit(cpu: str) -> tuple[str, str]:
+    """The CPU engine container's (request, limit) for spec.resources.cpu, a Kubernetes quantity.
+
+    Whole CPUs ("1", "2000m") are both, as memory is: the pod is Guaranteed, and a kubelet with
+    the static CPU manager policy gives its container CPUs of its own (an exclusive cpuset, which
+    the engine binds its threads to). A fraction ("500m", "1.5") is the request and the next
+    whole CPU the limit: the pod is Burstable and runs in the node's shared pool, weighted by its
+    request; the engine runs ceil(cpu) threads (the CFS quota rounded up, engine/cpu_threads.py),
+    so a quota of exactly that many CPUs never throttles them partway through a step, as a quota
+    of 0.5 CPU would throttle its one thread for half of every 100 ms period. GPU pods keep
+    spec.resources.cpu as both (build_pod_template): Guaranteed whatever the fraction.
+    Sources: the Kubernetes documentation, "Control CPU Management Policies on the Node" (only
+    Guaranteed pods with integer CPU requests get exclusive CPUs), "Configure Quality of Service
+    for Pods", "Resource Management for Pods and Containers" (a limit is a CFS quota per 100 ms)."""
+    cpus = parse_quantity(cpu)
+    if cpus == cpus.to_integral_value():
+        return cpu, cpu
+    return cpu, str(math.ceil(cpus))
 
 
 def shm_gib(world_size: int) -> int:

@@ -1,25 +1,29 @@
 """The images `make images` builds, run as pods on a real node (tests/kube/node.py: the kubelet,
 containerd, runc, a CNI bridge, kube-proxy): the CPU engine with the Deployment, ConfigMap,
-Secret and Service the operator renders for examples/inferenceservice-smollm2.yaml (uid 1000,
-read-only root, no capabilities, only the pod's volumes, its CPU and memory limits), the
+Secret and Service the operator renders for examples/inferenceservice-smollm2.yaml asking for a
+whole CPU (uid 1000, read-only root, no capabilities, only the pod's volumes, its CPU and memory
+limits; Guaranteed, so the kubelet's static CPU manager gives the engine a CPU of its own), the
 in-cluster tuner's load built against it in a pod from the operator image, and the operator
 with the chart's Deployment, installed by `helm install`."""
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import time
+from decimal import Decimal
 
 import httpx
 import pytest
 import yaml
 from kube.cluster import Cluster
-from kube.node import describe
+from kube.node import RESERVED_CPUS, describe
 from kube.pods import POD_START_TIMEOUT_S, process_one, run_to_completion, wait_rolled_out
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, wait_for
 from openai import OpenAI
 from kube.podman import VERSION, podman
+from kubernetes.utils.quantity import parse_quantity
 
 from kvpilot.operator.builders import build_admin_secret, build_configmap, build_deployment, build_service
 from kvpilot.api.spec import InferenceServiceSpec
@@ -36,6 +40,7 @@ RESTRICTED_CONTAINER = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalatio
 
 def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, images, tmp_path, capsys):
     manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["spec"]["resources"]["cpu"] = "1"  # a whole CPU: Guaranteed, a CPU of its own (the example's 500m shares)
     name, spec = manifest["metadata"]["name"], InferenceServiceSpec.from_dict(manifest["spec"])
     with Cluster(node, "engine-image", tmp_path) as cluster:
         kubectl, namespace = Kubectl(cluster.kubeconfig), cluster.namespace
@@ -64,8 +69,11 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
         write = kubectl("exec", target, "--", "touch", "/opt/kvpilot/probe", check=False)
         converted = kubectl("exec", target, "--", "ls", "/home/kvpilot/.cache/kvpilot/models", check=False)
         log = kubectl("logs", target).stdout
-        limits = kubectl.json("get", "pods", "-l", f"app.kubernetes.io/instance={name}")["items"][0]["spec"][
-            "containers"][0]["resources"]["limits"]
+        pod_object = kubectl.json("get", "pods", "-l", f"app.kubernetes.io/instance={name}")["items"][0]
+        limits, qos = pod_object["spec"]["containers"][0]["resources"]["limits"], pod_object["status"]["qosClass"]
+        # a process entering the container's cgroup takes its cpuset as its affinity (cgroup v1 cpuset_attach)
+        cpuset = json.loads(kubectl("exec", target, "--", "python3", "-c",
+                                    "import os; print(sorted(os.sched_getaffinity(0)))").stdout)
     assert answer and answer.strip()
     assert uid.split()[1:] == ["1000"] * 4, uid
     assert "ro" in root_options.split(","), root_options
@@ -80,8 +88,19 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
     assert "the torch path" not in path_line and "C " in path_line, path_line
     # the builtin GGUF serves with its blocks by default (vLLM's rule for a GGUF file)
     assert "--quantization gguf:" in log and "read the GGUF blocks" in path_line, log[-4000:]
-    threads_line = next((line for line in log.splitlines() if "CPU threads:" in line), "")
-    assert threads_line or len(os.sched_getaffinity(0)) == 1, log[-4000:]
+    # Guaranteed with one whole CPU: the static CPU manager gave the container one CPU outside the
+    # reserved ones, and the engine runs one thread bound to it; every other container (the tuner's
+    # load pod, beside it) shares the rest; the reservation took 100m off allocatable, not a CPU
+    assert qos == "Guaranteed" and parse_quantity(limits["cpu"]) == 1, (qos, limits)
+    assert len(cpuset) == 1 and not RESERVED_CPUS & set(cpuset), cpuset
+    assert set(load["cpus"]) == online_cpus() - set(cpuset), (load["cpus"], cpuset)
+    threads_lines = [line for line in log.splitlines() if "CPU threads:" in line]
+    assert len(threads_lines) == 1, log[-4000:]
+    threads_line = threads_lines[0]
+    assert f"CPU threads: 1 per rank, bound to CPUs {cpuset} (" in threads_line, threads_line
+    node_status = json.loads(node.get("/api/v1/nodes"))["items"][0]["status"]
+    allocatable, capacity = (parse_quantity(node_status[k]["cpu"]) for k in ("allocatable", "capacity"))
+    assert allocatable == capacity - Decimal("0.1"), node_status["allocatable"]
     assert timed.usage.completion_tokens >= 1
     assert load["missing"] == ["torch", "transformers"]  # the load came without a local tokenizer or model
     assert len(load["requests"]) == 3 and all(prompt.strip() for prompt, _, _ in load["requests"])
@@ -89,7 +108,7 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
     assert all(4 <= n <= 200 and 1 <= out <= 16 for _, n, out in load["requests"])
     with capsys.disabled():
         print(f"\n[engine image {images['engine-cpu']}] a pod of the operator's Deployment on {describe_node(node)}, "
-              f"limits {limits}, behind Service {base_url}"
+              f"limits {limits}, QoS {qos}, cpuset {cpuset} (the load pod's {load['cpus']}), behind Service {base_url}"
               f"\n[engine image] process {uid.replace(chr(9), ' ')}; root filesystem mounted {root_options}"
               f"\n[engine image] chat completion from {spec.model.display_name}: {answer!r}"
               f"\n[engine image] {path_line.strip()}"
@@ -98,6 +117,15 @@ def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, 
               f"(prefill included; load average {os.getloadavg()[0]:.2f})"
               f"\n[operator image] the tuner's ShareGPT load through the engine's /tokenize in {load['seconds']} s: "
               f"prompt tokens {counted}")
+
+
+def online_cpus() -> set[int]:
+    """The machine's online CPUs (/sys/devices/system/cpu/online, e.g. "0-1" or "0,2-3"): the node's."""
+    cpus: set[int] = set()
+    for part in pathlib.Path("/sys/devices/system/cpu/online").read_text().strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
 
 
 def describe_node(control_plane) -> str:
@@ -109,9 +137,10 @@ def operator_image_builds_the_tuners_load(kubectl: Kubectl, image: str, base_url
     """What the in-cluster tuner does before its first window (kvpilot.tuner.cluster_session),
     in a pod from the operator image against the engine's Service: ShareGPT requests tokenized
     by the engine's /tokenize. Returns {"missing": modules absent from the image, "requests":
-    [[prompt, prompt_len, output_len], ...], "seconds": how long the load took}."""
+    [[prompt, prompt_len, output_len], ...], "seconds": how long the load took, "cpus": the CPUs
+    the pod may run on}."""
     script = (
-        "import importlib.util as u, json, time\n"
+        "import importlib.util as u, json, os, time\n"
         "from kvpilot.tuner.remote_tokenizer import RemoteTokenizer\n"
         "from kvpilot.tuner.workload import Workload, load_requests\n"
         "t0 = time.monotonic()\n"
@@ -120,7 +149,7 @@ def operator_image_builds_the_tuners_load(kubectl: Kubectl, image: str, base_url
         f"load = load_requests(tok, w, {settings.max_model_len})\n"
         "print(json.dumps({'missing': [m for m in ('torch', 'transformers') if u.find_spec(m) is None],\n"
         "                  'requests': [[r.prompt, r.prompt_len, r.expected_output_len] for r in load.requests],\n"
-        "                  'seconds': round(time.monotonic() - t0, 1)}))\n")
+        "                  'seconds': round(time.monotonic() - t0, 1), 'cpus': sorted(os.sched_getaffinity(0))}))\n")
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tuner-load"},
            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
                     "securityContext": RESTRICTED_POD,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import yaml
 from kube.cluster import Cluster
 from kube.pods import POD_START_TIMEOUT_S, wait_rolled_out
 from kube.tools import ROOT, Kubectl, free_port, tool, wait_for
@@ -143,6 +144,10 @@ def check_after(guide: Guide, line: str) -> None:
         pod = kubectl.json("get", "pods", "-n", "kvpilot-system", "-l", "app.kubernetes.io/name=kvpilot")["items"][0]
         assert pod["spec"]["containers"][0]["image"].startswith("kvpilot/operator:")
         assert pod["status"]["podIP"].startswith("10.245.0."), "a pod on the real node's bridge"
+    elif line.startswith("kubectl apply -f examples/"):  # the operator creates its Deployment a moment later
+        name = yaml.safe_load((ROOT / line.split()[-1]).read_text())["metadata"]["name"]
+        wait_for(lambda: kubectl("get", "deployment", name, check=False).returncode == 0, 60,
+                 what=f"the operator's Deployment {name}")
     elif line == "kubectl get isvc":
         wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, POD_START_TIMEOUT_S,
                  what="smollm2 Ready (its engine pod answering the readiness probe)")
@@ -167,6 +172,11 @@ def check_after(guide: Guide, line: str) -> None:
         assert json.loads(out)["choices"][0]["message"]["content"]
         log = kubectl("logs", "deployment/smollm2").stdout  # the engine in the pod answered it
         assert "/v1/chat/completions" in log, log[-3000:]
+        # the example's cpu: 500m is the request, the next whole CPU the limit: Burstable, one thread
+        pod = kubectl.json("get", "pods", "-l", "app.kubernetes.io/instance=smollm2")["items"][0]
+        assert pod["status"]["qosClass"] == "Burstable" and pod["spec"]["containers"][0]["resources"] == {
+            "requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
+        assert "CPU threads: 1 per rank" in log, log[-3000:]
     elif "create secret generic smollm2-api-key" in line:
         data = kubectl.json("get", "secret", "smollm2-api-key")["data"]
         assert base64.b64decode(data["api-key"]).decode() == (guide.workdir / "api-key.txt").read_text()

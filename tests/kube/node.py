@@ -40,6 +40,10 @@ NODE_IP = "10.245.0.1"  # the bridge's address: the node's InternalIP and the AP
 NODE_NAME = "kvpilot-node-0"
 READY_TIMEOUT_S = 180
 COREDNS_USER = "system:kvpilot:coredns"
+# The kubelet's static CPU manager (kubelet-config.yaml: kubeReserved cpu 100m) reserves ceil(100m)
+# = 1 CPU, taken by topology from the lowest-numbered: never given to a container of its own.
+RESERVED_CPUS = frozenset({0})
+NETNS_DIR = pathlib.Path("/run/netns")  # where containerd's CRI mounts each pod's network namespace
 
 
 def coredns_rbac() -> list[tuple[str, dict]]:
@@ -71,6 +75,19 @@ def machine_lock() -> Iterator[None]:
     with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def share_netns_dir(path: pathlib.Path = NETNS_DIR) -> None:
+    """Makes /run/netns a shared mount of itself, as `ip netns add` and podman do when they find
+    it a plain directory. Done before containerd mounts the pods' network namespaces there: one
+    of them doing it while the node runs would cover those mounts, and containerd could no longer
+    remove them (unlinkat: device or resource busy), every deleted pod left Terminating with its
+    CPU request held. Left in place at the end, as they leave it."""
+    path.mkdir(parents=True, exist_ok=True)
+    points = {line.split()[4] for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines()}
+    if str(path) not in points:  # os.path.ismount misses a bind mount of a directory onto itself
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True, timeout=30)
+    subprocess.run(["mount", "--make-shared", str(path)], check=True, timeout=30)
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -118,6 +135,7 @@ class Node(Started):
         self.cni_dir.mkdir(exist_ok=True)
         render("cni.conflist", self.cni_dir / "10-kvpilot.conflist", bridge=BRIDGE, pod_cidr=POD_CIDR,
                gateway=NODE_IP, ipam_dir=str(self.workdir / "ipam"))
+        share_netns_dir()
         self.containerd = Containerd(self.workdir, build_pause(self.workdir), self.cni_dir)
         self.containerd.start()
         self._clean_runtime()  # what a killed session left in the kept root

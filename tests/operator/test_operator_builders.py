@@ -86,6 +86,37 @@ def test_gpus_follow_the_parallel_sizes_and_shm_grows_with_them():
     assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
 
 
+def qos_class(resources: dict) -> str:
+    """The pod's QoS class for its one container, by the rule of Kubernetes' "Configure Quality of
+    Service for Pods": Guaranteed when CPU and memory each have a limit and a request equal to it."""
+    requests, limits = resources["requests"], resources["limits"]
+    if all(r in limits and requests.get(r) == limits[r] for r in ("cpu", "memory")):
+        return "Guaranteed"
+    return "Burstable" if requests or limits else "BestEffort"
+
+
+@pytest.mark.parametrize("cpu, request_cpu, limit_cpu", [
+    ("1", "1", "1"), ("2000m", "2000m", "2000m"), ("4", "4", "4"),
+    ("500m", "500m", "1"), ("0.5", "0.5", "1"), ("1.5", "1.5", "2"), ("2500m", "2500m", "3"), ("1001m", "1001m", "2"),
+])
+def test_whole_cpus_are_request_and_limit_and_a_fraction_takes_the_next_whole_cpu_as_limit(cpu, request_cpu, limit_cpu):
+    """Whole CPUs make the pod Guaranteed (the static CPU manager's exclusive cores); a fraction
+    stays Burstable with a quota of ceil(cpu) CPUs, the engine's thread count."""
+    s = InferenceServiceSpec.from_dict({"model": SMOLLM, "resources": {"cpu": cpu, "memory": "4Gi"}})
+    resources = build_deployment("a", "ns", s)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": request_cpu, "memory": "4Gi"}
+    assert resources["limits"] == {"cpu": limit_cpu, "memory": "4Gi"}
+    assert qos_class(resources) == ("Guaranteed" if request_cpu == limit_cpu else "Burstable")
+
+
+def test_gpu_pods_keep_their_cpu_as_request_and_limit():
+    """A GPU pod stays Guaranteed with a fractional CPU: its engine computes on the accelerator."""
+    s = InferenceServiceSpec.from_dict({"model": SMOLLM, "resources": {"cpu": "500m", "memory": "4Gi", "gpu": True}})
+    resources = build_deployment("a", "ns", s)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 1}
+    assert qos_class(resources) == "Guaranteed"
+
+
 def test_service_configmap_and_podmonitor_select_the_engine_pods():
     s = spec()
     labels = build_deployment("a", "ns", s)["spec"]["template"]["metadata"]["labels"]
