@@ -57,6 +57,9 @@ class EngineSpec:
     seed: int = _DEFAULTS["seed"]
     port: int = _DEFAULTS["port"]
     showHiddenMetricsForVersion: str = _DEFAULTS["show_hidden_metrics_for_version"]  # "" renders no flag
+    enableAutoToolChoice: bool = _DEFAULTS["enable_auto_tool_choice"]
+    toolCallParser: str | None = _DEFAULTS["tool_call_parser"]  # None: no flag
+    structuredOutputsConfig: str | None = _DEFAULTS["structured_outputs_config"]  # JSON; None: no flag
     apiKeySecret: SecretRef | None = None
     profiling: bool = False
     extraArgs: tuple[str, ...] = ()
