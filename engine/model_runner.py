@@ -161,9 +161,10 @@ class ModelRunner:
             return None
         if all(n == 1 and not seq.is_prefill for seq, n in out.scheduled):
             return adapter
-        if self._threads_set != adapter.allowed():
-            torch.set_num_threads(adapter.allowed())
-            self._threads_set = adapter.allowed()
+        allowed = adapter.allowed()
+        if self._threads_set != allowed:
+            torch.set_num_threads(allowed)
+            self._threads_set = allowed
         return None
 
     def _run(self, out: SchedulerOutput, sample: bool) -> dict[str, SampleResult]:
