@@ -19,16 +19,19 @@ from kvpilot.engine.cpu_threads import (
     plan_cpu_threads,
 )
 
+
 def cgroup_v1(root, quota_us: int, period_us: int = 100_000):
     (root / "cpu").mkdir(parents=True)
     (root / "cpu" / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
     (root / "cpu" / "cpu.cfs_period_us").write_text(f"{period_us}\n")
     return root
 
+
 def cgroup_v2(root, line: str):
     root.mkdir(parents=True, exist_ok=True)
     (root / "cpu.max").write_text(line + "\n")
     return root
+
 
 @pytest.mark.parametrize(("make", "quota"), [
     (lambda r: cgroup_v1(r, 150_000), 1.5),
@@ -41,6 +44,7 @@ def cgroup_v2(root, line: str):
 def test_the_quota_is_read_from_cgroup_v1_and_v2(tmp_path, make, quota):
     assert cgroup_cpu_quota(make(tmp_path / "cg")) == quota
 
+
 def test_threads_are_the_quota_rounded_up_at_most_the_cpuset(tmp_path):
     def threads(root):
         return plan_cpu_threads(environ={}, root=root, allowed=[0, 1, 2, 3], online=4).threads
@@ -51,6 +55,7 @@ def test_threads_are_the_quota_rounded_up_at_most_the_cpuset(tmp_path):
     assert threads(cgroup_v2(tmp_path / "d", "6400000 100000")) == 4  # 64 CPUs' quota
     assert plan_cpu_threads(environ={"OMP_NUM_THREADS": "3"}, root=tmp_path / "a", allowed=[0, 1, 2, 3],
                             online=4).threads == 3  # the user's setting stands
+
 
 def test_auto_pins_only_a_cpuset_of_its_own(tmp_path):
     # the kubelet's static CPU manager: a Guaranteed pod's exclusive cpuset, a quota of its size
@@ -70,6 +75,7 @@ def test_auto_pins_only_a_cpuset_of_its_own(tmp_path):
     assert plan_cpu_threads(environ={"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, root=tmp_path, allowed=[2, 3],
                             online=4).cpus == ()
 
+
 def test_reserved_cpus_and_ranks_share_the_cpuset(tmp_path):
     env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
     one = plan_cpu_threads(environ=env, root=tmp_path, allowed=[4, 5, 6, 7], online=16)
@@ -81,11 +87,13 @@ def test_reserved_cpus_and_ranks_share_the_cpuset(tmp_path):
     # ...unless it would leave a rank without a CPU (two ranks on two CPUs)
     assert plan_cpu_threads(2, 1, environ={}, root=tmp_path, allowed=[0, 1], online=4).cpus == (1,)
 
+
 def test_explicit_lists_per_rank(tmp_path):
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1,4|2-3"}
     assert plan_cpu_threads(2, 0, environ=env, root=tmp_path, allowed=range(8), online=8).cpus == (0, 1, 4)
     second = plan_cpu_threads(2, 1, environ=env, root=tmp_path, allowed=range(8), online=8)
     assert (second.threads, second.cpus) == (2, (2, 3))
+
 
 @pytest.mark.parametrize(("env", "world", "message"), [
     ({"VLLM_CPU_OMP_THREADS_BIND": "0-1|2-3"}, 1, "names 2 CPU lists; give one per rank (1)"),
@@ -100,9 +108,11 @@ def test_bad_settings_are_refused_naming_the_variable(tmp_path, env, world, mess
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_cpu_threads(world, 0, environ=env, root=tmp_path, allowed=[0, 1, 2, 3], online=8)
 
+
 def test_cpu_lists_read_as_linux_writes_them():
     assert parse_cpu_list("0-3,8") == [0, 1, 2, 3, 8]
     assert parse_cpu_list("5") == [5]
+
 
 def test_a_limited_pod_runs_as_many_threads_as_its_limit(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -117,6 +127,7 @@ def test_a_limited_pod_runs_as_many_threads_as_its_limit(tmp_path, monkeypatch, 
         assert "waiting threads" in caplog.text
     finally:
         torch.set_num_threads(saved)
+
 
 def test_the_openmp_team_is_pinned_where_the_plan_says():
     """In a process whose plan pins its thread to one CPU (an explicit VLLM_CPU_OMP_THREADS_BIND
@@ -137,6 +148,7 @@ def test_the_openmp_team_is_pinned_where_the_plan_says():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["cpus"] == [cpu] and out["ran_on"] == [cpu], out
     assert out["line"].startswith(f"CPU threads: 1 per rank, bound to CPUs [{cpu}] (VLLM_CPU_OMP_THREADS_BIND={cpu}")
+
 
 def test_the_quota_is_the_smallest_from_the_process_own_cgroup_up(tmp_path):
     """On a host (no cgroup namespace) the process's group is below the mount, named by
