@@ -1,7 +1,7 @@
 """kvpilot's paged-attention engine (vLLM v1 design at small size).
 
 The public names load on first use (PEP 562), so that torch-free submodules such as
-`kvpilot.engine.entrypoints.cli_args` (which the operator imports) do not pull in torch, and so
+`kvpilot.engine.settings` (which the operator imports) do not pull in torch, and so
 that the OpenMP wait policy is in the environment before torch loads libgomp (omp_wait.py)."""
 
 from importlib import import_module

@@ -22,8 +22,8 @@ from kvpilot.engine.config import (
     resolve_dtype,
 )
 from kvpilot.engine.cpu_info import choose_auto_dtype
-from kvpilot.engine.entrypoints.cli_args import DEFAULT_MODEL, add_engine_args
 from kvpilot.engine.memory import cpu_kvcache_space_bytes
+from kvpilot.engine.settings.cli_args import DEFAULT_MODEL, add_engine_args
 
 logger = logging.getLogger("kvpilot.engine")
 
@@ -130,7 +130,7 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
         """Adds vLLM's engine flags (those of `kvpilot.engine.settings`); the parser
-        is built in the torch-free `entrypoints.cli_args` so the operator can use it too."""
+        is built in the torch-free `kvpilot.engine.settings.cli_args` so the operator can use it too."""
         add_engine_args(parser, positional_model)
 
     @classmethod

@@ -14,8 +14,8 @@ turning authentication off).
 """
 from __future__ import annotations
 
-from kvpilot.engine.entrypoints.cli_args import ArgsError, explicit_dests, make_serve_parser
 from kvpilot.engine.settings import CRD_FIELDS, SETTINGS
+from kvpilot.engine.settings.cli_args import ArgsError, explicit_dests, make_serve_parser
 
 # argparse dests of `kvpilot serve` that the operator owns: every setting spec.engine carries
 # (kvpilot.engine.settings), the model and its served name, and the server's identity.

@@ -54,6 +54,16 @@ def test_the_layering_contracts_hold():
     ("kernels/cpu/build.py", "import torch", "kvpilot.kernels.cpu.build is not allowed to import torch"),
     ("engine/layers/linear.py", "import kvpilot.engine.attention.backend",
      "kvpilot.engine.layers is not allowed to import kvpilot.engine.attention"),
+    # issue 39: the settings package (table, Setting, serve parser) is a stdlib-only floor below the
+    # engine core, which sits below the HTTP server; the operator reads the engine only through it
+    ("engine/settings/cli_args.py", "import kvpilot.engine.config",
+     "kvpilot.engine.settings is not allowed to import kvpilot.engine.config"),
+    ("engine/arg_utils.py", "import kvpilot.engine.entrypoints.serve",
+     "kvpilot.engine.arg_utils is not allowed to import kvpilot.engine.entrypoints"),
+    ("engine/attention/backend.py", "from kvpilot.engine.entrypoints import errors",
+     "kvpilot.engine.attention is not allowed to import kvpilot.engine.entrypoints"),
+    ("operator/extra_args.py", "import kvpilot.engine.exit_codes",
+     "kvpilot.operator is not allowed to import kvpilot.engine"),
 ])
 def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken):
     src = copy_sources(tmp_path)

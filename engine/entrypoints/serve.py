@@ -28,13 +28,6 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.entrypoints.api_server import build_app
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.cli_args import (
-    ADMIN_TOKEN_ENV,
-    API_KEY_ENV,
-    KEEP_ALIVE_ENV,
-    PROFILER_DIR_ENV,
-    make_serve_parser,
-)
 from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.http_protocol import guarded_h11_protocol
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
@@ -51,6 +44,13 @@ from kvpilot.engine.exit_codes import (
 )
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.engine.settings.cli_args import (
+    ADMIN_TOKEN_ENV,
+    API_KEY_ENV,
+    KEEP_ALIVE_ENV,
+    PROFILER_DIR_ENV,
+    make_serve_parser,
+)
 
 logger = logging.getLogger("kvpilot.server")
 
@@ -190,7 +190,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def check_http_limits(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    """Exit 2 for a slow-client limit out of range (cli_args.add_http_limit_args)."""
+    """Exit 2 for a slow-client limit out of range (kvpilot.engine.settings.cli_args.add_http_limit_args)."""
     if ns.timeout_keep_alive is None:
         try:
             ns.timeout_keep_alive = int(os.environ.get(KEEP_ALIVE_ENV, "5"))

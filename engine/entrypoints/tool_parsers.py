@@ -57,4 +57,4 @@ def _call_of(block: str) -> ToolCall | None:
     return ToolCall(function=FunctionCall(name=obj["name"], arguments=json.dumps(arguments, ensure_ascii=False)))
 
 
-TOOL_PARSERS = {"hermes": HermesToolParser}  # --tool-call-parser's choices (engine/settings.py)
+TOOL_PARSERS = {"hermes": HermesToolParser}  # --tool-call-parser's choices (engine/settings/table.py)

@@ -1,7 +1,7 @@
 """Which weights an engine serves by default: a GGUF model (the builtin SmolLM2, a .gguf path)
 loads with `--quantization gguf` on CPU, as vLLM's EngineArgs.create_model_config sets it for a
 GGUF file; `--quantization none` keeps the dense (dequantized) weights only; a Hugging Face
-directory and a GPU keep the dense weights (engine/settings.py resolve_quantization)."""
+directory and a GPU keep the dense weights (engine/settings/table.py resolve_quantization)."""
 
 from __future__ import annotations
 

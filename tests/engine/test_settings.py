@@ -12,12 +12,12 @@ import pytest
 from celpy import celtypes
 
 from kvpilot.engine import settings
-from kvpilot.engine.entrypoints.cli_args import make_serve_parser
+from kvpilot.engine.settings.cli_args import make_serve_parser
 from kvpilot.engine.settings import BY_NAME, CRD_FIELDS, RULES, SETTINGS
 
 
 def test_importing_the_settings_and_the_serve_parser_loads_no_torch():
-    code = ("import sys, kvpilot.engine.settings, kvpilot.engine.entrypoints.cli_args, kvpilot.engine.exit_codes; "
+    code = ("import sys, kvpilot.engine.settings, kvpilot.engine.settings.cli_args, kvpilot.engine.exit_codes; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -256,7 +256,7 @@ def test_runtime_vllm_passes_vllms_newest_knobs_through_and_kvpilot_parses_them(
     """performanceMode, kvCacheMemoryBytes and maxModelLen -1 (vLLM's auto) render as vLLM's
     flags for both runtimes; the same words parse with `kvpilot serve`'s parser; unset, the
     performance mode renders nothing (vLLM images before 0.17 do not know the flag)."""
-    from kvpilot.engine.entrypoints.cli_args import explicit_dests
+    from kvpilot.engine.settings.cli_args import explicit_dests
 
     engine = {"runtime": "vllm", "performanceMode": "throughput", "kvCacheMemoryBytes": 2 << 30, "maxModelLen": -1}
     command = engine_command(InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "engine": engine}))

@@ -1,4 +1,4 @@
-"""`kvpilot serve`'s parser lives in the torch-free cli_args module (the operator parses
+"""`kvpilot serve`'s parser lives in the torch-free kvpilot.engine.settings.cli_args (the operator parses
 extraArgs with it); its defaults must be EngineArgs' and it must not accept abbreviations."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.attention import BACKENDS
-from kvpilot.engine.entrypoints.cli_args import ATTENTION_BACKENDS, make_serve_parser
+from kvpilot.engine.settings.cli_args import ATTENTION_BACKENDS, make_serve_parser
 
 
 def test_parser_defaults_are_the_engine_args_defaults():

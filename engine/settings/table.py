@@ -3,7 +3,7 @@ default, bounds, whether it can change on a running engine, and the rules betwee
 
 Torch-free (imports only the standard library), so that the operator, the tuner and the CRD
 generator read the same table the engine does. Derived from it:
-- `kvpilot serve`'s flags (`engine/entrypoints/cli_args.py`) and `EngineArgs` validation;
+- `kvpilot serve`'s flags (`cli_args.py` beside this file) and `EngineArgs` validation;
 - the live `/admin/scheduler_config` fields (`LIVE_SETTINGS`);
 - the operator's rendering and validation of `spec.engine`, and `extraArgs`' owned flags;
 - the tuner's flags and `spec.engine` keys;
@@ -29,16 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.engine.setting import (  # noqa: F401 (re-exported: the table's users import them from here)
-    _UNSET,
+from kvpilot.engine.settings.setting import (
     AUTO_MAX_MODEL_LEN,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     PERFORMANCE_MODES,
     Setting,
     _num,
     default_max_num_batched_tokens,
-    default_max_num_seqs,
     human_readable_int,
     human_readable_int_or_auto,
     structured_outputs_config,

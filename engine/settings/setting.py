@@ -1,5 +1,5 @@
 """One engine setting (`Setting`: flag, type, default, bounds, CRD field, search range) and
-the value rules its table (`kvpilot.engine.settings`) shares with the engine: vLLM's derived
+the value rules its table (`kvpilot.engine.settings.table`) shares with the engine: vLLM's derived
 defaults (max_num_seqs, max_num_batched_tokens, both doubled by `--performance-mode
 throughput`) and vLLM's human-readable integers (`1k`, `1K`, `25.6k`, `auto`).
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvpilot.engine.settings import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS, Setting
+from kvpilot.engine.settings.setting import Setting
+from kvpilot.engine.settings.table import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS
 
 __all__ = ["ATTENTION_BACKENDS", "ArgsError", "add_engine_args", "add_http_limit_args", "add_server_args",
            "explicit_dests", "make_serve_parser"]
