@@ -186,8 +186,8 @@ class ParallelConfig:
     contiguous layer ranges split as vLLM's get_pp_indices does (engine/parallel_layout.py),
     so pipeline_parallel_size need not divide the layers."""
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = _default("tensor_parallel_size")
+    pipeline_parallel_size: int = _default("pipeline_parallel_size")
 
     def __post_init__(self) -> None:
         settings.check({"tensor_parallel_size": self.tensor_parallel_size,
@@ -227,11 +227,11 @@ class EngineConfig:
     scheduler: SchedulerConfig
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     served_model_name: str = ""
-    seed: int = 0
+    seed: int = _default("seed")
     attention_backend: str = "torch"
     device: str = "cpu"
     quantization: str | None = None  # 'gguf': quantized_weights_path is the GGUF file
     quantized_weights_path: str | None = None
     # --max-model-len auto: the engine lowers max_model_len to what the KV cache holds once sized
     auto_max_model_len: bool = False
-    performance_mode: str = "balanced"
+    performance_mode: str = _default("performance_mode")

@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 
-from kvpilot.engine.settings import BY_NAME, flag_value
+from kvpilot.engine.settings import BY_NAME, CRD_FIELDS, flag_value
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed
 from kvpilot.api.kube import ApiError, KubeClient
 from kvpilot.tuner.local import TrialCutShort
@@ -31,6 +31,10 @@ from kvpilot.tuner.window import config_mismatches
 
 logger = logging.getLogger("kvpilot.tuner")
 HISTORY_LENGTH = 20
+# the settings each status.tuning.history entry shows, under their spec.engine keys
+HISTORY_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+
+
 def flag_values(args: list[str]) -> dict[str, str]:
     """{setting: value} from a rendered engine command line; booleans from `--x` / `--no-x`
     (absent: the setting's default), as strings."""
@@ -79,8 +83,7 @@ class KubernetesRunner:
             s = t.user_attrs.get("settings") or {}
             history.append({"trial": t.number, "verdict": t.user_attrs.get("verdict", t.state.name.lower()),
                             "objective": t.values[0] if t.values else None,
-                            "maxNumSeqs": s.get("max_num_seqs"), "maxNumBatchedTokens": s.get("max_num_batched_tokens"),
-                            "enableChunkedPrefill": s.get("enable_chunked_prefill")})
+                            **{CRD_FIELDS[name]: s.get(name) for name in HISTORY_SETTINGS}})
         fields: dict[str, Any] = {"phase": "Running", "trial": frozen.number, "history": history}
         best = best_measured(study)
         if best:

@@ -9,7 +9,6 @@ from pathlib import Path
 import celpy
 import pytest
 
-from kvpilot.api.spec import EngineSpec
 from kvpilot.engine import settings
 from kvpilot.operator.crd import COPIES, build_crd, guarded_cel, render_crd
 
@@ -59,10 +58,3 @@ def test_max_model_len_takes_auto_as_minus_one_and_nothing_else_below_16():
     for name in ("performanceMode", "kvCacheMemoryBytes"):
         assert settings.BY_CRD[name].flag in engine["properties"][name]["description"]
     assert engine["properties"]["performanceMode"]["enum"] == ["balanced", "interactivity", "throughput"]
-
-
-
-def test_engine_spec_has_a_field_per_setting_with_the_deploy_default():
-    defaults, spec = settings.deploy_defaults(), EngineSpec()
-    for name, field in settings.CRD_FIELDS.items():
-        assert getattr(spec, field) == defaults[name], field
