@@ -66,13 +66,13 @@ from kvpilot.bench.compare_report import (
     summarize_run,
     write_reports,
 )
-from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep import fit_requests
-from kvpilot.bench.tokenizers import load_tokenizer
 from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.benchmark import run_benchmark
+from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.tokenizers import load_tokenizer
 
 __all__ = ["GGUF_NAME", "PEERS", "PIP_COMMAND", "build_parser", "environment", "has_llama_cpp", "llama_cpp_command",
            "llama_server_command", "main", "markdown_table", "max_sustained_rate", "parse_rates", "render",

@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvpilot.bench.datasets import encode_plain
-from kvpilot.bench.metrics import calculate_metrics
+from kvpilot.loadgen.datasets import encode_plain
+from kvpilot.loadgen.metrics import calculate_metrics
 
 Peers = dict[str, dict[float, dict] | str]  # peer -> {rate: numbers}, or why it did not start
 

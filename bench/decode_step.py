@@ -101,7 +101,7 @@ def _time_steps(llm, steps: int) -> tuple[float, float]:
 
 def _sharegpt_prompts(tok, count: int, prompt_len: int) -> list[list[int]]:
     """The first `count` ShareGPT prompts of at least prompt_len tokens, cut to prompt_len."""
-    from kvpilot.bench.datasets import sharegpt_pairs
+    from kvpilot.loadgen.datasets import sharegpt_pairs
 
     prompts = []
     for prompt, _ in sharegpt_pairs():

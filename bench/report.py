@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvpilot.bench.metrics import METRIC_TITLES, BenchmarkMetrics, RequestResult, percentile_key
+from kvpilot.loadgen.metrics import METRIC_TITLES, BenchmarkMetrics, RequestResult, percentile_key
 
 # Per-request lists that vLLM drops from the saved file unless --save-detailed.
 DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors")

@@ -42,16 +42,16 @@ import numpy as np
 
 from kvpilot.bench.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
 from kvpilot.bench.compare_peers import PEERS, environment, has_llama_cpp, peer_command, smollm2_gguf
-from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.bench.metrics import RequestResult
-from kvpilot.bench.request_client import RequestInput, send_request
-from kvpilot.bench.serve import run_benchmark
 from kvpilot.bench.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
 from kvpilot.bench.sweep import fit_requests
-from kvpilot.bench.tokenizers import load_tokenizer
 from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.benchmark import run_benchmark
+from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.metrics import RequestResult
+from kvpilot.loadgen.request_client import RequestInput, send_request
+from kvpilot.loadgen.tokenizers import load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:

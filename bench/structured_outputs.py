@@ -16,9 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
-from kvpilot.bench.datasets import sample_sharegpt_requests
 from kvpilot.bench.reliability_run import cpu_model
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.datasets import sample_sharegpt_requests
 
 SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string"}, "summary": {"type": "string"},

@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from kvpilot.bench.datasets import sharegpt_pairs
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.datasets import sharegpt_pairs
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
 from kvpilot.engine.layers.gguf_quant import ACTIVATIONS_ENV, activations_from_env
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
 
 
 def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256, size: int = 2048,

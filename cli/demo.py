@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.panel import Panel
 
-    from kvpilot.bench.datasets import sharegpt_pairs
+    from kvpilot.loadgen.datasets import sharegpt_pairs
     from kvpilot.engine import LLM, SamplingParams
 
     console = Console()

@@ -14,7 +14,7 @@ import sys
 import tomllib
 
 # Core dependencies the operator and the tuner import (kvpilot.operator, kvpilot.tuner and the
-# parts of kvpilot.bench the tuner's load generator uses: ijson and numpy read and sample the
+# load library kvpilot.loadgen the tuner's trials drive: ijson and numpy read and sample the
 # ShareGPT wheel, which images/Containerfile installs with --no-deps). Everything else in
 # [project].dependencies is the engine's.
 OPERATOR_CORE = ("numpy", "ijson", "rich", "tqdm", "prometheus-client", "httpx", "pyyaml", "packaging")

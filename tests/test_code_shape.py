@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT_PACKAGES = ("api", "bench", "cli", "engine", "kernels", "operator", "tuner")
+PRODUCT_PACKAGES = ("api", "bench", "cli", "engine", "kernels", "loadgen", "operator", "tuner")
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 60
 JUSTIFICATION = "# long:"

@@ -64,6 +64,10 @@ def test_the_layering_contracts_hold():
      "kvpilot.engine.attention is not allowed to import kvpilot.engine.entrypoints"),
     ("operator/extra_args.py", "import kvpilot.engine.exit_codes",
      "kvpilot.operator is not allowed to import kvpilot.engine"),
+    # issue 39: the load library sits below the benchmarks and the tuner, and loads no torch
+    ("loadgen/metrics.py", "import kvpilot.bench.report", "kvpilot.loadgen is not allowed to import kvpilot.bench"),
+    ("loadgen/datasets.py", "import kvpilot.tuner.objective", "kvpilot.loadgen is not allowed to import kvpilot.tuner"),
+    ("loadgen/request_client.py", "import torch", "kvpilot.loadgen is not allowed to import torch"),
 ])
 def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken):
     src = copy_sources(tmp_path)

@@ -130,7 +130,7 @@ def size_cache(longest_request_tokens: int) -> Cache:
 def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
     """prompt + output tokens of each request the tuner sends (the same sample, its warm-up
     request first: the guide's memory-model points size from all of them too)."""
-    from kvpilot.bench.tokenizers import load_tokenizer
+    from kvpilot.loadgen.tokenizers import load_tokenizer
     from kvpilot.tuner.workload import Workload, load_requests
 
     w = Workload(num_requests=burst, max_prompt_len=MAX_PROMPT, max_output_len=max_output_len,
@@ -143,7 +143,7 @@ def calibrate(requests: int = 2) -> Calibration:
     """Serves `requests` demo requests of 16 tokens one at a time (after a warm-up)
     on the engine with its default settings; raises RuntimeError when none succeeds,
     TrialFailed when the engine does not start."""
-    from kvpilot.bench.tokenizers import load_tokenizer
+    from kvpilot.loadgen.tokenizers import load_tokenizer
     from kvpilot.tuner.engine_process import EngineProcess
     from kvpilot.tuner.settings import EngineSettings
     from kvpilot.tuner.workload import Workload, drive, load_requests

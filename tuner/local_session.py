@@ -119,7 +119,7 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
     model = resolve_model(a.model)
     base = base_settings(a)
     check_flags(KVPILOT_SERVE, searched_flags(base, a))
-    from kvpilot.bench.tokenizers import load_tokenizer
+    from kvpilot.loadgen.tokenizers import load_tokenizer
 
     load = load_requests(load_tokenizer(a.model), a.workload, a.max_model_len)
     name = a.model.removeprefix("builtin://")

@@ -39,7 +39,7 @@ class SLO:
     max_preemptions_per_min: float = 0.0
 
     def goodput_slos_ms(self) -> dict[str, float]:
-        """The per-request limits in `kvpilot.bench.metrics.calculate_metrics`'s form."""
+        """The per-request limits in `kvpilot.loadgen.metrics.calculate_metrics`'s form."""
         slos = {"ttft": self.ttft_p95_ms, "tpot": self.itl_p95_ms, "e2el": self.e2e_p95_ms}
         return {k: v for k, v in slos.items() if v > 0}
 

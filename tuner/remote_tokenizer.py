@@ -29,7 +29,7 @@ class RemoteTokenizerError(httpx.HTTPError):
 
 class RemoteTokenizer:
     """`encode`, `decode`, `__call__` (a batch, as Hugging Face tokenizers) and `vocab_size`,
-    as `kvpilot.bench.datasets` and `kvpilot.tuner.workload` use a tokenizer.
+    as `kvpilot.loadgen.datasets` and `kvpilot.tuner.workload` use a tokenizer.
 
     base_url: the engine's root (e.g. http://name.ns.svc:8000; a trailing /v1 is dropped);
     model: the served model name; concurrency: requests in flight for a batch.

@@ -1,6 +1,6 @@
 """The load a trial is measured under: ShareGPT (vLLM's benchmark sampling) or a replayed
 trace, sent at a Poisson rate or a fixed concurrency with the serving benchmark's client
-(`kvpilot.bench.serve.run_benchmark`), and judged per request against the SLOs with the
+(`kvpilot.loadgen.benchmark.run_benchmark`), and judged per request against the SLOs with the
 benchmark's `calculate_metrics` (vLLM's goodput definition).
 
 A trace is JSONL, one request per line: {"timestamp": s, "prompt_len": tokens,
@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.bench.metrics import RequestResult, calculate_metrics
-from kvpilot.bench.request_client import RequestInput, endpoint_is_chat, send_request
-from kvpilot.bench.serve import run_benchmark
+from kvpilot.loadgen.benchmark import run_benchmark
+from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.metrics import RequestResult, calculate_metrics
+from kvpilot.loadgen.request_client import RequestInput, endpoint_is_chat, send_request
 from kvpilot.tuner.objective import SLO, Measurement
 
 

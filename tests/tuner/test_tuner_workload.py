@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvpilot.bench.metrics import RequestResult
+from kvpilot.loadgen.metrics import RequestResult
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.workload import Workload, client_measurement, load_requests
 

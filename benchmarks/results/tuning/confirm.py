@@ -21,8 +21,8 @@ import time
 from grid import MODEL, SCENARIOS, offsets, requests_for, window
 from replay import window_measurement
 
-from kvpilot.bench.tokenizers import load_tokenizer
 from kvpilot.engine.settings import flag_words
+from kvpilot.loadgen.tokenizers import load_tokenizer
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.objective import SLO, is_feasible, slack

@@ -36,9 +36,9 @@ import sys
 import tempfile
 import time
 
-from kvpilot.bench.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.bench.tokenizers import load_tokenizer
 from kvpilot.engine.settings import flag_words
+from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.tokenizers import load_tokenizer
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.feasibility import Hardware, check, resolve_model
 from kvpilot.tuner.local import WindowMeasurer

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from kvpilot.bench.datasets import (
+from kvpilot.loadgen.datasets import (
     SampleRequest,
     encode_plain,
     is_valid_sequence,

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from kvpilot.bench.metrics import RequestResult
+from kvpilot.loadgen.metrics import RequestResult
 
 
 class SSEDecoder:

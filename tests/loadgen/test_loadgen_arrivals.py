@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from kvpilot.bench.serve import arrival_offsets
+from kvpilot.loadgen.benchmark import arrival_offsets
 
 N = 20000
 

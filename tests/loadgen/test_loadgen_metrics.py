@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from kvpilot.bench.metrics import (
+from kvpilot.loadgen.metrics import (
     RequestResult,
     calculate_metrics,
     parse_goodput,

@@ -7,9 +7,9 @@ import socket
 import httpx
 import pytest
 
-from kvpilot.bench.datasets import SampleRequest
-from kvpilot.bench.request_client import RequestInput, send_request
-from kvpilot.bench.serve import run_benchmark
+from kvpilot.loadgen.benchmark import run_benchmark
+from kvpilot.loadgen.datasets import SampleRequest
+from kvpilot.loadgen.request_client import RequestInput, send_request
 
 
 def send(url, prompt, *, chat=False, timeout_s=None, output_len=4):

@@ -1,5 +1,6 @@
-"""Tokenizer resolution for the benchmarks: the engine's model names first, then
-Hugging Face names or directories, then `.gguf` files."""
+"""Tokenizer resolution for the load (benchmarks and tuner trials): the engine's model names
+first, then Hugging Face names or directories, then `.gguf` files. transformers and the
+engine's loader are imported inside the call, so the torch-free tuner can import this module."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvpilot.bench.request_client import SSEDecoder, build_payload, endpoint_is_chat, RequestInput
+from kvpilot.loadgen.request_client import SSEDecoder, build_payload, endpoint_is_chat, RequestInput
 
 STREAM = (
     'data: {"choices": [{"text": "h\u00e9llo \U0001f600"}]}\n\n'
