@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS
 from kvpilot.engine.settings import BY_NAME
 
 
@@ -32,43 +33,30 @@ def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int,
                num_gpu_blocks_override=max(max_batch * blocks_per_seq, 2048 // 16) + 8, swap_space=0)
 
 
-def _set_cpu_kernel(llm, mode: str) -> None:
-    """The CPU C kernels of an engine: 'on' (all: fused RoPE + K/V write + decode
-    attention, RMSNorm with the residual add, SiLU-and-mul), 'unfused' (only the decode
-    attention in C; RoPE, the cache write, norms and SiLU in torch) or 'off' (torch only)."""
-    for module in llm.engine.runner.model.modules():
-        backend = getattr(module, "backend", None)
-        if hasattr(backend, "use_cpu_kernel"):
-            backend.use_cpu_kernel = mode != "off"
-            backend.fuse_rope_cache = mode == "on"
-        if hasattr(module, "use_c_kernel"):
-            module.use_c_kernel = mode == "on"
-
-
 _QUANT_LABEL = {"default": "", "none": "/dense", "gguf": "/gguf"}
 _MODE_LABEL = {"on": "", "unfused": "/unfused", "off": "/torch-attn", "bf16-gemm": "/bf16-gemm", "onednn": "/onednn"}
-# the bf16 kernel's row limit each mode loads the engine with (None: the CPU's default)
-_BF16_ROWS = {"bf16-gemm": 32, "onednn": 0}
+# --cpu-kernel modes as the kernel path fields each sets over the CPU's own choice (cpu_kernel_path.choose):
+# 'on' all of the CPU's kernels; 'unfused' the C decode attention only (RoPE, the cache write, norms and
+# SiLU in torch, so no decode stack); 'off' no C attention, norm or activation (the matmul kernels stay);
+# 'bf16-gemm' the bf16 matmul kernel (and so the bf16 decode stack) up to its row limit whatever the CPU's
+# default (where the engine keeps oneDNN's matmuls for some of those row counts, the two are compared in
+# one process); 'onednn' every bf16 matmul on oneDNN (no bf16 kernel, so no bf16 decode stack): the
+# default before the kernel served AMX CPUs
+_MODES = {
+    "on": {},
+    "unfused": {"fused_rope_cache": False, "c_norm_act": False, "decode_stack": False},
+    "off": {"c_attention": False, "fused_rope_cache": False, "c_norm_act": False, "decode_stack": False},
+    "bf16-gemm": {"bf16_gemm_max_rows": ROW_LIMITS.bf16_kernel.rows},
+    "onednn": {"bf16_gemm_max_rows": 0},
+}
 
 
 def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int,
                     quantization: str | None = None):
-    """An engine whose CPU kernels run in `mode` (see --cpu-kernel). 'bf16-gemm' loads it with the
-    bf16 matmul kernel (and so the bf16 decode stack) up to the kernel's own limit of 32 rows,
-    whatever the CPU's default path: where the engine keeps oneDNN's matmuls for some of those
-    row counts, the two are compared in one process. 'onednn' loads it with every bf16 matmul on
-    oneDNN (no bf16 kernel, so no bf16 decode stack): the default before the kernel served AMX CPUs."""
-    import dataclasses
-
+    """An engine loaded with the kernel path of `mode` (see _MODES and --cpu-kernel)."""
     from kvpilot.engine import cpu_kernel_path
-    from kvpilot.kernels.cpu import bf16_gemm
 
-    if mode not in _BF16_ROWS:
-        llm = _engine(model, dtype, max_batch, prompt_len, steps, quantization)
-        _set_cpu_kernel(llm, mode)
-        return llm
-    rows = min(_BF16_ROWS[mode], bf16_gemm.BF16_GEMM_MAX_TOKENS)
-    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=rows)):
+    with cpu_kernel_path.chosen(cpu_kernel_path.choose(**_MODES[mode])):
         return _engine(model, dtype, max_batch, prompt_len, steps, quantization)
 
 

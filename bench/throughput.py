@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvpilot.engine.layers.gguf_quant import ACTIVATIONS_ENV, activations_from_env
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
 
@@ -225,8 +225,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(BY_NAME["max_num_batched_tokens"].flag, type=int, default=None)
     p.add_argument(BY_NAME["quantization"].flag, choices=["gguf", "none"], default=None,
                    help="unset: the engine's default (gguf for a GGUF model on CPU: the GGUF's Q4_1/Q8_0 blocks in "
-                        f"decode-sized matmuls, 8-bit activations unless {ACTIVATIONS_ENV}=float32); none: our "
-                        "engine on the dense weights HF loads too")
+                        "decode-sized matmuls, 8-bit activations unless "
+                        f"{cpu_kernel_path.GGUF_ACTIVATIONS_ENV}=float32); none: our engine on the dense weights HF "
+                        "loads too")
     p.add_argument("--skip-hf", action="store_true", help="only our engine (no ratio)")
     p.add_argument("--output-json", default="bench-results/throughput.json")
     return p
@@ -241,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from kvpilot.engine import LLM
-
-    from kvpilot.engine import cpu_kernel_path
     from kvpilot.engine.cpu_info import choose_auto_dtype, detect_cpu
 
     console = Console()
@@ -263,15 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     output_tokens = sum(r.expected_output_len for r in requests)
     num_params = llm.engine.config.model.num_params()
     model = llm.engine.runner.model
-    kernel_path = cpu_kernel_path.describe(model, cpu_kernel_path.current())
+    path = model.kernel_path or cpu_kernel_path.current()
+    kernel_path = cpu_kernel_path.describe(model, path)
     console.print(kernel_path)
     ours_s, single_ours, profile = _time_ours(llm, requests, args.max_num_seqs)
     results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                "cpu": cpu.as_dict(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
-               "cpu_kernel_path": kernel_path, "cpu_kernel_variant": cpu_kernel_path.current().variant,
+               "cpu_kernel_path": kernel_path, "cpu_kernel_variant": path.variant,
                "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params,
                "quantization": llm.engine.config.quantization}
-    results["gguf_activations"] = activations_from_env() if results["quantization"] == "gguf" else None
+    results["gguf_activations"] = path.gguf_activations if results["quantization"] == "gguf" else None
     results["kvpilot"] = _summary(ours_s, results) | {"single_request_decode_tok_s": single_ours}
     del llm
     if not args.skip_hf:

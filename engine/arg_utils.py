@@ -82,10 +82,10 @@ class EngineArgs:
             dtype = resolve_dtype(self.dtype)
         quantization = settings.resolve_quantization(self.quantization, gguf_source(self.model) is not None,
                                                      device == "cpu")
-        if quantization == "gguf":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
-            from kvpilot.engine.layers.gguf_quant import activations_from_env
+        if quantization == "gguf" and device == "cpu":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
+            from kvpilot.engine import cpu_kernel_path
 
-            activations_from_env()
+            cpu_kernel_path.current()
         if self.performance_mode == "interactivity":
             logger.info("performance_mode interactivity: vLLM picks fine-grained CUDA graphs for it; kvpilot's "
                         "engine has none and runs as balanced")

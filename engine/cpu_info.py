@@ -54,50 +54,12 @@ def choose_cpu_dtype(cpu: CpuInfo) -> DtypeChoice:
         f"bf16 matmuls run on a slow path there and batched decode is faster in float32"))
 
 
-# The most rows a bfloat16 matmul takes kernels/cpu/bf16_gemm.py's kernel for, by CPU kind: the
-# crossover with oneDNN measured by `kvpilot bench decode-step --cpu-kernel on,bf16-gemm` (2 threads,
-# benchmarks/results/throughput/README.md). Zen 4 (AVX512_BF16, no AMX): the kernel wins up to the
-# kernel's own limit, 32 rows. Sapphire Rapids (AMX), the kernel's vdpbf16ps loop: its one pass over
-# the weights wins while a step is bound by reading them (1.75x oneDNN's AMX matmuls at 1 row,
-# 1.08x at 8), oneDNN's tiles win from 12 rows on (0.95x at 12, 0.72x at 32). Where the kernel runs
-# on AMX tiles itself (bf16_gemm.amx(), engine/cpu_kernel_path.py) it wins up to 32 rows there too.
-BF16_KERNEL_MAX_ROWS = 32  # the kernel's own limit (bf16_gemm.BF16_GEMM_MAX_TOKENS)
-BF16_KERNEL_MAX_ROWS_AMX = 8  # the vdpbf16ps loop on an AMX CPU
-
-
-def bf16_matmul_kernel_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
-    """Up to how many rows a bfloat16 engine runs kernels/cpu/bf16_gemm.py's kernel on this CPU
-    instead of oneDNN's matmul (0: never): AVX512F with AVX512_BF16 is needed; on an AMX CPU the
-    kernel's `vdpbf16ps` loop hands over to oneDNN's tiles above BF16_KERNEL_MAX_ROWS_AMX rows,
-    unless the kernel runs on the tiles itself (`tiles`: bf16_gemm.amx()). Where it runs the engine
-    keeps the kernel's packed copy of each weight, so its embedding / LM-head weights are held
-    three times (plain, oneDNN's, the kernel's)."""
-    if not {"avx512f", "avx512_bf16"} <= cpu.flags:
-        return 0
-    if "amx_bf16" in cpu.flags and not tiles:
-        return BF16_KERNEL_MAX_ROWS_AMX
-    return BF16_KERNEL_MAX_ROWS
-
-
-# The most rows a matmul reads `--quantization gguf`'s blocks for with 8-bit activations (either dtype):
-# vLLM's MMVQ limit (linear.GGUF_MAX_TOKENS) with the AVX2 dot products; where they run on AMX tiles
-# (kernels/cpu/gguf.amx(), csrc/gguf_amx.c) up to 16 rows: `kvpilot bench decode-step --dtypes bfloat16
-# --quantization none,gguf` on Sapphire Rapids (2 threads), ms a step, dense bf16 (the bf16 kernel on
-# AMX tiles) vs the blocks: 1 row 13.1 vs 6.0, 8 rows 16.7 vs 12.7, 16 rows 20.5 vs 18.2, 24 rows 26.5 vs
-# 26.9, 32 rows 30.1 vs 31.7 (benchmarks/results/throughput/README.md).
-GGUF_MAX_ROWS = 8
-GGUF_MAX_ROWS_AMX = 16
-
-
-def gguf_max_rows(amx_int8: bool) -> int:
-    """Up to how many rows a matmul reads the GGUF blocks (8-bit activations) instead of the dense
-    weight: GGUF_MAX_ROWS_AMX where the 8-bit matmuls run on AMX tiles (`amx_int8`), else GGUF_MAX_ROWS."""
-    return GGUF_MAX_ROWS_AMX if amx_int8 else GGUF_MAX_ROWS
-
-
 def has_bf16_matmul_kernel(cpu: CpuInfo) -> bool:
-    """Whether a bfloat16 engine runs the bf16 matmul kernel (and keeps its copies) on this CPU."""
-    return bf16_matmul_kernel_max_rows(cpu) > 0
+    """Whether a bfloat16 engine runs kernels/cpu/bf16_gemm.py's matmul kernel on this CPU: AVX512F
+    with AVX512_BF16 (up to how many rows: engine/cpu_row_limits.py). Where it runs the engine keeps
+    the kernel's packed copy of each weight, so its embedding / LM-head weights are held three
+    times (plain, oneDNN's, the kernel's)."""
+    return {"avx512f", "avx512_bf16"} <= cpu.flags
 
 
 def choose_auto_dtype(device: str, cpu: CpuInfo | None = None) -> DtypeChoice:

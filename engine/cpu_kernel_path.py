@@ -7,52 +7,84 @@ A CPU decode step takes one of four paths:
      attention, RMSNorm, SiLU*mul, GGUF matmuls; oneDNN (or the bf16 kernel) for the matmuls;
   3. the same in bfloat16 with oneDNN's matmuls (no bf16 kernel copies);
   4. the torch path: no C kernel at all (KVPILOT_CPU_KERNELS=0, for comparisons).
-`choose` picks from the CPU's flags and two switches for comparisons; the model runner hands the
-choice to models/cpu_decode_stack.py's `apply`, which sets the model's modules accordingly,
-builds its decode stack and logs the one start-up line (`describe`).
+Every mode a comparison or a test runs is a value of `CpuKernelPath`, made by `choose` (from the
+CPU's flags, the environment and explicit overrides); the row limits come from the one table of
+engine/cpu_row_limits.py. Engines built inside `chosen(path)` load with that path (the layers keep
+its row limits when they pack or quantize their weights), and models/cpu_decode_stack.py's
+`apply(model, path)` is the one place that sets a model's modules from it, builds its decode stack
+and logs the start-up line (`describe`).
 The kernels come from the variant kernels/cpu/loader.py selected (built at install time); where
 the install built none, choosing fails with loader.KernelsNotBuilt instead of quietly running
 the torch path.
 
-Environment: KVPILOT_CPU_KERNELS=0 (path 4), KVPILOT_DECODE_STACK=0 (no path 1); nothing else
-reads them. The module flags `apply` sets from the path (RMSNorm.use_c_kernel,
-SiluAndMul.use_c_kernel, the attention backend's use_cpu_kernel), and fuse_rope_cache and
-DecodeStack.enabled, remain per-instance switches for benchmarks and tests.
+Environment, read by `choose` and nothing else: KVPILOT_CPU_KERNELS=0 (path 4),
+KVPILOT_DECODE_STACK=0 (no path 1), KVPILOT_GGUF_ACTIVATIONS=float32 (`--quantization gguf`'s
+matmuls on exact float32 activations instead of 8-bit ones).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvpilot.engine.cpu_info import GGUF_MAX_ROWS, CpuInfo, bf16_matmul_kernel_max_rows, detect_cpu, gguf_max_rows
+from kvpilot.engine.cpu_info import CpuInfo, detect_cpu
+from kvpilot.engine.cpu_row_limits import bf16_kernel_max_rows, gguf_max_rows
+from kvpilot.kernels.cpu.gguf import ACTIVATIONS as GGUF_ACTIVATIONS  # the GGUF kernel's formats, default first
 
 logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")
 
 KERNELS_ENV = "KVPILOT_CPU_KERNELS"
 DECODE_STACK_ENV = "KVPILOT_DECODE_STACK"
+GGUF_ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
 
 
 @dataclass(frozen=True)
 class CpuKernelPath:
-    """kernels: the C attention, norm, activation and GGUF kernels run; variant: the kernel
-    build loaded (kernels/cpu/build.py VARIANTS); bf16_gemm_max_rows: bfloat16 matmuls of up to
-    this many rows take the bf16 kernel (packed copies; 0: never, at most
-    bf16_gemm.BF16_GEMM_MAX_TOKENS), and so do bf16 decode stacks; decode_stack: small decode-only
-    steps run in one C call where the model allows; reason: why, for the log; gguf_max_rows: with
-    `--quantization gguf` and 8-bit activations, matmuls of up to this many rows read the GGUF
-    blocks; gguf_amx: they read them on AMX tiles, in kernels/cpu/gguf.amx_pack's layout."""
+    """kernels: the C kernels run at all (False: the torch path); variant: the kernel build loaded
+    (kernels/cpu/build.py VARIANTS); bf16_gemm_max_rows: bfloat16 matmuls of up to this many rows
+    take the bf16 kernel (packed copies; 0: never), and so do bf16 decode stacks; decode_stack:
+    small decode-only steps run in one C call where the model allows; reason: why, for the log;
+    gguf_max_rows: with `--quantization gguf`, matmuls of up to this many rows read the GGUF
+    blocks, with `gguf_activations` ("q8_1": 8-bit, "float32": exact); gguf_amx: the 8-bit ones
+    read them on AMX tiles, in kernels/cpu/gguf.amx_pack's layout; c_attention: the attention
+    backend's C decode and prefill attention; fused_rope_cache: RoPE and the K/V write fused into
+    the C decode attention; c_norm_act: RMSNorm and SiLU*mul in C.
+    Raises ValueError where the fields contradict each other (the decode stack calls the C
+    attention, norm and activation, so it needs them on)."""
 
     kernels: bool
     variant: str | None
     bf16_gemm_max_rows: int
     decode_stack: bool
     reason: str
-    gguf_max_rows: int = GGUF_MAX_ROWS
-    gguf_amx: bool = False
+    gguf_max_rows: int
+    gguf_amx: bool
+    gguf_activations: str
+    c_attention: bool
+    fused_rope_cache: bool
+    c_norm_act: bool
+
+    def __post_init__(self) -> None:
+        if self.gguf_activations not in GGUF_ACTIVATIONS:
+            raise ValueError(f"gguf_activations={self.gguf_activations!r}: use one of {', '.join(GGUF_ACTIVATIONS)}")
+        if self.bf16_gemm_max_rows < 0 or self.gguf_max_rows < 0:
+            raise ValueError("bf16_gemm_max_rows and gguf_max_rows count rows: use 0 or more")
+        uses_c = [name for name in ("c_attention", "fused_rope_cache", "c_norm_act", "decode_stack", "gguf_amx")
+                  if getattr(self, name)] + (["bf16_gemm_max_rows"] if self.bf16_gemm_max_rows else [])
+        if not self.kernels and uses_c:
+            raise ValueError(f"kernels=False runs no C kernel: set {', '.join(uses_c)} off too")
+        if self.fused_rope_cache and not self.c_attention:
+            raise ValueError("fused_rope_cache fuses RoPE into the C attention: set c_attention=True or "
+                             "fused_rope_cache=False")
+        if self.gguf_amx and self.gguf_activations != "q8_1":
+            raise ValueError("gguf_amx runs 8-bit activations only: set gguf_amx=False or gguf_activations='q8_1'")
+        if self.decode_stack and not (self.c_attention and self.fused_rope_cache and self.c_norm_act):
+            raise ValueError("the decode stack calls the fused C attention, norm and activation: set "
+                             "decode_stack=False or c_attention, fused_rope_cache and c_norm_act on")
 
     @property
     def bf16_gemm(self) -> bool:
@@ -60,18 +92,43 @@ class CpuKernelPath:
         return self.bf16_gemm_max_rows > 0
 
 
-def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> CpuKernelPath:
-    """The path for this CPU (or `cpu`). Raises loader.KernelsNotBuilt where the install built no
-    kernels (unless KVPILOT_CPU_KERNELS=0)."""
+def _gguf_activations(env: Mapping[str, str]) -> str:
+    value = env.get(GGUF_ACTIVATIONS_ENV, "").strip() or GGUF_ACTIVATIONS[0]
+    if value not in GGUF_ACTIVATIONS:
+        raise ValueError(f"{GGUF_ACTIVATIONS_ENV}={value!r}: use one of {', '.join(GGUF_ACTIVATIONS)} "
+                         "(q8_1: 8-bit activations, the default; float32: exact activations)")
+    return value
+
+
+def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ, **overrides) -> CpuKernelPath:
+    """The path for this CPU (or `cpu`) under the switches in `env`, with `overrides` (field values,
+    for comparisons and tests: e.g. decode_stack=False, bf16_gemm_max_rows=32) replacing the chosen
+    ones; a `gguf_activations` override also sets the GGUF row limit and AMX layout for that format
+    unless they are overridden too. The reason names the overrides. Raises ValueError on a bad
+    KVPILOT_GGUF_ACTIVATIONS or a contradictory path, TypeError on an unknown field,
+    loader.KernelsNotBuilt where the install built no kernels (unless KVPILOT_CPU_KERNELS=0)."""
+    activations = _gguf_activations(env)
+    activations = overrides.get("gguf_activations", activations)
     if env.get(KERNELS_ENV, "1") == "0":
-        return CpuKernelPath(False, None, 0, False, f"{KERNELS_ENV}=0: the torch path, no C kernel")
+        path = CpuKernelPath(kernels=False, variant=None, bf16_gemm_max_rows=0, decode_stack=False,
+                             reason=f"{KERNELS_ENV}=0: the torch path, no C kernel",
+                             gguf_max_rows=gguf_max_rows(activations), gguf_amx=False, gguf_activations=activations,
+                             c_attention=False, fused_rope_cache=False, c_norm_act=False)
+    else:
+        path = _with_kernels(cpu or detect_cpu(), activations, env.get(DECODE_STACK_ENV, "1") != "0")
+    if not overrides:
+        return path
+    told = ", ".join(f"{name}={value!r}" for name, value in overrides.items())
+    return dataclasses.replace(path, **overrides, reason=f"{path.reason}; set for a comparison: {told}")
+
+
+def _with_kernels(cpu: CpuInfo, activations: str, stack: bool) -> CpuKernelPath:
+    """The path with the C kernels on for `cpu` (the kernels' own probes say what they run on)."""
     from kvpilot.kernels.cpu import bf16_gemm, gguf, loader
 
-    cpu = cpu or detect_cpu()
     variant = loader.selected_variant()
     tiles = bf16_gemm.amx()
-    rows = bf16_matmul_kernel_max_rows(cpu, tiles) if bf16_gemm.simd() else 0
-    stack = env.get(DECODE_STACK_ENV, "1") != "0"
+    rows = bf16_kernel_max_rows(cpu, tiles) if bf16_gemm.simd() else 0
     why = [f"CPU {cpu.model_name!r} runs the {variant} kernel build (of {', '.join(loader.variants_runnable())})"]
     if not rows:
         why.append("bfloat16 matmuls through oneDNN (no AVX512_BF16 kernel here)")
@@ -82,10 +139,13 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ) -> C
                    " (this Linux kernel grants no AMX tile state to the process)")
     if not stack:
         why.append(f"{DECODE_STACK_ENV}=0")
-    int8_tiles = gguf.amx()
+    int8_tiles = activations == "q8_1" and gguf.amx()
     if int8_tiles:
-        why.append(f"--quantization gguf's 8-bit matmuls of up to {gguf_max_rows(True)} rows on AMX tiles")
-    return CpuKernelPath(True, variant, rows, stack, "; ".join(why), gguf_max_rows(int8_tiles), int8_tiles)
+        why.append(f"--quantization gguf's 8-bit matmuls of up to {gguf_max_rows(activations, True)} rows on AMX tiles")
+    return CpuKernelPath(kernels=True, variant=variant, bf16_gemm_max_rows=rows, decode_stack=stack,
+                         reason="; ".join(why), gguf_max_rows=gguf_max_rows(activations, int8_tiles),
+                         gguf_amx=int8_tiles, gguf_activations=activations,
+                         c_attention=True, fused_rope_cache=True, c_norm_act=True)
 
 
 _current: CpuKernelPath | None = None

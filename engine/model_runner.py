@@ -35,6 +35,24 @@ logger = logging.getLogger("kvpilot.engine.model_runner")
 SampleResult = tuple[int, dict[int, float] | None]
 
 
+def check_step_layout(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Checks, once per step where it is prepared, the layout the attention backends and the C
+    decode stack (models/cpu_decode_stack.py) read without checking again: input_ids, positions
+    and slot_mapping [num_tokens] int64; seq_lens [num_seqs] int32; query_start_loc
+    [num_seqs + 1] int32; block_tables [num_seqs, max_num_blocks_per_seq] int32; all contiguous.
+    Raises ValueError naming the tensor that is not."""
+    n, s = input_ids.shape[0], meta.num_seqs
+    for name, t, dtype, shape in (
+            ("input_ids", input_ids, torch.int64, (n,)), ("positions", positions, torch.int64, (n,)),
+            ("slot_mapping", meta.slot_mapping, torch.int64, (n,)), ("seq_lens", meta.seq_lens, torch.int32, (s,)),
+            ("query_start_loc", meta.query_start_loc, torch.int32, (s + 1,)),
+            ("block_tables", meta.block_tables, torch.int32, (s, meta.block_tables.shape[-1]))):
+        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"step input {name}: {str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+                             f"{'' if t.is_contiguous() else ' strided'}, want contiguous "
+                             f"{str(dtype).removeprefix('torch.')} {shape}")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -224,6 +242,7 @@ class ModelRunner:
         )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.from_numpy(np.concatenate(pos_chunks)).to(dev)
+        check_step_layout(input_ids, positions, meta)
         return input_ids, positions, meta, torch.tensor(sample_idx, device=dev), sample_seqs
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:

@@ -1,10 +1,11 @@
 """`--quantization gguf` on CPU: every linear layer and the LM head keep the GGUF's raw
 Q4_1 / Q8_0 blocks beside their dense float32 weight; decode-sized matmuls (at most
-`linear.gguf_max_tokens` rows: 8, or 64 with float32 activations) read the blocks through
-the C kernel (kvpilot.kernels.cpu.gguf), larger ones (prefill) the dense weight. The kernel quantizes
-the activations to 8-bit blocks first (vLLM's GGUF path always does for small batches)
-unless KVPILOT_GGUF_ACTIVATIONS=float32 keeps them exact; `maybe_quantize` logs which at
-start-up.
+the kernel path's `gguf_max_rows`: 8, 16 on AMX tiles, 64 with float32 activations; see
+engine/cpu_row_limits.py) read the blocks through the C kernel (kvpilot.kernels.cpu.gguf), larger
+ones (prefill) the dense weight. The kernel quantizes the activations to 8-bit blocks first
+(vLLM's GGUF path always does for small batches) unless the path's `gguf_activations` is float32
+(KVPILOT_GGUF_ACTIVATIONS=float32, engine/cpu_kernel_path.py) and keeps them exact;
+`maybe_quantize` logs which at start-up.
 
 The dense weights still come from the safetensors the loader converted from the same GGUF
 (dequantized by gguf-py: d * q + m for Q4_1, d * q for Q8_0, in float32), so the blocks
@@ -19,7 +20,6 @@ quantized matmul for batches up to 8 tokens, MMVQ_MAX_BATCH_SIZE, dequantize oth
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,21 +30,9 @@ from torch import nn
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.config import ModelConfig
-from kvpilot.kernels.cpu.gguf import ACTIVATIONS, BLOCK_BYTES, BLOCK_WEIGHTS
+from kvpilot.kernels.cpu.gguf import BLOCK_BYTES, BLOCK_WEIGHTS
 
 logger = logging.getLogger("kvpilot.engine.layers.gguf_quant")
-
-ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
-
-
-def activations_from_env() -> str:
-    """KVPILOT_GGUF_ACTIVATIONS, "q8_1" when unset. Raises ValueError on another value."""
-    value = os.environ.get(ACTIVATIONS_ENV, "").strip() or ACTIVATIONS[0]
-    if value not in ACTIVATIONS:
-        raise ValueError(f"{ACTIVATIONS_ENV}={value!r}: use one of {', '.join(ACTIVATIONS)} "
-                         "(q8_1: 8-bit activations, the default; float32: exact activations)")
-    return value
-
 
 # GGUF tensor (in block N) -> (our module under layers.N, index of the fused part or None)
 _LAYER_TENSORS = {
@@ -128,9 +116,10 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8
                        max_tokens: int | None = None, amx: bool = False) -> int:
     """Gives each linear layer of `model` (this stage, this rank's shard) and its LM head
     the GGUF's blocks (`qweight` [rows, row bytes] uint8, `qtype`), read with
-    `activations` ("q8_1" or "float32", ACTIVATIONS) by matmuls of up to `max_tokens` rows
-    (default: linear.gguf_max_tokens), in the AMX tiles' layout where `amx` (8-bit activations
-    only; kernels/cpu/gguf.amx_pack, same bytes), and returns their bytes.
+    `activations` ("q8_1" or "float32", kernels/cpu/gguf.ACTIVATIONS) by matmuls of up to
+    `max_tokens` rows (default: the format's limit without AMX, cpu_row_limits.gguf_max_rows),
+    in the AMX tiles' layout where `amx` (8-bit activations only; kernels/cpu/gguf.amx_pack, same
+    bytes), and returns their bytes.
     A fused layer (qkv, gate_up) is quantized only when all its parts share one type; a
     layer whose input shard is not a whole number of blocks keeps the dense path."""
     from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -158,25 +147,21 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path, activations: str = "q8
 
 def maybe_quantize(model: nn.Module, quantization: str | None, gguf_path: str | None,
                    device: torch.device, dtype: torch.dtype) -> int:
-    """Attaches the GGUF blocks when `quantization` is 'gguf' and the kernel can run here;
-    otherwise logs why the dense weights serve. Returns the bytes attached. Raises
-    ValueError when KVPILOT_GGUF_ACTIVATIONS names no activation format."""
+    """Attaches the GGUF blocks when `quantization` is 'gguf' and the kernel can run here, read
+    as the kernel path says (cpu_kernel_path.current(): activation format, row limit, AMX layout);
+    otherwise logs why the dense weights serve. Returns the bytes attached."""
     if quantization != "gguf":
         return 0
-    activations = activations_from_env()
     reason = unavailable_reason(device, dtype)
     if reason is not None or gguf_path is None:
         logger.warning("--quantization gguf: %s; using the dense weights", reason or "no GGUF file")
         return 0
-    from kvpilot.engine.layers.linear import gguf_max_tokens
-
     path = cpu_kernel_path.current()
-    q8 = activations == "q8_1"
-    max_tokens = path.gguf_max_rows if q8 else gguf_max_tokens(activations)
-    extra = attach_gguf_blocks(model, Path(gguf_path), activations, max_tokens, amx=q8 and path.gguf_amx)
+    activations = path.gguf_activations
+    extra = attach_gguf_blocks(model, Path(gguf_path), activations, path.gguf_max_rows, amx=path.gguf_amx)
+    switch = cpu_kernel_path.GGUF_ACTIVATIONS_ENV
     how = ("activations quantized to 8-bit blocks (q8_1), integer dot products; "
-           f"{ACTIVATIONS_ENV}=float32 keeps them exact" if activations == "q8_1"
-           else f"float32 activations ({ACTIVATIONS_ENV}=float32)")
+           f"{switch}=float32 keeps them exact" if activations == "q8_1" else f"float32 activations ({switch}=float32)")
     logger.info("--quantization gguf: %.1f MiB of GGUF blocks serve matmuls of up to %d tokens, %s",
-                extra / 2**20, max_tokens, how)
+                extra / 2**20, path.gguf_max_rows, how)
     return extra

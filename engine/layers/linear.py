@@ -21,23 +21,12 @@ from torch import nn
 
 from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine import parallel_state as ps
-from kvpilot.engine.cpu_info import GGUF_MAX_ROWS
+from kvpilot.engine.cpu_row_limits import gguf_max_rows
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.gguf import amx_pack as gguf_amx_pack
 from kvpilot.kernels.cpu.gguf import gguf_matmul
 
 _PACK_BATCH_HINT = 128  # oneDNN picks the blocked layout for about this many rows
-
-
-GGUF_MAX_TOKENS = GGUF_MAX_ROWS  # vLLM's MMVQ_MAX_BATCH_SIZE (gguf_quant.py); above it the dense weight
-# float32 activations: the kernel's tiled path (gguf_tiled_c.py) beat oneDNN's packed float32
-# matmuls up to 64 rows and tied them at 128 on an AVX2 EPYC (section 12 of `git show bbe6366:benchmarks/results/throughput/README.md`)
-GGUF_FLOAT_MAX_TOKENS = 64
-
-
-def gguf_max_tokens(activations: str) -> int:
-    """The most rows a matmul reads the GGUF blocks with, for the kernel's activation format."""
-    return GGUF_FLOAT_MAX_TOKENS if activations == "float32" else GGUF_MAX_TOKENS
 
 
 class _Linear(nn.Module):
@@ -60,14 +49,14 @@ class _Linear(nn.Module):
                     amx: bool = False) -> None:
         """Keeps GGUF blocks (a [rows, row bytes] uint8 array whose rows match `weight`'s),
         read with `activations` "q8_1" (8-bit) or "float32" (kvpilot.kernels.cpu.gguf.ACTIVATIONS)
-        by matmuls of up to `max_tokens` rows (default: gguf_max_tokens of `activations`); with
+        by matmuls of up to `max_tokens` rows (default: cpu_row_limits.gguf_max_rows of `activations`); with
         `amx` (8-bit activations, rows a multiple of 16), in gguf.amx_pack's layout for AMX tiles."""
         self.qweight = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C", copy=True))
         self.qtype = qtype
         if amx and activations == "q8_1" and self.qweight.shape[0] % 16 == 0:
             self.qweight, self.qtype = gguf_amx_pack(self.qweight, qtype)
         self.qactivations = activations
-        self.qmax_tokens = gguf_max_tokens(activations) if max_tokens is None else max_tokens
+        self.qmax_tokens = gguf_max_rows(activations) if max_tokens is None else max_tokens
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x weight^T [..., out], same dtype. With GGUF blocks, bf16 rows are widened to
@@ -96,7 +85,7 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
     In bfloat16, where the engine's kernel path takes the AVX512_BF16 kernel of
     kernels/cpu/bf16_gemm.py (engine/cpu_kernel_path.py), every layer (the
     LM head too) also gets that kernel's copy (checked the same way), which serves matmuls of
-    up to the path's `bf16_gemm_max_rows` rows (by CPU kind, engine/cpu_info.py).
+    up to the path's `bf16_gemm_max_rows` rows (by CPU kind, engine/cpu_row_limits.py).
 
     In float32, and in bfloat16 once the kernel's copy exists, the plain weight of a linear
     layer is dropped (an empty tensor: nothing reads it again, and a stray F.linear on it
@@ -135,7 +124,7 @@ def _pack_bf16_gemm(module: _Linear, x: torch.Tensor, want: torch.Tensor, tol: f
     """Gives a bf16 layer kernels/cpu/bf16_gemm.py's packed copy where the kernel path takes it and its
     product of x matches `want` (F.linear's) within tol of want's scale."""
     w = module.weight
-    rows = min(cpu_kernel_path.current().bf16_gemm_max_rows, bf16_gemm.BF16_GEMM_MAX_TOKENS)
+    rows = cpu_kernel_path.current().bf16_gemm_max_rows
     if not (bf16_gemm.supports(w) and rows > 0):
         return False
     packed = bf16_gemm.pack(w.detach())

@@ -13,21 +13,24 @@ that calls the same C functions the modules call (the GGUF or bf16 matmul, the f
 RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the same buffers' contents,
 so its outputs are bit-identical to the module path.
 
-It serves a step only where the module path would run those same kernels: tensor and
-pipeline parallel size 1, the torch attention backend with its fused C decode, the C norm and
-activation switched on, every row a decode, and either float32 with every layer's four linear
-layers quantized, at most as many rows as the layers' matmuls read the blocks for
-(`linear.gguf_max_tokens`: 8 with 8-bit activations, 64 with float32 ones), or bfloat16 with
-every layer's linear layers packed for the bf16 kernel, at most their `bf16_max_rows` rows
-(the kernel path's limit for this CPU kind); with `--quantization gguf` (the default for a GGUF
-model) the bf16 stack's matmuls of up to the layers' `qmax_tokens` rows read their GGUF blocks
-instead, as the modules do (decode_stack.c `matmul_bf16`).
+A model gets a stack only where the module path runs those same kernels: the kernel path
+(`apply` below, the one place a model's modules are set from engine/cpu_kernel_path.py's choice)
+has the decode stack, the C attention with its fused RoPE/K/V write, and the C norm and activation
+on (KVPILOT_DECODE_STACK=0 turns the stack off); tensor and pipeline parallel size 1; the torch
+attention backend; and either float32 with every layer's four linear layers quantized, at most as
+many rows as the layers' matmuls read the blocks for (the path's `gguf_max_rows`: 8 with 8-bit
+activations, 64 with float32 ones), or bfloat16 with every layer's linear layers packed for the
+bf16 kernel, at most their `bf16_max_rows` rows (the path's limit for this CPU kind,
+engine/cpu_row_limits.py); with `--quantization gguf` (the default for a GGUF model) the bf16
+stack's matmuls of up to the layers' `qmax_tokens` rows read their GGUF blocks instead, as the
+modules do (decode_stack.c `matmul_bf16`). The weights are checked once, in `build`; the step's
+tensors once, where the model runner prepares them (model_runner.check_step_layout); the KV
+caches when they change. A step then serves where its rows are all decodes and at most
+`max_rows`; any other step returns None and the modules run.
 Its attention takes as many threads as the module path's (`cpu_decode.attention_threads`),
-from the same OpenMP team.
-Any other step returns None and the modules run. Whether a model gets a stack at all is
-engine/cpu_kernel_path.py's choice (KVPILOT_DECODE_STACK=0 turns it off). Source: the per-layer order of
-models/llama.py (vLLM's residual stream); llama.cpp's ggml graph, which likewise runs a
-whole decode step without returning to the host language.
+from the same OpenMP team. Source: the per-layer order of models/llama.py (vLLM's residual
+stream); llama.cpp's ggml graph, which likewise runs a whole decode step without returning to
+the host language.
 """
 
 from __future__ import annotations
@@ -109,27 +112,20 @@ def _layer(layer, cfg) -> tuple[_Layer, tuple] | None:
 
 
 class DecodeStack:
-    """The C decode stack of one model (`build` says whether it can serve it at all).
-    `enabled = False` keeps every step on the modules (comparisons, tests). One step at a
-    time per model, as the model runner calls it: the intermediate rows live in one
+    """The C decode stack of one model (`build` says whether it can serve it at all). One step
+    at a time per model, as the model runner calls it: the intermediate rows live in one
     workspace of the stack."""
-
-    enabled = True
 
     def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple[_Layer, tuple]]) -> None:
         cfg = model.config
         self.dtype = cfg.dtype
         self.lib, self.fn = lib, lib.kvp_decode_stack
         self.model = model
-        self.backend = model.layers[model.start_layer].self_attn.backend
-        # the per-module switches a comparison may turn off (cpu_kernel_path.apply sets them)
-        self.norm, self.act = model.layers[model.start_layer].input_layernorm, model.layers[model.start_layer].mlp.act_fn
         attn = model.layers[model.start_layer].self_attn
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.qkv_n = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.hidden, self.intermediate = cfg.hidden_size, cfg.intermediate_size
-        rope = model.rotary_emb
-        self.max_positions = rope.cos.shape[0]
+        rope = model.rotary_emb  # rows for every position: ModelConfig keeps max_model_len within them
         # the module path's rope.cos_sin rounds the float32 table's rows to the step dtype: so does this copy
         cos, sin = rope.cos.to(self.dtype).contiguous(), rope.sin.to(self.dtype).contiguous()
         self.md = _Model(*_kernels(self.dtype), self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, 0,
@@ -137,7 +133,7 @@ class DecodeStack:
                          cos.data_ptr(), sin.data_ptr())
         self.layers = (_Layer * len(layers))(*(layer for layer, _ in layers))
         self.keep = [cos, sin, model.norm.weight] + [t for _, ts in layers for t in ts]
-        self.caches_key: tuple | None = None
+        self.caches: list | None = None  # the KV caches the layer structs point into
         linears = [mod for layer in model.layers[model.start_layer:model.end_layer]
                    for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                layer.mlp.down_proj)]
@@ -159,13 +155,14 @@ class DecodeStack:
     @classmethod
     def build(cls, model) -> DecodeStack | None:
         """A DecodeStack for `model` (a LlamaForCausalLM: float32 with the GGUF blocks attached,
-        or bfloat16 packed for the bf16 kernel), or None where some layer would not run the C
-        kernels (see the module docstring)."""
+        or bfloat16 packed for the bf16 kernel; its modules set by `apply`), or None where some
+        layer would not run the C kernels (see the module docstring)."""
         from kvpilot.engine import parallel_state as ps
 
         cfg = model.config
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)
-                or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR):
+                or model.start_layer >= model.end_layer or cfg.dtype not in _LINEAR
+                or model.embed_tokens.weight.dtype != cfg.dtype):
             return None
         # the layers first: a model without GGUF blocks or bf16 kernel copies builds no library
         layers = [_layer(model.layers[i], cfg) for i in range(model.start_layer, model.end_layer)]
@@ -174,47 +171,39 @@ class DecodeStack:
             return None
         return cls(model, load(cfg.dtype), layers)
 
-    def _set_caches(self, kv_caches: list) -> bool:
-        """Points the layer structs at this step's caches (validated when they change)."""
-        key = (*(t.data_ptr() for pair in kv_caches for t in pair), *(kv_caches[0][0].shape if kv_caches else ()))
-        if key == self.caches_key:
-            return True
+    def _set_caches(self, kv_caches: list) -> None:
+        """Points the layer structs at `kv_caches` (the runner's, allocated in the model's dtype as
+        [num_blocks, block_size, num_kv_heads, head_dim] per layer). Raises ValueError where they
+        are not that."""
         if len(kv_caches) != len(self.layers):
-            return False
-        shape = None
-        for (k, v), layer in zip(kv_caches, self.layers):
+            raise ValueError(f"decode stack: {len(kv_caches)} KV cache pairs for {len(self.layers)} layers")
+        shape = kv_caches[0][0].shape
+        for i, (k, v) in enumerate(kv_caches):
             if (k.dtype != self.dtype or v.dtype != self.dtype or k.device.type != "cpu" or k.dim() != 4
-                    or not (k.is_contiguous() and v.is_contiguous()) or v.shape != k.shape
-                    or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim) or shape not in (None, k.shape)):
-                self.caches_key = None
-                return False
-            shape = k.shape
+                    or not (k.is_contiguous() and v.is_contiguous()) or v.shape != k.shape or k.shape != shape
+                    or tuple(k.shape[2:]) != (self.num_kv_heads, self.head_dim)):
+                raise ValueError(f"decode stack: layer {i}'s KV caches are {k.dtype}/{v.dtype} {tuple(k.shape)}/"
+                                 f"{tuple(v.shape)}, want contiguous {self.dtype} CPU tensors of one shape "
+                                 f"[num_blocks, block_size, {self.num_kv_heads}, {self.head_dim}]")
+        for (k, v), layer in zip(kv_caches, self.layers):
             layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
         self.md.block_size = shape[1]
-        self.caches, self.caches_key = list(kv_caches), key
-        return True
+        self.caches = kv_caches
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list, meta) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] in the model's dtype after the final norm (a new tensor), as
         LlamaForCausalLM.forward returns them, or None where this step is not one the stack
-        serves (the caller then runs the modules). Raises RuntimeError when a kernel runs
-        out of memory."""
+        serves (a prefill row, or more than max_rows rows: the caller then runs the modules).
+        The inputs are in the layout model_runner.check_step_layout checked where the step was
+        prepared. Raises ValueError for KV caches the stack cannot point into, RuntimeError when
+        a kernel runs out of memory."""
         m = input_ids.shape[0]
-        if (not self.enabled or not 0 < m <= self.max_rows or meta.num_decodes != m or len(meta.seq_lens_cpu) != m
-                or not (self.norm.use_c_kernel and self.act.use_c_kernel)
-                or not (self.backend.use_cpu_kernel and self.backend.fuse_rope_cache)
-                or max(meta.seq_lens_cpu) > self.max_positions):
+        if not 0 < m <= self.max_rows or meta.num_decodes != m:
             return None
+        if kv_caches is not self.caches:  # the runner keeps one list; a new one (profiling, tests) is checked
+            self._set_caches(kv_caches)
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
-        if (positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != (m,)
-                or slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (m,)
-                or tables.dtype != torch.int32 or not tables.is_contiguous() or tables.shape[0] != m
-                or lens.dtype != torch.int32 or not lens.is_contiguous() or lens.shape != (m,)
-                or positions.device.type != "cpu" or not self._set_caches(kv_caches)):
-            return None
         residual = self.model.embed_tokens(input_ids)
-        if residual.dtype != self.dtype or not residual.is_contiguous():
-            return None
         hidden = torch.empty(m, self.hidden, dtype=self.dtype)
         with kernel_range("decode_stack"):
             code = self.fn(*self.args_tail, residual.data_ptr(), hidden.data_ptr(), m, positions.data_ptr(),
@@ -225,16 +214,27 @@ class DecodeStack:
         return hidden
 
 
-def apply(model, path: CpuKernelPath | None = None) -> None:
-    """Sets `model`'s modules to the kernel path (default: cpu_kernel_path.current()), gives it a
-    decode stack where the path and the model allow, and logs the path once. Called by the model
-    runner once weights are packed or quantized."""
-    path = path or cpu_kernel_path.current()
-    for module in model.modules():
+def set_module_kernels(root: torch.nn.Module, path: CpuKernelPath) -> None:
+    """Sets every module under `root` to the kernel path: RMSNorm's and SiluAndMul's
+    `use_c_kernel` (path.c_norm_act), each attention layer's backend `use_cpu_kernel`
+    (path.c_attention) and `fuse_rope_cache` (path.fused_rope_cache)."""
+    for module in root.modules():
         if hasattr(module, "use_c_kernel"):
-            module.use_c_kernel = path.kernels
+            module.use_c_kernel = path.c_norm_act
         backend = getattr(module, "backend", None)
         if hasattr(backend, "use_cpu_kernel"):
-            backend.use_cpu_kernel = path.kernels
-    model.decode_stack = DecodeStack.build(model) if path.kernels and path.decode_stack else None
+            backend.use_cpu_kernel = path.c_attention
+            backend.fuse_rope_cache = path.fused_rope_cache
+
+
+def apply(model, path: CpuKernelPath | None = None) -> None:
+    """Sets `model`'s modules to the kernel path (default: cpu_kernel_path.current();
+    `set_module_kernels`), gives it a decode stack where the path and the model allow, keeps the
+    path as `model.kernel_path` and logs it once. Called by the model runner once weights are
+    packed or quantized (their row limits came from the same path); comparisons and tests apply
+    another path to a loaded model the same way."""
+    path = path or cpu_kernel_path.current()
+    set_module_kernels(model, path)
+    model.kernel_path = path
+    model.decode_stack = DecodeStack.build(model) if path.decode_stack else None
     logger.info("%s", cpu_kernel_path.describe(model, path))

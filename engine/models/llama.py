@@ -100,8 +100,10 @@ class LlamaForCausalLM(nn.Module):
     `intermediate` (the first stage embeds input_ids instead);
     compute_logits(hidden [n, H]) -> [n, vocab_size] float32 (last stage only)."""
 
-    # models/cpu_decode_stack.DecodeStack: small decode steps in one C call (cpu_kernel_path.apply gives it)
+    # models/cpu_decode_stack.DecodeStack: small decode steps in one C call, and the CPU kernel path
+    # the modules were set to (engine/cpu_kernel_path.py): both given by cpu_decode_stack.apply
     decode_stack = None
+    kernel_path = None
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()

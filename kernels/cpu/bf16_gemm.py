@@ -1,5 +1,6 @@
 """Decode-sized bfloat16 matmuls on CPUs with AVX512_BF16: our own kernel (csrc/bf16_gemm.c)
-instead of oneDNN's for up to `BF16_GEMM_MAX_TOKENS` rows; on CPUs with AMX the same packed
+instead of oneDNN's for steps of a few rows (any row count runs; up to how many the engine sends
+it is the engine's row-limit table, engine/cpu_row_limits.py); on CPUs with AMX the same packed
 copy feeds AMX tiles (`amx()`).
 
 Why: at the row counts of a decode step oneDNN's bf16 matmuls read the 135M model's 212 MB of
@@ -24,8 +25,6 @@ import torch
 from kvpilot.kernels.cpu.loader import kernel_range
 from kvpilot.kernels.cpu.loader import load as load_library
 
-# Up to this many rows a bf16 matmul takes the kernel (decode steps); above, oneDNN.
-BF16_GEMM_MAX_TOKENS = 32
 GROUP = 64  # output columns per packed group: 4 vectors of 16 float32 lanes
 
 

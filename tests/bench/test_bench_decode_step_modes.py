@@ -1,7 +1,8 @@
-"""`kvpilot bench decode-step --cpu-kernel onednn,bf16-gemm`, the comparison benchmarks/README.md
-shows: both engines load in one process, the `onednn` one with no bf16 kernel copy and no bf16
-decode stack, the `bf16-gemm` one with the kernel (its AVX512_BF16 or AMX build where the CPU has
-one, else the same layout in plain C) and the stack, and each reports a step time per batch size."""
+"""`kvpilot bench decode-step --cpu-kernel ...`: every mode is a kernel path (engine/cpu_kernel_path.py)
+the engine loads with. The comparison benchmarks/README.md shows, `--cpu-kernel onednn,bf16-gemm`:
+both engines load in one process, the `onednn` one with no bf16 kernel copy and no bf16 decode
+stack, the `bf16-gemm` one with the kernel (its AVX512_BF16 or AMX build where the CPU has one,
+else the same layout in plain C) and the stack, and each reports a step time per batch size."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,21 @@ import json
 import pytest
 
 from kvpilot.bench import decode_step
+from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+
+
+def test_every_cpu_kernel_mode_is_a_kernel_path():
+    assert set(decode_step._MODES) == set(decode_step._MODE_LABEL)
+    paths = {mode: cpu_kernel_path.choose(**overrides) for mode, overrides in decode_step._MODES.items()}
+    default = cpu_kernel_path.choose()
+    assert paths["on"] == default
+    unfused, off = paths["unfused"], paths["off"]
+    assert unfused.c_attention and not (unfused.fused_rope_cache or unfused.c_norm_act or unfused.decode_stack)
+    assert not (off.c_attention or off.fused_rope_cache or off.c_norm_act or off.decode_stack)
+    assert off.gguf_max_rows == default.gguf_max_rows and off.bf16_gemm_max_rows == default.bf16_gemm_max_rows
+    assert paths["bf16-gemm"].bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel.rows
+    assert paths["onednn"].bf16_gemm_max_rows == 0 and "bf16_gemm_max_rows=0" in paths["onednn"].reason
 
 
 @pytest.mark.slow
@@ -31,6 +47,6 @@ def test_decode_step_compares_onednn_with_the_bf16_kernel_and_stack(tmp_path, mo
     for per_batch in results.values():
         assert set(per_batch) == {"1", "2"} and all(r["step_wall_ms"] > 0 for r in per_batch.values())
     onednn, kernel = built["onednn"], built["bf16-gemm"]
-    assert onednn.decode_stack is None
+    assert onednn.decode_stack is None and onednn.kernel_path.bf16_gemm_max_rows == 0
     assert not any(getattr(m, "bf16_packed", None) is not None for m in onednn.modules())
     assert kernel.decode_stack is not None and kernel.decode_stack.max_rows == 32

@@ -16,7 +16,7 @@ from kvpilot.engine.attention import AttentionMetadata
 from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.engine.models import cpu_decode_stack
 from kvpilot.engine.models.cpu_decode_stack import DecodeStack
-from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(18)]  # 9..94 tokens each
@@ -55,7 +55,7 @@ def test_more_rows_than_the_kernel_batch_take_the_modules_and_agree(llm, served_
 def check_more_rows_than_the_kernel_batch(llm, served_rows):
     # the blocks' row limit: 8 (vLLM's), 16 where the 8-bit matmuls run on AMX tiles
     limit = llm.engine.runner.model.decode_stack.max_rows
-    assert limit == cpu_kernel_path.current().gguf_max_rows >= GGUF_MAX_TOKENS
+    assert limit == cpu_kernel_path.current().gguf_max_rows >= ROW_LIMITS.gguf_q8.rows
     prompts = PROMPTS[: limit + 2]  # limit + 2 decodes: the modules (dense matmuls) until `limit` remain
     want = generate(llm, prompts, stack=False, max_tokens=(3, 6))
     assert generate(llm, prompts, stack=True, max_tokens=(3, 6)) == want
@@ -82,15 +82,30 @@ def test_attention_large_enough_for_threads_runs_on_threads_inside_the_stack(llm
 @pytest.mark.slow
 def test_the_stack_follows_kv_caches_that_moved(llm, served_rows):
     runner = llm.engine.runner
-    generate(llm, PROMPTS[:1], stack=True)
+    want = generate(llm, PROMPTS[1:3], stack=False)
+    generate(llm, PROMPTS[:1], stack=True)  # the stack now points into the runner's caches
     old = runner.kv_caches
     runner.kv_caches = [(k.clone(), v.clone()) for k, v in old]  # new addresses, same contents
     try:
-        want = generate(llm, PROMPTS[1:3], stack=False)
+        served_rows.clear()
         assert generate(llm, PROMPTS[1:3], stack=True) == want  # stale pointers would miss the prompts' K/V
         assert served_rows
     finally:
         runner.kv_caches = old
+
+
+@pytest.mark.slow
+def test_kv_caches_the_stack_cannot_point_into_are_refused(llm):
+    runner, stack = llm.engine.runner, llm.engine.runner.model.decode_stack
+    with torch.inference_mode():
+        meta = AttentionMetadata(torch.tensor([0]), torch.tensor([0, 1], dtype=torch.int32),
+                                 torch.tensor([1], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32),
+                                 1, [0, 1], [1], [1])
+        for caches, what in (([(k.double(), v.double()) for k, v in runner.kv_caches], "layer 0's KV caches"),
+                             ([(k[..., :32], v[..., :32]) for k, v in runner.kv_caches], "layer 0's KV caches"),
+                             (runner.kv_caches[:-1], "KV cache pairs for 30 layers")):
+            with pytest.raises(ValueError, match=what):
+                stack.forward(torch.tensor([5]), torch.tensor([0]), caches, meta)
 
 
 @pytest.mark.slow
@@ -119,6 +134,7 @@ def test_a_model_without_gguf_blocks_builds_no_library(llm, monkeypatch):
 @pytest.mark.slow
 def test_the_environment_can_turn_the_stack_off(llm):
     model = llm.engine.runner.model
+    path = model.kernel_path
     try:
         cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))
         assert model.decode_stack is None
@@ -126,7 +142,7 @@ def test_the_environment_can_turn_the_stack_off(llm):
         assert model.decode_stack is None and not model.layers[0].input_layernorm.use_c_kernel
         assert not model.layers[0].self_attn.backend.use_cpu_kernel
     finally:
-        cpu_decode_stack.apply(model, cpu_kernel_path.choose())
+        cpu_decode_stack.apply(model, path)
     assert model.decode_stack is not None and model.layers[0].input_layernorm.use_c_kernel
 
 
@@ -143,18 +159,17 @@ def test_a_prefill_step_is_left_to_the_modules(llm):
 
 @pytest.fixture(scope="module")
 def llm_float32():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KVPILOT_GGUF_ACTIVATIONS", "float32")
+    with cpu_kernel_path.chosen(cpu_kernel_path.choose(gguf_activations="float32")):
         return LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=512, max_num_seqs=16,
                    num_gpu_blocks_override=128, swap_space=0)
 
 
 @pytest.mark.slow
 def test_float32_activations_serve_more_rows_than_the_8_bit_batch_limit(llm_float32, served_rows):
-    # float32 activations read the blocks up to linear.GGUF_FLOAT_MAX_TOKENS rows (the tiled kernel),
+    # float32 activations read the blocks up to ROW_LIMITS.gguf_float32 rows (the tiled kernel),
     # so the stack serves the 10-row steps that 8-bit activations leave to the modules
     stack = llm_float32.engine.runner.model.decode_stack
-    assert stack is not None and stack.max_rows == 64 > GGUF_MAX_TOKENS
+    assert stack is not None and stack.max_rows == ROW_LIMITS.gguf_float32.rows == 64 > ROW_LIMITS.gguf_q8.rows
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see test_more_rows_than_the_kernel_batch_take_the_modules_and_agree
     try:
@@ -163,4 +178,4 @@ def test_float32_activations_serve_more_rows_than_the_8_bit_batch_limit(llm_floa
         assert generate(llm_float32, PROMPTS[:10], stack=True, max_tokens=(3, 6)) == want
     finally:
         torch.set_num_threads(threads)
-    assert max(served_rows) == 10 > GGUF_MAX_TOKENS
+    assert max(served_rows) == 10 > ROW_LIMITS.gguf_q8.rows

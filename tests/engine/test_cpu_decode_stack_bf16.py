@@ -14,16 +14,16 @@ the suite runs on.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
 from kvpilot.engine import LLM, cpu_kernel_path
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS
 from kvpilot.engine.models import cpu_decode_stack
-from kvpilot.kernels.cpu import bf16_gemm
+
+ROWS = ROW_LIMITS.bf16_kernel.rows  # the kernel's limit without AMX (32)
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)]  # 6..26 tokens each
@@ -33,8 +33,7 @@ PROMPTS = [list(range(300 + 11 * i, 300 + 11 * i + 6 + 4 * i)) for i in range(6)
 def llm():
     # the kernel path with the bf16 matmul kernel on whatever the CPU: its AVX512_BF16 build where
     # the CPU has one (AMX CPUs too), else the plain-C loop of the same layout
-    with cpu_kernel_path.chosen(dataclasses.replace(cpu_kernel_path.choose(),
-                                                    bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)):
+    with cpu_kernel_path.chosen(cpu_kernel_path.choose(bf16_gemm_max_rows=ROWS)):
         # dense weights: the bf16 kernel's packed copies serve every step (test_cpu_decode_stack_bf16_gguf.py
         # covers the default, which reads the GGUF's blocks for the smallest steps)
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
@@ -45,7 +44,7 @@ def llm():
 def test_bf16_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logprobs(llm, served_rows):
     stack = llm.engine.runner.model.decode_stack
     assert stack is not None and stack.dtype == torch.bfloat16, "the model runner attached no bf16 decode stack"
-    assert stack.max_rows == bf16_gemm.BF16_GEMM_MAX_TOKENS
+    assert stack.max_rows == ROWS
     want = generate(llm, PROMPTS[:3], stack=False)
     assert served_rows == []
     assert generate(llm, PROMPTS[:3], stack=True) == want
@@ -54,16 +53,22 @@ def test_bf16_decode_steps_run_in_one_call_with_bit_identical_tokens_and_logprob
 
 
 @pytest.mark.slow
-def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, served_rows, monkeypatch):
+def test_steps_above_the_bf16_kernel_row_limit_take_the_modules_and_agree(llm, served_rows):
     # a lower limit stands in for the CPU kind's (8 with AMX, 32 without; each linear layer keeps it
-    # as bf16_max_rows, the stack as max_rows): above it both paths run oneDNN's matmuls
+    # as bf16_max_rows, the stack, built again, as max_rows): above it both paths run oneDNN's matmuls
     model = llm.engine.runner.model
-    for module in model.modules():
-        if getattr(module, "bf16_packed", None) is not None:
-            monkeypatch.setattr(module, "bf16_max_rows", 4)
-    monkeypatch.setattr(model.decode_stack, "max_rows", 4)
-    want = generate(llm, PROMPTS, stack=False, max_tokens=(3, 6))
-    assert generate(llm, PROMPTS, stack=True, max_tokens=(3, 6)) == want
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for module in model.modules():
+                if getattr(module, "bf16_packed", None) is not None:
+                    mp.setattr(module, "bf16_max_rows", 4)
+            cpu_decode_stack.apply(model, model.kernel_path)
+            assert model.decode_stack.max_rows == 4
+            want = generate(llm, PROMPTS, stack=False, max_tokens=(3, 6))
+            assert generate(llm, PROMPTS, stack=True, max_tokens=(3, 6)) == want
+    finally:
+        cpu_decode_stack.apply(model, model.kernel_path)
+    assert model.decode_stack.max_rows == ROWS
     # 6 decodes go to the modules; once the three 3-token prompts finish, 3 rows go to the stack
     assert served_rows and set(served_rows) == {3}
 
@@ -78,7 +83,7 @@ def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
 def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeypatch):
     model = llm.engine.runner.model
     caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
-    path = dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS)
+    path = model.kernel_path
     try:
         cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))
         assert model.decode_stack is None
@@ -86,8 +91,7 @@ def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeyp
         assert "KVPILOT_DECODE_STACK=0" in caplog.text
         cpu_decode_stack.apply(model, path)
         assert model.decode_stack is not None
-        rows = bf16_gemm.BF16_GEMM_MAX_TOKENS
-        assert f"bfloat16 decode steps run the C decode stack (all layers in one call, up to {rows} rows)" in caplog.text
+        assert f"bfloat16 decode steps run the C decode stack (all layers in one call, up to {ROWS} rows)" in caplog.text
         assert f"runs the {path.variant} kernel build" in caplog.text
     finally:
         cpu_decode_stack.apply(model, path)

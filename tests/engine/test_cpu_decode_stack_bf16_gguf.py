@@ -8,25 +8,23 @@ whatever the CPU, so the glue is checked on every CPU the suite runs on."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
 from kvpilot.engine import LLM, cpu_kernel_path
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS
 from kvpilot.engine.models import cpu_decode_stack
-from kvpilot.kernels.cpu import bf16_gemm
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(500 + 13 * i, 500 + 13 * i + 7 + 3 * i)) for i in range(6)]  # 7..22 tokens each
 QROWS = 4
+ROWS = ROW_LIMITS.bf16_kernel.rows  # the bf16 kernel's limit without AMX (32)
 
 
 def _path():
-    return dataclasses.replace(cpu_kernel_path.choose(), bf16_gemm_max_rows=bf16_gemm.BF16_GEMM_MAX_TOKENS,
-                               gguf_max_rows=QROWS)
+    return cpu_kernel_path.choose(bf16_gemm_max_rows=ROWS, gguf_max_rows=QROWS)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def test_the_default_bf16_engine_keeps_the_blocks_for_small_steps(llm):
     assert llm.engine.config.quantization == "gguf"
     stack = model.decode_stack
     assert stack is not None and stack.dtype == torch.bfloat16
-    assert stack.max_rows == bf16_gemm.BF16_GEMM_MAX_TOKENS and stack.md.qmax_rows == QROWS
+    assert stack.max_rows == ROWS and stack.md.qmax_rows == QROWS
     o_proj = model.layers[0].self_attn.o_proj
     assert o_proj.qweight is not None and o_proj.qmax_tokens == QROWS and o_proj.bf16_packed is not None
 
@@ -70,4 +68,4 @@ def test_the_start_up_log_says_small_steps_read_the_blocks(llm, caplog):
     caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
     cpu_decode_stack.apply(llm.engine.runner.model, _path())
     assert (f"bfloat16 decode steps run the C decode stack (all layers in one call, up to "
-            f"{bf16_gemm.BF16_GEMM_MAX_TOKENS} rows; matmuls of up to {QROWS} rows read the GGUF blocks)") in caplog.text
+            f"{ROWS} rows; matmuls of up to {QROWS} rows read the GGUF blocks)") in caplog.text

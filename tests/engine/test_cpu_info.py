@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from kvpilot.engine.arg_utils import EngineArgs
-from kvpilot.engine.cpu_info import (CpuInfo, bf16_matmul_kernel_max_rows, choose_auto_dtype, choose_cpu_dtype, detect_cpu,
-                                     has_bf16_matmul_kernel)
+from kvpilot.engine.cpu_info import CpuInfo, choose_auto_dtype, choose_cpu_dtype, detect_cpu
 from kvpilot.engine.memory import GiB, KVCachePlan, RankMemory, cpu_kvcache_space_bytes
 
 EPYC_AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2 adx"
@@ -38,19 +37,6 @@ def test_auto_dtype_on_cpu_follows_native_bf16_flags(flags, dtype):
         assert "no native bf16" in choice.reason
     else:
         assert "bf16" in choice.reason and ("avx512_bf16" in choice.reason or "amx_bf16" in choice.reason)
-
-
-@pytest.mark.parametrize("flags, rows", [
-    (EPYC_AVX2 + " avx512f avx512bw avx512vl avx512_bf16", 32),  # Zen 4: our vdpbf16ps kernel up to its limit
-    (SAPPHIRE_RAPIDS, 8),  # AMX: the kernel while reading weights dominates, oneDNN's tiles above
-    (SKYLAKE_X, 0),
-    (EPYC_AVX2, 0),
-])
-def test_the_bf16_matmul_kernel_serves_avx512_bf16_cpus_up_to_a_row_limit_per_kind(flags, rows):
-    assert bf16_matmul_kernel_max_rows(cpu(flags)) == rows
-    assert has_bf16_matmul_kernel(cpu(flags)) == (rows > 0)
-    # with the kernel on AMX tiles (bf16_gemm.amx()) it serves up to its own limit on every such CPU
-    assert bf16_matmul_kernel_max_rows(cpu(flags), tiles=True) == (32 if rows else 0)
 
 
 def test_cpuinfo_parsing_reads_the_first_model_name_and_the_isa_flags():

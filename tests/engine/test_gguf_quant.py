@@ -18,7 +18,7 @@ from kvpilot.engine import parallel_state as ps
 from kvpilot.engine.attention import get_attn_backend
 from kvpilot.engine.layers import gguf_quant
 from kvpilot.kernels.cpu import gguf as gguf_kernel
-from kvpilot.engine.layers.linear import GGUF_MAX_TOKENS, gguf_max_tokens
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS, gguf_max_rows
 from kvpilot.engine.model_loader import builtin_gguf_path, iter_weights, load_model_config
 from kvpilot.engine.models.llama import LlamaForCausalLM
 
@@ -87,8 +87,8 @@ def test_a_tensor_parallel_rank_keeps_the_blocks_of_its_own_shard(model_path):
 def test_decode_sized_matmuls_read_the_blocks_and_agree_with_the_dense_weight(quantized_model, tokens, activations,
                                                                              tol, monkeypatch):
     # max: 8 rows with 8-bit activations (vLLM's MMVQ_MAX_BATCH_SIZE), 64 with float32 ones (the tiled path)
-    limit = gguf_max_tokens(activations)
-    assert limit == (GGUF_MAX_TOKENS if activations == "q8_1" else 64)
+    limit = gguf_max_rows(activations)
+    assert limit == (ROW_LIMITS.gguf_q8 if activations == "q8_1" else ROW_LIMITS.gguf_float32).rows
     tokens = {"max": limit, "max + 1": limit + 1}.get(tokens, tokens)
     model, _ = quantized_model
     calls = []
@@ -114,8 +114,8 @@ def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs
     # prompt, tokens equal up to the first difference, where each run's token is in the other's top-5
     # logprobs; the comparison stops there. float32 activations must also keep the dense path's bar
     # of >= 6 prompts equal throughout; 8-bit ones (the default) may diverge earlier, by that rule only.
-    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, activations)
-    with caplog.at_level(logging.INFO, logger="kvpilot.engine.layers.gguf_quant"):
+    path = cpu_kernel_path.choose(gguf_activations=activations)
+    with caplog.at_level(logging.INFO, logger="kvpilot.engine.layers.gguf_quant"), cpu_kernel_path.chosen(path):
         llm = LLM(MODEL, quantization="gguf", dtype="float32", max_model_len=1024, max_num_seqs=8,
                   num_gpu_blocks_override=512, swap_space=0.05)
     assert ("(q8_1), integer dot products" if activations == "q8_1" else "float32 activations") in caplog.text
@@ -130,9 +130,14 @@ def test_greedy_outputs_with_gguf_quantization_match_hf(chat_prompts, hf_outputs
 
 
 def test_a_bad_activation_format_is_refused_before_loading(monkeypatch):
-    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "int4")
-    with pytest.raises(ValueError, match="KVPILOT_GGUF_ACTIVATIONS='int4': use one of q8_1, float32"):
-        EngineArgs(model=MODEL, quantization="gguf", dtype="float32", device="cpu").create_engine_config()
+    # the process's path is chosen at first use: forgotten here, so this engine's config reads the switch
+    monkeypatch.setenv(cpu_kernel_path.GGUF_ACTIVATIONS_ENV, "int4")
+    cpu_kernel_path.reset()
+    try:
+        with pytest.raises(ValueError, match="KVPILOT_GGUF_ACTIVATIONS='int4': use one of q8_1, float32"):
+            EngineArgs(model=MODEL, quantization="gguf", dtype="float32", device="cpu").create_engine_config()
+    finally:
+        cpu_kernel_path.reset()
 
 
 def test_quantization_needs_a_gguf_model(model_path):

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_info import bf16_matmul_kernel_max_rows, detect_cpu
+from kvpilot.engine.cpu_info import detect_cpu
+from kvpilot.engine.cpu_row_limits import ROW_LIMITS, bf16_kernel_max_rows
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu
@@ -24,7 +25,7 @@ def lib(request, monkeypatch):
     lib = bf16_gemm.load(variant)
     cpu = detect_cpu()
     assert bf16_gemm.simd(variant) == (request.param == "selected" and selected_variant() in ("avx512_bf16", "amx"))
-    assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and bf16_matmul_kernel_max_rows(cpu) > 0)
+    assert cpu_kernel_path.choose(cpu).bf16_gemm == (bf16_gemm.simd() and bf16_kernel_max_rows(cpu) > 0)
     monkeypatch.setattr(bf16_gemm, "load", lambda variant=None: lib)
     return lib
 
@@ -37,7 +38,7 @@ def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_
     assert bf16_gemm.amx() == tiles
     assert not bf16_gemm.amx("generic")
     if tiles:
-        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == bf16_gemm.BF16_GEMM_MAX_TOKENS == 32
+        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel.rows == 32
 
 
 def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
@@ -91,7 +92,7 @@ def test_linear_layers_take_the_kernel_up_to_its_row_limit_and_onednn_above(lib,
     calls = []
     kernel = bf16_gemm.matmul
     monkeypatch.setattr(bf16_gemm, "matmul", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
-    limit = cpu_kernel_path.current().bf16_gemm_max_rows or bf16_gemm.BF16_GEMM_MAX_TOKENS
+    limit = cpu_kernel_path.current().bf16_gemm_max_rows or ROW_LIMITS.bf16_kernel.rows
     for m in (1, limit, limit + 1, 130):
         x = torch.randn(m, 192).to(BF16)
         torch.testing.assert_close(layer(x).float(), F.linear(x, plain).float(), rtol=2**-7, atol=1e-2)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
+from kvpilot.engine import cpu_kernel_path
 from kvpilot.engine.attention import torch_backend
 from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.engine.attention.backend import AttentionMetadata
@@ -20,6 +21,7 @@ from kvpilot.kernels.cpu import norm_act as cpu_ops
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.layers.rotary_embedding import RotaryEmbedding, apply_rotary
+from kvpilot.engine.models.cpu_decode_stack import set_module_kernels
 from kvpilot.kernels.reference import paged_decode_attention_ref, paged_extend_attention_ref, write_kv_cache_ref
 
 
@@ -104,15 +106,16 @@ def test_forward_qkv_fuses_the_decodes_and_matches_the_unfused_path(kernel, seed
 
 
 def test_with_the_c_kernels_switched_off_every_op_takes_its_torch_path(seed, monkeypatch):
-    # what engine/cpu_kernel_path.apply sets for KVPILOT_CPU_KERNELS=0; no kernel may be called
+    # the kernel path of KVPILOT_CPU_KERNELS=0, set on the modules as the engine sets it; no kernel may be called
+    path = cpu_kernel_path.choose(env={cpu_kernel_path.KERNELS_ENV: "0"})
     monkeypatch.setattr(cpu_decode, "load", lambda *a: pytest.fail("a C kernel was loaded"))
-    out, _, ref, state = _mixed_qkv_step(seed, use_cpu_kernel=False)
+    out, _, ref, state = _mixed_qkv_step(seed, use_cpu_kernel=path.c_attention)
     assert state[torch_backend._FUSED_KEY] is None
     assert_close_to_ref(out, ref, torch.float32, seed)
     assert not cpu_ops.usable(torch.zeros(2, 8).double())
     x, res = torch.randn(3, 40), torch.randn(3, 40)
     norm, act = RMSNorm(40, 1e-5, torch.float32), SiluAndMul()
-    norm.use_c_kernel = act.use_c_kernel = False
+    set_module_kernels(torch.nn.ModuleList([norm, act]), path)
     got, new_res = norm(x, res)
     torch.testing.assert_close(new_res, x + res)
     torch.testing.assert_close(got, F.rms_norm(x + res, (40,), norm.weight, 1e-5))

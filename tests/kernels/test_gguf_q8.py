@@ -11,7 +11,6 @@ import pytest
 import torch
 from test_gguf_matmul import build_lib, kernel, lib, random_blocks  # noqa: F401 (fixtures)
 
-from kvpilot.engine.layers import gguf_quant
 from kvpilot.kernels.cpu import gguf as gguf_kernel
 from kvpilot.kernels.cpu.gguf import Q4_1, Q8_0, gguf_matmul, quantize_q8_1
 
@@ -92,13 +91,3 @@ def test_q8_path_is_close_to_the_float32_path(kernel, seed):
     bound = (np.abs(weight).reshape(64, -1, 32).sum(-1)[None] * d[:, None] / 2).sum(-1)  # [m, n]
     assert (np.abs(got - exact) <= bound * 1.001).all()
     assert np.abs(got - exact).max() > 0  # the path really quantizes x
-
-
-def test_activations_from_env(monkeypatch):
-    monkeypatch.delenv(gguf_quant.ACTIVATIONS_ENV, raising=False)
-    assert gguf_quant.activations_from_env() == "q8_1"
-    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "float32")
-    assert gguf_quant.activations_from_env() == "float32"
-    monkeypatch.setenv(gguf_quant.ACTIVATIONS_ENV, "fp16")
-    with pytest.raises(ValueError, match="KVPILOT_GGUF_ACTIVATIONS='fp16': use one of q8_1, float32"):
-        gguf_quant.activations_from_env()
