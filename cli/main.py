@@ -7,6 +7,7 @@
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
     kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
     kvpilot bench structured-outputs  output tokens/s with and without a JSON schema; grammar compile times
+    kvpilot bench tuning {grid,replay,confirm}  the tuner against a measured grid, random search and the defaults
     kvpilot operator             the Kopf operator for InferenceService resources
     kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
 
@@ -34,6 +35,7 @@ BENCH_COMMANDS = {
     "decode-step": "kvpilot.bench.decode_step",
     "shared-node": "kvpilot.bench.shared_node",  # issue 38: beside busy neighbours and under a CPU limit
     "structured-outputs": "kvpilot.bench.structured_outputs",  # issue 40: what a grammar costs
+    "tuning": "kvpilot.tuner.benchmark.cli",  # issue 39: the tuning-quality benchmark (grid, replay, confirm)
 }
 
 

@@ -11,14 +11,17 @@ SLO constraints are judged on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
 
+from kvpilot.loadgen.metrics import RequestResult
 from kvpilot.tuner.capacity import find_capacity
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
@@ -82,6 +85,18 @@ def clearly_violates(m: Measurement, slo: SLO, min_requests: int = 10, margin: f
     if any(limit > 0 and not math.isnan(v) and v * 1000 > margin * limit for v, limit in limits):
         return True
     return m.preemptions_per_min > margin * slo.max_preemptions_per_min and m.preemptions > 0
+
+
+@dataclass
+class DrivenWindow:
+    """One driven window as measured: every request's client-side result (TTFT, each
+    inter-token gap, latency), the window's duration (s), the server's view of the same
+    window (p95s from its histograms, preemptions) and the config the engine reported."""
+
+    results: list[RequestResult]
+    duration_s: float
+    server: Measurement
+    reported_config: dict[str, str]
 
 
 class WindowMeasurer:
@@ -167,12 +182,24 @@ class WindowMeasurer:
         Raises TrialFailed (transient) when the engine stops answering or a metric the
         window needs has no series (EmptySeries: the loop measures once more, then fails
         the trial with the reason)."""
-        try:
-            info = self.confirm(base_url, settings)
-            if self.load is None:  # live traffic: observe a window of the real load
+        if self.load is None:  # live traffic: observe a window of the real load
+            with _transient_errors():
+                info = self.confirm(base_url, settings)
                 m = self.observe(self.source_for(base_url))
-                m.extra.update(reported_config=info)
-                return m
+            m.extra.update(reported_config=info)
+            return m
+        window = self.drive_window(base_url, headers, settings, request_rate)
+        m = combine(client_measurement(window.results, window.duration_s, self.slo), window.server)
+        m.extra.update(reported_config=window.reported_config)
+        return m
+
+    def drive_window(self, base_url: str, headers: dict[str, str], settings: EngineSettings,
+                     request_rate: float | None = None) -> DrivenWindow:
+        """One window of the workload's load, as `measure` takes it: confirm the engine runs
+        `settings`, warm up, wait for idle, drive the requests, wait for idle, read the
+        server's window. Errors as `measure`."""
+        with _transient_errors():
+            info = self.confirm(base_url, settings)
             load = self.load() if callable(self.load) else self.load  # a builder: once the engine answers
             warm = self.workload.warmup_requests
             requests, offsets = load.requests, load.offsets
@@ -185,23 +212,30 @@ class WindowMeasurer:
                                       offsets=offsets[warm:] if offsets else None, request_rate=request_rate)
             self.wait_idle(base_url)  # the last request's metrics are recorded after its stream ends
             server = source.measure(start, self.slo)
-        except httpx.HTTPError as e:
-            raise TrialFailed(TRANSIENT, f"engine unreachable during the trial: {e!r}") from e
-        except EmptySeries as e:  # retried once by the loop, then failed with this reason
-            raise TrialFailed(TRANSIENT, f"measurement void, a metric has no series: {e}") from e
-        m = combine(client_measurement(results, duration, self.slo), server)
-        m.extra.update(reported_config=info)
-        return m
+        return DrivenWindow(results, duration, server, info)
+
+
+@contextlib.contextmanager
+def _transient_errors() -> Iterator[None]:
+    """An engine that stops answering, or a window metric without a series, fails the trial as
+    transient (the loop measures once more, then fails it with the reason)."""
+    try:
+        yield
+    except httpx.HTTPError as e:
+        raise TrialFailed(TRANSIENT, f"engine unreachable during the trial: {e!r}") from e
+    except EmptySeries as e:
+        raise TrialFailed(TRANSIENT, f"measurement void, a metric has no series: {e}") from e
 
 
 class LocalRunner:
-    """engine: the process to (re)start; load: the requests (warm-up first); source_for:
+    """engine: the process to (re)start; load: the requests (warm-up first), or a function
+    that builds them once the engine answers (`WindowMeasurer`); source_for:
     builds the measurement source for the running engine's URL (default: ScrapeSource);
     live: apply scheduler-only changes without a restart; capacity: (low, high, steps) to
     measure each trial's capacity (`find_capacity`) instead of one window."""
 
-    def __init__(self, engine: EngineProcess, workload: Workload, load: Load, slo: SLO, model_name: str,
-                 source_for: Callable[[str], Source] | None = None, live: bool = True,
+    def __init__(self, engine: EngineProcess, workload: Workload, load: Load | Callable[[], Load], slo: SLO,
+                 model_name: str, source_for: Callable[[str], Source] | None = None, live: bool = True,
                  idle_timeout_s: float = 120.0, capacity: tuple[float, float, int] | None = None):
         self.engine = engine
         self.slo, self.capacity = slo, capacity  # (low req/s, high req/s, bisection steps)
