@@ -1,0 +1,15 @@
+"""kvpilot's benchmarks, each a `kvpilot bench NAME` command (cli/main.py), grouped by role:
+
+    serve, throughput, sweep, compare, dashboard, decode_step, shared_node,
+    structured_outputs, tensor_parallel
+                  the benchmark commands; report.py, sweep_report.py, compare_report.py,
+                  compare_peers.py, shared_node_report.py are their tables and parts
+    reliability/  the reliability tools (`kvpilot bench reliability`, `fuzz-liveness`,
+                  `slow-clients`) and the probes they share with tests/server
+    harness/      what the benchmarks run servers in: server_process.py (a server on a free
+                  port), cgroups.py (cpu cgroups), prometheus.py (a real Prometheus),
+                  machine.py (CPU model and load average recorded beside results)
+
+The load itself (datasets, tokenizers, the request client, the run loop, the metrics) is
+the load library kvpilot.loadgen, shared with the tuner.
+"""

@@ -66,7 +66,7 @@ from kvpilot.bench.compare_report import (
     summarize_run,
     write_reports,
 )
-from kvpilot.bench.server_process import ServerProcess, ServerRefused
+from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep import fit_requests
 from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import BY_NAME

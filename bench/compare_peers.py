@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvpilot.bench.server_process import KVPILOT_SERVE
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE
 from kvpilot.engine.settings import flag_words, to_flags
 
 WHEEL_DIR = "~/.cache/kvpilot/wheels"

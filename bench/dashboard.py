@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.prometheus import Prometheus
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, free_port
+from kvpilot.bench.harness.prometheus import Prometheus
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, free_port
 from kvpilot.engine.settings import flag_words
 from kvpilot.loadgen.datasets import sharegpt_pairs
 from kvpilot.tuner.exporter import TunerMetrics

@@ -1,6 +1,6 @@
 """`kvpilot bench shared-node`: how a server holds up when its pod is not alone on the node.
 
-Each peer's server runs in a cpu cgroup of its own (bench/cgroups.py; root needed) and is
+Each peer's server runs in a cpu cgroup of its own (bench/harness/cgroups.py; root needed) and is
 measured, in one run, in three arrangements:
 - `alone`: nothing else runs (besides this client);
 - `neighbours`: K busy processes (`while True: pass`) in a second cgroup of the same weight, as
@@ -40,9 +40,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvpilot.bench.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
 from kvpilot.bench.compare_peers import PEERS, environment, has_llama_cpp, peer_command, smollm2_gguf
-from kvpilot.bench.server_process import ServerProcess, ServerRefused
+from kvpilot.bench.harness.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
+from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
 from kvpilot.bench.sweep import fit_requests
 from kvpilot.engine import omp_wait

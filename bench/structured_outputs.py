@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from kvpilot.bench.reliability_run import cpu_model
+from kvpilot.bench.harness.machine import cpu_model
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import sample_sharegpt_requests
 

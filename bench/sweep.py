@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench import report
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess, ServerRefused
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, ServerRefused
 from kvpilot.bench.sweep_report import write_report
 from kvpilot.engine.settings import BY_NAME, to_flags
 from kvpilot.loadgen.benchmark import run_benchmark

@@ -7,6 +7,9 @@
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
     kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
     kvpilot bench structured-outputs  output tokens/s with and without a JSON schema; grammar compile times
+    kvpilot bench reliability    API fuzz, overload, a disconnect storm and SIGTERM against a fresh server
+    kvpilot bench fuzz-liveness  generated requests on every route, /health and a canary after each
+    kvpilot bench slow-clients   stalled and idle connections against a fresh server
     kvpilot bench tuning {grid,replay,confirm}  the tuner against a measured grid, random search and the defaults
     kvpilot operator             the Kopf operator for InferenceService resources
     kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
@@ -35,6 +38,10 @@ BENCH_COMMANDS = {
     "decode-step": "kvpilot.bench.decode_step",
     "shared-node": "kvpilot.bench.shared_node",  # issue 38: beside busy neighbours and under a CPU limit
     "structured-outputs": "kvpilot.bench.structured_outputs",  # issue 40: what a grammar costs
+    # issue 39: the reliability tools (bench/reliability/)
+    "reliability": "kvpilot.bench.reliability.run",
+    "fuzz-liveness": "kvpilot.bench.reliability.fuzz_liveness",
+    "slow-clients": "kvpilot.bench.reliability.slow_clients",
     "tuning": "kvpilot.tuner.benchmark.cli",  # issue 39: the tuning-quality benchmark (grid, replay, confirm)
 }
 

@@ -33,7 +33,7 @@ ALLOWED = {
                                      "kvpilot (import-linter contract), so they cannot read the table",
     ("kernels/bench.py", "--block-size"): "the kernel micro-benchmark's KV block size; kernels import nothing of "
                                           "kvpilot (import-linter contract)",
-    ("bench/server_process.py", "--port"): "ServerProcess appends the port to any server's command: kvpilot serve, "
+    ("bench/harness/server_process.py", "--port"): "ServerProcess appends the port to any server's command: kvpilot serve, "
                                            "llama-server and llama_cpp.server all spell it --port",
     ("bench/compare.py", "--seed"): "the ShareGPT sampling seed of the benchmark (vllm bench serve's --seed), "
                                     "not the engine's sampling seed",
@@ -43,8 +43,8 @@ ALLOWED = {
     ("bench/structured_outputs.py", "--seed"): "the ShareGPT sampling seed of the structured-outputs benchmark",
     ("bench/shared_node.py", "--seed"): "the ShareGPT sampling seed of the shared-node benchmark",
     ("tuner/cli.py", "--seed"): "the Optuna sampler's seed, not the engine's",
-    ("bench/fuzz_liveness.py", "--seed"): "the fuzz cases' seed (hypothesis / schemathesis), not the engine's",
-    ("bench/fuzz_liveness.py", "--max-model-len"): "the fuzz's own option, which it passes on to the server "
+    ("bench/reliability/fuzz_liveness.py", "--seed"): "the fuzz cases' seed (hypothesis / schemathesis), not the engine's",
+    ("bench/reliability/fuzz_liveness.py", "--max-model-len"): "the fuzz's own option, which it passes on to the server "
                                                    "through the table (settings.to_flags)",
     ("tuner/cli.py", "--port"): "the tuner's option: a fixed port for the local engine, 0 (its default) = any "
                                 "free port, which the engine's --port does not accept",

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from server_harness import ServerProcess, engine_flags, free_port, wait_until
 
-from kvpilot.bench.prometheus import Prometheus
+from kvpilot.bench.harness.prometheus import Prometheus
 from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.objective import SLO
 

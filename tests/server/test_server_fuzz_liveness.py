@@ -2,7 +2,7 @@
 every route of the server's OpenAPI document (schemathesis, positive and negative, plus
 hostile values), each followed by /health (200) and, every CANARY_EVERY requests, a canary
 chat request that must complete; then the engine is idle with every KV block free. The
-benchmark `python -m kvpilot.bench.fuzz_liveness` sends 2,000 (its figures are in
+benchmark `kvpilot bench fuzz-liveness` sends 2,000 (its figures are in
 benchmarks/results/reliability/README.md)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import httpx
 import pytest
 from server_harness import ServerProcess
 
-from kvpilot.bench.fuzz_cases import fuzz_cases
-from kvpilot.bench.fuzz_liveness import ADMIN_TOKEN, API_KEY, NUM_BLOCKS, leaked_blocks, run_fuzz, server_command
-from kvpilot.bench.server_process import KVPILOT_SERVE
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE
+from kvpilot.bench.reliability.fuzz_cases import fuzz_cases
+from kvpilot.bench.reliability.fuzz_liveness import ADMIN_TOKEN, API_KEY, NUM_BLOCKS, leaked_blocks, run_fuzz, server_command
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The reliability suite, bounded for CI (the benchmark `python -m kvpilot.bench.reliability`
+"""The reliability suite, bounded for CI (the benchmark `kvpilot bench reliability`
 runs the same probes at full size): API fuzz from the server's OpenAPI schemas, overload at
 10x the server's capacity, a disconnect storm; loopback only, on the `limited` server."""
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 from server_harness import API_KEY, LIMITED_QUEUE, wait_until
 
-from kvpilot.bench.reliability import disconnect_storm, fuzz, generate_requests, overload
+from kvpilot.bench.reliability.probes import disconnect_storm, fuzz, generate_requests, overload
 
 pytestmark = pytest.mark.slow
 

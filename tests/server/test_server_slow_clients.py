@@ -3,7 +3,7 @@ within --request-read-timeout-s (408 and close), a connection that sends nothing
 after it, an idle keep-alive connection after --timeout-keep-alive, a request with more
 than --h11-max-header-count headers is refused, and past --limit-concurrency new requests
 get 503 until the stalled connections are closed; /health and chat answer meanwhile.
-(The benchmark `python -m kvpilot.bench.slow_clients` does the same with 1,000.)"""
+(The benchmark `kvpilot bench slow-clients` does the same with 1,000.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from server_harness import ENGINE_SETTINGS, ServerProcess, engine_flags, wait_until
 
-from kvpilot.bench.slow_clients import API_KEY, raise_open_file_limit, stall_and_probe
+from kvpilot.bench.reliability.slow_clients import API_KEY, raise_open_file_limit, stall_and_probe
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.prometheus import Prometheus as _Prometheus
+from kvpilot.bench.harness.prometheus import Prometheus as _Prometheus
 
 
 class Prometheus(_Prometheus):

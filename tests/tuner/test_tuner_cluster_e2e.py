@@ -28,7 +28,7 @@ from kube.rbac import access_of, missing
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, helm_template, wait_for
 
-from kvpilot.bench.prometheus import Prometheus
+from kvpilot.bench.harness.prometheus import Prometheus
 from kvpilot.tuner.cluster import flag_values
 
 pytestmark = pytest.mark.slow

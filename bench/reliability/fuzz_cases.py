@@ -1,4 +1,4 @@
-"""Requests for the liveness fuzz (`kvpilot.bench.fuzz_liveness`), from the server's own
+"""Requests for the liveness fuzz (`kvpilot bench fuzz-liveness`), from the server's own
 OpenAPI document:
 
 - schemathesis cases for every operation, positive (valid by the schema) and negative

@@ -1,4 +1,4 @@
-"""`python -m kvpilot.bench.slow_clients --connections 1000 --out benchmarks/results/reliability`:
+"""`kvpilot bench slow-clients --connections 1000 --out benchmarks/results/reliability`:
 slow and idle clients against a fresh `kvpilot serve` on loopback. Opens N connections that
 send a chat request's headers (Content-Length: 100 kB) and the first byte of its body, then
 nothing, plus N/10 that send nothing at all; records when the server closes each (and
@@ -15,15 +15,14 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.reliability_run import cpu_model, loadavg
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.machine import cpu_model, loadavg
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
 from kvpilot.engine.settings import to_flags
 
 API_KEY = "slow-clients-bench-key"
@@ -127,13 +126,12 @@ async def stall_and_probe(url: str, stalled: int, idle: int, wait_s: float, body
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvpilot-bench-slow-clients", description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kvpilot bench slow-clients", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--connections", type=int, default=1000)
     p.add_argument("--read-timeout-s", type=float, default=10.0, help="the server's --request-read-timeout-s")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     nofile = raise_open_file_limit(2 * a.connections + 512)
     os.environ["VLLM_API_KEY"] = API_KEY
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                                              wait_s=a.read_timeout_s + 60))
     summary = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before,
                "loadavg_after": loadavg(), "open_file_limit": nofile, **result.summary(),
-               "command": "python -m kvpilot.bench.slow_clients " + " ".join(argv)}
+               "command": "kvpilot bench slow-clients " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "slow_clients.json").write_text(json.dumps(summary, indent=1))
     print(f"{'connections stalled/idle':28} {a.connections}/{a.connections // 10} (read timeout {a.read_timeout_s:g} s)")
@@ -157,6 +155,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'health/chat failures':28} {len(result.health_failures)}/{len(result.chat_failures)}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

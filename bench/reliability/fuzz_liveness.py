@@ -1,11 +1,11 @@
-"""`python -m kvpilot.bench.fuzz_liveness --requests 2000 --out benchmarks/results/reliability`:
+"""`kvpilot bench fuzz-liveness --requests 2000 --out benchmarks/results/reliability`:
 a fuzz that checks liveness, not only status codes. Against a fresh `kvpilot serve` on
 loopback (admin routes on), it sends generated requests over every route of the server's
-OpenAPI document (`kvpilot.bench.fuzz_cases`: schemathesis + hostile values), one at a
-time, and after each one checks that `/health` answers 200 and (every `--canary-every`
-requests; 1 by default) that a canary chat request completes. An engine death is any
-request after which either check fails. At the end the engine must be idle with every KV
-block free. Prints a table and writes fuzz_liveness.json.
+OpenAPI document (fuzz_cases.py: schemathesis + hostile values), one at a time, and after
+each one checks that `/health` answers 200 and (every `--canary-every` requests; 1 by
+default) that a canary chat request completes. An engine death is any request after which
+either check fails. At the end the engine must be idle with every KV block free. Prints a
+table and writes fuzz_liveness.json.
 
 `run_fuzz` is shared with tests/server/test_server_fuzz_liveness.py (fewer requests)."""
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,10 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.fuzz_cases import FuzzCase, fuzz_cases
-from kvpilot.bench.reliability import openai_error_shape
-from kvpilot.bench.reliability_run import cpu_model, loadavg, metric, wait_idle
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.machine import cpu_model, loadavg
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.reliability.fuzz_cases import FuzzCase, fuzz_cases
+from kvpilot.bench.reliability.probes import openai_error_shape
+from kvpilot.bench.reliability.run import metric, wait_idle
 from kvpilot.engine.settings import LIVE_SETTINGS, to_flags
 
 API_KEY = "fuzz-liveness-key"
@@ -179,8 +179,8 @@ def summary(result: LivenessResult, blocks: int, running: float) -> dict:
             "kv_blocks_leaked": blocks, "running_after": running, "seconds": round(result.seconds, 1)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvpilot-bench-fuzz-liveness", description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kvpilot bench fuzz-liveness", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--canary-every", type=int, default=1)
@@ -189,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-size", type=int, default=1_000_000, help="largest hostile array or string")
     p.add_argument("--time-limit-s", type=float, default=None, help="stop sending after this long")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     os.environ.update(VLLM_API_KEY=API_KEY, KVPILOT_ADMIN_TOKEN=ADMIN_TOKEN)
     command = server_command(a.model, a.max_model_len)
@@ -204,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         alive_at_end = server.proc.poll() is None
     out = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before, "loadavg_after": loadavg(),
            **summary(result, blocks, running), "request_errors_counted": errors, "process_alive_at_end": alive_at_end,
-           "command": "python -m kvpilot.bench.fuzz_liveness " + " ".join(argv)}
+           "command": "kvpilot bench fuzz-liveness " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "fuzz_liveness.json").write_text(json.dumps(out, indent=1))
     for key in ("requests", "engine_deaths", "num_server_errors", "kv_blocks_leaked", "health_checks", "canaries",
@@ -216,6 +215,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'routes':22} {out['routes']}")
     return 0 if not result.engine_deaths and blocks == 0 else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

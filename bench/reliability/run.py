@@ -1,4 +1,4 @@
-"""`python -m kvpilot.bench.reliability_run --out benchmarks/results/reliability`: the
+"""`kvpilot bench reliability --out benchmarks/results/reliability`: the
 reliability benchmark at full size against a fresh `kvpilot serve` on loopback: API fuzz
 (>= 1,000 generated requests), overload at 10x capacity, a storm of 100 streams closed
 mid-generation, SIGTERM under streaming load. Writes results.json and README.md (a table
@@ -13,15 +13,15 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import time
 from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.reliability import disconnect_storm, fuzz, generate_requests, overload
-from kvpilot.bench.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.machine import cpu_model, loadavg
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.reliability.probes import disconnect_storm, fuzz, generate_requests, overload
 from kvpilot.engine.settings import BY_NAME, to_flags
 
 API_KEY = "reliability-bench-key"
@@ -132,19 +132,8 @@ def run(a: argparse.Namespace) -> dict:
     return results
 
 
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().strip()
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvpilot-bench-reliability", description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kvpilot bench reliability", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=256)
@@ -157,12 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     results = run(a)
-    results["command"] = "python -m kvpilot.bench.reliability_run " + " ".join(argv or [])
+    results["command"] = "kvpilot bench reliability " + " ".join(argv)
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps({k: v for k, v in results.items() if k != "fuzz"}, indent=1))
     print(json.dumps({k: v for k, v in results["fuzz"].items() if k in ("requests", "statuses", "seconds")}))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
