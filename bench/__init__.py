@@ -11,5 +11,6 @@
                   machine.py (CPU model and load average recorded beside results)
 
 The load itself (datasets, tokenizers, the request client, the run loop, the metrics) is
-the load library kvpilot.loadgen, shared with the tuner.
+the load library kvpilot.loadgen, shared with the tuner; bench and tuner import nothing of
+each other (.importlinter).
 """

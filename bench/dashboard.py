@@ -1,9 +1,9 @@
 """kvpilot bench dashboard: what the Grafana dashboard shows, drawn with matplotlib, since no
 Grafana server is installable here. It records a load window on a real `kvpilot serve`
 (ShareGPT prompts, a small KV cache so that preemptions happen) scraped by a real Prometheus
-together with the tuner's exporter, changes the engine's max_num_seqs live half-way (a
-rollout) and records each half as a tuner trial (verdict from its measured p95s against
-the SLO); then it runs every panel's own PromQL from charts/kvpilot/dashboards/kvpilot.json
+together with the tuner's series (kvpilot.api.tuning_metrics), changes the engine's
+max_num_seqs live half-way (a rollout) and records each half as a tuner trial (verdict from
+its measured p95s against spec.slo); then it runs every panel's own PromQL from charts/kvpilot/dashboards/kvpilot.json
 over the window and writes one PNG per dashboard row into --out.
 
     kvpilot bench dashboard --seconds 120 --out benchmarks/results/dashboard
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from kvpilot.api.spec import SLOSpec
+from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.bench.harness.prometheus import Prometheus
 from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, free_port
 from kvpilot.engine.settings import flag_words
 from kvpilot.loadgen.datasets import sharegpt_pairs
-from kvpilot.tuner.exporter import TunerMetrics
-from kvpilot.tuner.objective import SLO
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "kvpilot" / "dashboards" / "kvpilot.json"
 LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}
@@ -60,7 +60,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def run_load(url: str, seconds: float, concurrency: int, slo: SLO) -> list[dict]:
+def run_load(url: str, seconds: float, concurrency: int, slo: SLOSpec) -> list[dict]:
     """Closed-loop streamed ShareGPT completions until `seconds` pass; per request: start,
     TTFT, mean ITL and tokens, as the client saw them."""
     prompts = [(p[:300], max(16, min(128, len(r) // 4))) for p, r in sharegpt_pairs()][:500]
@@ -91,15 +91,15 @@ def run_load(url: str, seconds: float, concurrency: int, slo: SLO) -> list[dict]
     return done
 
 
-def trial_verdict(requests: list[dict], slo: SLO, seconds: float) -> tuple[str, float]:
+def trial_verdict(requests: list[dict], slo: SLOSpec, seconds: float) -> tuple[str, float]:
     """'measured' when the p95 TTFT and ITL are within the SLO, else 'violates'; goodput in
     requests/s meeting both per request (the tuner's definition)."""
     def p95(xs: list[float]) -> float:
         xs = sorted(xs)
         return xs[min(len(xs) - 1, math.ceil(0.95 * len(xs)) - 1)] if xs else math.inf
-    ok = [r for r in requests if r["ttft"] * 1000 <= slo.ttft_p95_ms and r["itl"] * 1000 <= slo.itl_p95_ms]
-    within = p95([r["ttft"] for r in requests]) * 1000 <= slo.ttft_p95_ms and \
-        p95([r["itl"] for r in requests]) * 1000 <= slo.itl_p95_ms
+    ok = [r for r in requests if r["ttft"] * 1000 <= slo.ttftP95Ms and r["itl"] * 1000 <= slo.itlP95Ms]
+    within = p95([r["ttft"] for r in requests]) * 1000 <= slo.ttftP95Ms and \
+        p95([r["itl"] for r in requests]) * 1000 <= slo.itlP95Ms
     return ("measured" if within else "violates"), len(ok) / seconds
 
 
@@ -149,10 +149,10 @@ def render(prometheus: Prometheus, start: float, end: float, step: float, rate_i
 def main(argv: list[str]) -> int:
     a = parse(argv)
     # Limits this 2-core CPU machine can meet at max_num_seqs 4 (SmolLM2 in fp32).
-    slo = SLO(ttft_p95_ms=20000, itl_p95_ms=1000, e2e_p95_ms=0, max_preemptions_per_min=5)
+    slo = SLOSpec(ttftP95Ms=20000, itlP95Ms=1000, e2eP95Ms=0, maxPreemptionsPerMin=5)
     work = Path(tempfile.mkdtemp(prefix="kvpilot-dashboard-"))
     tuner = TunerMetrics(LABELS["namespace"], LABELS["app_kubernetes_io_instance"])
-    tuner.set_slo(slo)
+    tuner.set_spec_slo(slo)
     exporter = free_port()
     tuner.serve(exporter, addr="127.0.0.1")
     server = ServerProcess([*KVPILOT_SERVE, *ENGINE, "--host", "127.0.0.1"], work / "server.log")

@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tuner:
         from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
     if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels
-        from kvpilot.tuner import exporter, slo_metrics  # noqa: F401  (registers the spec.slo exporter)
-        exporter.serve(args.metrics_port)
+        from kvpilot.api import tuning_metrics
+        from kvpilot.tuner import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
+        tuning_metrics.serve(args.metrics_port)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

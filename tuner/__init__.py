@@ -10,16 +10,16 @@
     scrape.py       ScrapeSource: the engine's /metrics directly
     promql.py       PrometheusSource: the same through PromQL
     failures.py     classifying a trial that failed to start
-    workload.py     ShareGPT / trace load through the serving benchmark's client
+    workload.py     ShareGPT / trace load through the load library's run loop (kvpilot.loadgen)
     capacity.py     the highest request rate within the SLOs
     engine_process.py, local.py, local_session.py   local mode (`kvpilot tune --local`)
     cluster.py, cluster_session.py  cluster mode (client: kvpilot.api.kube) (`kvpilot tune --namespace --name`)
     journal.py      a study kept in a ConfigMap (Optuna journal backend)
-    exporter.py     kvpilot_slo_* / kvpilot_tuning_* (the dashboard's SLO lines and tuner panels)
-    slo_metrics.py  a Kopf event handler exporting every resource's spec.slo through exporter.py
+    slo_metrics.py  a Kopf event handler exporting every resource's spec.slo (kvpilot_slo_*)
     daemon.py       the in-cluster tuner: a Kopf daemon per resource with spec.tuning.enabled
     report.py, artifacts.py   report.json/.txt, plots, the tuned InferenceService YAML
     cli.py, demo.py the `kvpilot tune` command and `make demo`'s session
-Nothing here imports `kvpilot.operator`: the spec types and the CRD's identity come from
-`kvpilot.api`.
+Nothing here imports `kvpilot.operator` or `kvpilot.bench`: the spec types, the CRD's identity
+and the kvpilot_slo_* / kvpilot_tuning_* series (the dashboard's SLO lines and tuner panels) come
+from `kvpilot.api`, the load a trial drives from the load library `kvpilot.loadgen`.
 """

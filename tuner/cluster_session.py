@@ -24,16 +24,16 @@ from typing import Any
 
 import optuna
 
-from kvpilot.api.spec import InferenceServiceSpec, service_url
+from kvpilot.api.kube import KubeClient
 from kvpilot.api.models import is_gguf_source
+from kvpilot.api.spec import InferenceServiceSpec, service_url
+from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.engine.settings import flag_value, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
-from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.journal import configmap_storage
-from kvpilot.api.kube import KubeClient
 from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO

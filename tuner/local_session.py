@@ -12,11 +12,11 @@ from typing import Any
 import optuna
 
 from kvpilot.api.models import is_gguf_source
+from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.engine.settings import flag_value, flag_words, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
-from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.feasibility import Hardware, resolve_model
 from kvpilot.tuner.guide import RequestTokens
 from kvpilot.tuner.local import LocalRunner

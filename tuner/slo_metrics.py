@@ -1,10 +1,9 @@
-"""Exports every InferenceService's spec.slo as kvpilot_slo_* gauges (kvpilot.tuner.exporter,
+"""Exports every InferenceService's spec.slo as kvpilot_slo_* gauges (kvpilot.api.tuning_metrics,
 the operator process's metrics registry), so that the dashboard draws SLO lines whether or
 not the resource is being tuned. An event handler: it keeps no state on the resource.
 
 Registered by `kvpilot operator --metrics-port PORT` (or `kopf run -m kvpilot.tuner.slo_metrics`);
-served with `--metrics-port` / KVPILOT_METRICS_PORT. It lives beside the exporter it feeds,
-so that the operator package needs nothing of the tuner's."""
+served with `--metrics-port` / KVPILOT_METRICS_PORT."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,15 +12,7 @@ import kopf
 
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.spec import SLOSpec
-from kvpilot.tuner.exporter import TunerMetrics
-
-
-class _SLO:
-    """spec.slo in the exporter's units (the tuner's SLO field names)."""
-
-    def __init__(self, slo: SLOSpec) -> None:
-        self.ttft_p95_ms, self.itl_p95_ms = slo.ttftP95Ms, slo.itlP95Ms
-        self.e2e_p95_ms, self.max_preemptions_per_min = slo.e2eP95Ms, slo.maxPreemptionsPerMin
+from kvpilot.api.tuning_metrics import TunerMetrics
 
 
 def export_slo(event_type: str | None, namespace: str, name: str, spec: dict[str, Any]) -> None:
@@ -35,7 +26,7 @@ def export_slo(event_type: str | None, namespace: str, name: str, spec: dict[str
         known = {k: float(v) for k, v in (spec.get("slo") or {}).items() if k in SLOSpec.__dataclass_fields__}
     except (TypeError, ValueError):
         return
-    metrics.set_slo(_SLO(SLOSpec(**known)))
+    metrics.set_spec_slo(SLOSpec(**known))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

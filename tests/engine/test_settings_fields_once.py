@@ -30,8 +30,8 @@ from kvpilot.engine.entrypoints.metric_families import config_info_labels
 from kvpilot.engine.settings import (BY_NAME, CRD_FIELDS, ENGINE_SETTINGS, LIVE_SETTINGS, RULES, SEARCH_RANGES,
                                      SETTINGS, Setting, default_max_num_batched_tokens, default_max_num_seqs,
                                      deploy_defaults, rule_problems)
+from kvpilot.api.tuning_metrics import SETTINGS_LABELS
 from kvpilot.tuner.cluster import HISTORY_SETTINGS
-from kvpilot.tuner.exporter import SETTINGS_LABELS
 from kvpilot.tuner.failures import REJECTED, classify
 from kvpilot.tuner.settings import EngineSettings
 

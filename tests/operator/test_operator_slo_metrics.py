@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvpilot.api.tuning_metrics import REGISTRY
 from kvpilot.cli.operator import build_parser, metrics_port
 from kvpilot.tuner.slo_metrics import export_slo
-from kvpilot.tuner.exporter import REGISTRY
 
 
 def sample(name: str, name_label: str) -> float | None:

@@ -21,7 +21,7 @@ ENTRY_MODULES = (
     "kvpilot.tuner.cli",
     "kvpilot.tuner.cluster_session",
     "kvpilot.tuner.local_session",
-    "kvpilot.tuner.exporter",
+    "kvpilot.api.tuning_metrics",
 )
 
 PROBE = """

@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's 2.42, on loopback) scraping a real `kvpilot serve` and the
-tuner's real exporter (kvpilot.tuner.exporter on its own HTTP port), plus a known workload:
+tuner's real exporter (kvpilot.api.tuning_metrics on its own HTTP port), plus a known workload:
 session fixtures `stack` and `workload`, shared by the Prometheus and dashboard tests.
 
 The engine target gets the labels a PodMonitor adds in the cluster (namespace, instance,
@@ -17,8 +17,8 @@ import httpx
 import pytest
 from server_harness import ServerProcess, engine_flags, free_port, wait_until
 
+from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.bench.harness.prometheus import Prometheus
-from kvpilot.tuner.exporter import TunerMetrics
 from kvpilot.tuner.objective import SLO
 
 TARGET_LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}

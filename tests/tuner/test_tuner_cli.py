@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.cli.main import main as kvpilot_main
 from kvpilot.tuner import cli
 from kvpilot.tuner.demo import BURST, CACHE_REQUESTS, Cache, Calibration, demo_args
-from kvpilot.tuner.exporter import TunerMetrics
 
 
 @pytest.mark.parametrize("argv", [

@@ -1,5 +1,6 @@
-"""The tuner's exporter: kvpilot_slo_* from spec.slo (seconds), kvpilot_tuning_* from the
-trials (settings info replaced, not accumulated), one registry however many sessions."""
+"""The SLO and tuning series (kvpilot.api.tuning_metrics): kvpilot_slo_* from spec.slo or the
+tuner's SLO (seconds), kvpilot_tuning_* from the trials (settings info replaced, not
+accumulated), one registry however many sessions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from kvpilot.tuner.exporter import REGISTRY, TunerMetrics
+from kvpilot.api.spec import SLOSpec
+from kvpilot.api.tuning_metrics import REGISTRY, TunerMetrics
 from kvpilot.tuner.objective import SLO
 
 
@@ -23,6 +25,14 @@ def test_slo_gauges_carry_spec_slo_in_seconds_per_inferenceservice():
     assert sample("kvpilot_slo_e2e_p95_seconds", namespace="prod", inferenceservice="a") == 0
     assert sample("kvpilot_slo_max_preemptions_per_minute", namespace="prod", inferenceservice="a") == 2
     assert sample("kvpilot_slo_ttft_p95_seconds", namespace="prod", inferenceservice="b") == 0.9
+
+
+def test_spec_slo_in_the_crds_field_names_sets_the_same_gauges():
+    TunerMetrics("prod", "d").set_spec_slo(SLOSpec(ttftP95Ms=1500, itlP95Ms=50, e2eP95Ms=3000, maxPreemptionsPerMin=2))
+    assert sample("kvpilot_slo_ttft_p95_seconds", namespace="prod", inferenceservice="d") == 1.5
+    assert sample("kvpilot_slo_itl_p95_seconds", namespace="prod", inferenceservice="d") == 0.05
+    assert sample("kvpilot_slo_e2e_p95_seconds", namespace="prod", inferenceservice="d") == 3
+    assert sample("kvpilot_slo_max_preemptions_per_minute", namespace="prod", inferenceservice="d") == 2
 
 
 def test_a_trial_sets_number_verdicts_best_goodput_and_replaces_the_settings_info():

@@ -1,5 +1,8 @@
-"""The tuner's Prometheus metrics, which the kvpilot dashboard charts, labelled by
-`namespace` and `inferenceservice` (a local run uses namespace "local"):
+"""The SLO and tuning series of an InferenceService, which the kvpilot dashboard charts,
+labelled by `namespace` and `inferenceservice` (a local run uses namespace "local"). The
+tuner writes them for its trials, the operator process for every resource's spec.slo
+(kvpilot.tuner.slo_metrics), `kvpilot bench dashboard` for the trials it plays; so they live
+in api/, which all three may import:
 
     kvpilot_slo_ttft_p95_seconds, kvpilot_slo_itl_p95_seconds, kvpilot_slo_e2e_p95_seconds
                                        spec.slo's limits (0: no limit), drawn as SLO lines
@@ -20,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from kvpilot.api.spec import SLOSpec
 
 REGISTRY = CollectorRegistry()
 LABELS = ["namespace", "inferenceservice"]
@@ -64,9 +69,17 @@ class TunerMetrics:
 
     def set_slo(self, slo: Any) -> None:
         """`slo`: a kvpilot.tuner.objective.SLO (milliseconds; per minute)."""
-        for field, gauge in SLO_GAUGES.items():
-            gauge.labels(**self._labels).set(float(getattr(slo, field)) / 1000.0)
-        SLO_PREEMPTIONS.labels(**self._labels).set(float(slo.max_preemptions_per_min))
+        self._set_slo(slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms, slo.max_preemptions_per_min)
+
+    def set_spec_slo(self, slo: SLOSpec) -> None:
+        """`slo`: spec.slo in the CRD's field names (milliseconds; per minute)."""
+        self._set_slo(slo.ttftP95Ms, slo.itlP95Ms, slo.e2eP95Ms, slo.maxPreemptionsPerMin)
+
+    def _set_slo(self, ttft_p95_ms: float, itl_p95_ms: float, e2e_p95_ms: float,
+                 max_preemptions_per_min: float) -> None:
+        for gauge, ms in zip(SLO_GAUGES.values(), (ttft_p95_ms, itl_p95_ms, e2e_p95_ms)):
+            gauge.labels(**self._labels).set(float(ms) / 1000.0)
+        SLO_PREEMPTIONS.labels(**self._labels).set(float(max_preemptions_per_min))
 
     def forget_slo(self) -> None:
         """Removes this InferenceService's SLO series (it was deleted)."""
