@@ -29,7 +29,8 @@ MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_S = 30
 
 PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
-           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Event": "events"}
+           "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Event": "events",
+           "Lease": "leases"}
 
 
 class ApiError(Exception):
@@ -127,6 +128,11 @@ class KubeClient:
         """JSON merge patch (RFC 7386): only the given keys change, null removes one."""
         return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
 
+    def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT of the whole object; with metadata.resourceVersion set, the API server refuses
+        it (409 Conflict) when the object changed since that version was read."""
+        return self.request("PUT", path, obj)
+
     def delete(self, path: str, propagation: str = "Background") -> bool:
         """True when deleted, False when it was already gone."""
         try:
@@ -177,6 +183,9 @@ class AsyncKubeClient:
 
     async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return await asyncio.to_thread(self.client.patch, path, patch)
+
+    async def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.client.replace, path, obj)
 
     async def delete(self, path: str, propagation: str = "Background") -> bool:
         return await asyncio.to_thread(self.client.delete, path, propagation)

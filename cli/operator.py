@@ -5,8 +5,14 @@ packages: `kvpilot.operator` and `kvpilot.tuner` import neither each other (they
 
     kvpilot operator --namespace default          # watch one namespace (repeatable)
     kvpilot operator --all-namespaces             # cluster-wide
-    kvpilot operator --liveness http://0.0.0.0:8080/healthz --peering kvpilot
-    kvpilot operator --tuner --metrics-port 9090  # and tune; the tuner's metrics at :9090/metrics
+    kvpilot operator --liveness http://0.0.0.0:8080/healthz   # probes: /healthz, /readyz, /readyz/leader
+    kvpilot operator --leader-elect               # one of N replicas reconciles (a Lease; the chart's way)
+    kvpilot operator --tuner --metrics-port 9090  # and tune; operator and tuner metrics at :9090/metrics
+
+With --leader-elect the process starts as a standby: it serves its probes and metrics and
+waits for the Lease (kvpilot.operator.leader); only once it holds it does Kopf start, so a
+standby runs no handler, timer or daemon. Losing the lease exits 1 at once (the kubelet
+restarts the container as a standby); SIGTERM stops Kopf and hands the lease back.
 """
 from __future__ import annotations
 
@@ -14,6 +20,10 @@ import argparse
 import asyncio
 import logging
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpilot.operator.leader import LeaseConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,9 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="namespace to watch; repeat for more (default: KVPILOT_NAMESPACES or all)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     parser.add_argument("--liveness", default=os.environ.get("KVPILOT_LIVENESS", ""),
-                        help="serve Kopf's liveness probe at this URL, e.g. http://0.0.0.0:8080/healthz")
+                        help="serve the probes at this URL's port: its path (liveness), /readyz and /readyz/leader, "
+                             "e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--peering", default="",
-                        help="take part in Kopf peering under this name (default: standalone)")
+                        help="take part in Kopf peering under this name (default: standalone); "
+                             "--leader-elect is the chart's way to run replicas")
+    election = parser.add_argument_group("leader election (a coordination.k8s.io/v1 Lease, client-go's loop)")
+    election.add_argument("--leader-elect", action=argparse.BooleanOptionalAction,
+                          default=os.environ.get("KVPILOT_LEADER_ELECT", "") == "1",
+                          help="reconcile only while holding the Lease; identity: $POD_NAME (default: off, "
+                               "or KVPILOT_LEADER_ELECT=1)")
+    election.add_argument("--leader-election-lease", default="kvpilot-operator", help="the Lease's name")
+    election.add_argument("--leader-election-namespace", default="",
+                          help="the Lease's namespace (default: KVPILOT_OPERATOR_NAMESPACE, else the pod's)")
+    election.add_argument("--leader-elect-lease-duration", type=float, default=15.0, metavar="SECONDS",
+                          help="how long a standby waits after the last renewal it saw (default 15)")
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                          help="how long the leader tries to renew before it gives up and exits (default 10)")
+    election.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS",
+                          help="between renewals and between a standby's tries (default 2)")
     parser.add_argument("--resync-seconds", type=float, default=None,
                         help="interval of the drift-repair timer (default 30, or KVPILOT_RESYNC_SECONDS)")
     parser.add_argument("--tuner", action=argparse.BooleanOptionalAction,
@@ -34,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
     parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve kvpilot_slo_* (every resource's spec.slo) and kvpilot_tuning_* at "
-                             ":PORT/metrics (default: off, or KVPILOT_METRICS_PORT)")
+                        help="serve kvpilot_operator_* (kvpilot.operator.metrics), kvpilot_slo_* (every "
+                             "resource's spec.slo) and kvpilot_tuning_* at :PORT/metrics (default: off, or "
+                             "KVPILOT_METRICS_PORT)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -59,10 +86,63 @@ def metrics_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return args.metrics_port if args.metrics_port is not None else env_port(parser, "KVPILOT_METRICS_PORT")
 
 
+def lease_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> LeaseConfig | None:
+    """The Lease this process competes for (None without --leader-elect); exit 2 on bad durations."""
+    if not args.leader_elect:
+        return None
+    from kvpilot.operator.leader import LeaseConfig, default_identity, default_namespace
+
+    try:
+        return LeaseConfig(name=args.leader_election_lease,
+                           namespace=args.leader_election_namespace or default_namespace(),
+                           identity=default_identity(), lease_duration_s=args.leader_elect_lease_duration,
+                           renew_deadline_s=args.leader_elect_renew_deadline,
+                           retry_period_s=args.leader_elect_retry_period)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+async def operate(args: argparse.Namespace, clusterwide: bool, namespaces: list[str],
+                  lease: LeaseConfig | None) -> None:
+    """Probes first, then (as the leader, or at once without election) the Kopf operator."""
+    import kopf
+
+    from kvpilot.api.kube import AsyncKubeClient
+    from kvpilot.operator import metrics
+    from kvpilot.operator.leader import LeaderElector, lead
+    from kvpilot.operator.probes import Probes
+
+    kopf_ready = asyncio.Event()
+    lease_name = lease.name if lease else ""
+    kube = elector = None
+    if lease is not None:
+        kube = AsyncKubeClient.from_environment(user_agent="kvpilot-operator-leader")
+        elector = LeaderElector(kube, lease, on_change=lambda leading: metrics.set_leader(lease_name, leading))
+    metrics.set_leader(lease_name, False)
+    probes = Probes(elector, kopf_ready)
+    if args.liveness:
+        await probes.start(args.liveness)
+
+    async def run_kopf() -> None:
+        metrics.set_leader(lease_name, True)
+        await kopf.operator(clusterwide=clusterwide, namespaces=[] if clusterwide else namespaces,
+                            standalone=not args.peering, peering_name=args.peering or None, ready_flag=kopf_ready)
+    try:
+        if elector is not None:
+            await lead(elector, run_kopf)
+        else:
+            await run_kopf()
+    finally:
+        await probes.stop()
+        if kube is not None:
+            await kube.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.metrics_port = metrics_port(parser, args)
+    lease = lease_config(parser, args)
     if args.resync_seconds is not None:
         if args.resync_seconds <= 0:
             build_parser().error("--resync-seconds must be > 0")
@@ -76,20 +156,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tuner:
         from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
-    if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels
+    if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels; issue 42: the operator's own
+        from kvpilot.operator import metrics
         from kvpilot.api import tuning_metrics
         from kvpilot.tuner import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
+        tuning_metrics.REGISTRY.register(metrics.Collector())
         tuning_metrics.serve(args.metrics_port)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(kopf.operator(
-        clusterwide=clusterwide,
-        namespaces=[] if clusterwide else namespaces,
-        standalone=not args.peering,
-        peering_name=args.peering or None,
-        liveness_endpoint=args.liveness or None,
-    ))
+    asyncio.run(operate(args, clusterwide, namespaces, lease))
     return 0
 
 

@@ -8,9 +8,14 @@ and the garbage collector removes them), and a finalizer would make `kubectl del
 hang once the operator is uninstalled. So the drift-repair resync is one operator-wide loop
 over the resources the watch has seen, not a per-object `@kopf.timer`. (The tuner daemon,
 when loaded, still holds Kopf's finalizer while a resource is being tuned: see
-kvpilot.tuner.daemon.) Known gap: Kopf pauses its own handlers in a peering replica that is
-not the active one, but not this loop; it only re-applies the same desired state, so two
-replicas are safe but may both post a DriftRepaired event (the chart runs one replica).
+kvpilot.tuner.daemon.) With leader election (`kvpilot operator --leader-elect`, the chart's
+two replicas) Kopf, and so this loop, runs only in the replica that holds the Lease
+(kvpilot.operator.leader). Under Kopf peering instead, Kopf pauses its own handlers in a
+replica that is not the active one, but not this loop; it only re-applies the same desired
+state, so that is safe but may post a DriftRepaired event twice.
+
+Every reconcile is timed into kvpilot.operator.metrics by handler, and every watch event
+sets the resource's condition, rollout and tuning series there.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import kopf
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
+from . import metrics
 from .builders import ISVC_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
@@ -59,10 +65,12 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def seen(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the set of resources the resync loop visits (the watch's view, so its scope)."""
+async def seen(type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the set of resources the resync loop visits (the watch's view, so its scope), and
+    their metrics."""
     if "ctx" in memo:
         (memo.ctx.known.discard if type == "DELETED" else memo.ctx.known.add)((namespace, name))
+    metrics.observe(namespace, name, None if type == "DELETED" else body)
 
 
 async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
@@ -76,7 +84,8 @@ async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
                 if body is None:
                     ctx.known.discard((namespace, name))
                 elif not body["metadata"].get("deletionTimestamp"):
-                    await reconcile(ctx, body, "resync", logger)
+                    with metrics.reconcile_timer("resync"):
+                        await reconcile(ctx, body, "resync", logger)
             except kopf.PermanentError:
                 pass  # recorded in status already; the next pass checks again
             except Exception as e:  # noqa: BLE001  (one resource's trouble must not stop the loop)
@@ -85,17 +94,20 @@ async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 async def created(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    await reconcile(memo.ctx, body, "create", logger)
+    with metrics.reconcile_timer("create"):
+        await reconcile(memo.ctx, body, "create", logger)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def updated(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    await reconcile(memo.ctx, body, "update", logger)
+    with metrics.reconcile_timer("update"):
+        await reconcile(memo.ctx, body, "update", logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 async def resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    await reconcile(memo.ctx, body, "resume", logger)
+    with metrics.reconcile_timer("resume"):
+        await reconcile(memo.ctx, body, "resume", logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
@@ -106,4 +118,5 @@ async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo,
         return
     isvc = await memo.ctx.kube.get(isvc_path(body.metadata.namespace, owner))
     if isvc is not None and not isvc["metadata"].get("deletionTimestamp"):
-        await refresh_status(memo.ctx, isvc, deployment=body)
+        with metrics.reconcile_timer("deployment"):
+            await refresh_status(memo.ctx, isvc, deployment=body)

@@ -65,40 +65,55 @@ class Kubectl:
 
 def helm_template(*sets: str) -> list[dict[str, Any]]:
     """The documents `helm template kv charts/kvpilot` renders with these --set flags."""
-    import yaml
-
-    rendered = subprocess.run([tool("helm"), "template", "kv", str(ROOT / "charts" / "kvpilot"), *sets],
-                              capture_output=True, text=True, timeout=60, check=True).stdout
-    return [d for d in yaml.safe_load_all(rendered) if d]
+    return helm_template_release("kv", *sets)
 
 
-def chart_operator_command(namespace: str = "default") -> list[str]:
-    """The operator container's command line as the chart renders it (watching `namespace`),
-    so that tests start exactly what the chart runs."""
-    deployment = next(d for d in helm_template(f"--set=watch.namespaces={{{namespace}}}") if d["kind"] == "Deployment")
+def chart_operator_command(namespace: str = "default", release: str = "kv") -> list[str]:
+    """The operator container's command line as the chart renders it for `helm install RELEASE`
+    (watching `namespace`; its Lease named after the release), so that tests start exactly
+    what the chart runs."""
+    deployment = next(d for d in helm_template_release(release, f"--set=watch.namespaces={{{namespace}}}")
+                      if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     return container["command"] + container["args"]
 
 
-class Operator:
-    """The operator process, started with the chart's command line (its liveness endpoint on
-    a free local port); start() and stop() may be called again (restarts)."""
+def helm_template_release(release: str, *sets: str) -> list[dict[str, Any]]:
+    import yaml
 
-    def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path, namespace: str = "default"):
+    rendered = subprocess.run([tool("helm"), "template", release, str(ROOT / "charts" / "kvpilot"), *sets],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+class Operator:
+    """The operator process, started with the chart's command line (its probes on a free local
+    port); start() and stop() may be called again (restarts). Like a pod of the chart's
+    Deployment it has a POD_NAME (its leader-election identity; `pod` picks one, default unique
+    per Operator) and KVPILOT_OPERATOR_NAMESPACE (where its Lease lives)."""
+
+    _count = 0
+
+    def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path, namespace: str = "default",
+                 release: str = "kv", pod: str | None = None):
+        Operator._count += 1
+        self.pod = pod or f"{release}-operator-{Operator._count}"
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "KVPILOT_RESYNC_SECONDS": "1",
-                    "KVPILOT_WATCH_TIMEOUT_SECONDS": "30"}
+                    "KVPILOT_WATCH_TIMEOUT_SECONDS": "30", "POD_NAME": self.pod,
+                    "KVPILOT_OPERATOR_NAMESPACE": namespace}
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.liveness_port = free_port()
-        command = chart_operator_command(namespace)
+        command = chart_operator_command(namespace, release)
         assert command[:2] == ["kvpilot", "operator"], command
         self.metrics_port = free_port()
         self.args = [a.replace("http://0.0.0.0:8080/", f"http://127.0.0.1:{self.liveness_port}/")
                      .replace("--metrics-port=9090", f"--metrics-port={self.metrics_port}") for a in command[2:]]
 
     def start(self, timeout: float = 180) -> None:
-        """Start it and wait, as the kubelet's probe would, until its liveness endpoint answers
-        (with the tuner loaded, imports take seconds; a loaded machine makes it tens)."""
+        """Start it and wait, as the kubelet's readiness probe would, until its /readyz answers
+        200: the leader once Kopf runs, a standby once it reads the Lease (with the tuner
+        loaded, imports take seconds; a loaded machine makes it tens)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *self.args],
                                      env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
         import urllib.request
@@ -106,11 +121,34 @@ class Operator:
         def alive() -> bool:
             assert self.proc is not None and self.proc.poll() is None, f"the operator exited; see {self.log}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/readyz", timeout=2) as r:
                     return r.status == 200
             except OSError:
                 return False
-        wait_for(alive, timeout=timeout, what="the operator's liveness endpoint")
+        wait_for(alive, timeout=timeout, what="the operator's /readyz")
+
+    def probe(self, path: str) -> tuple[int, str]:
+        """(HTTP status, body) of one of its probe endpoints; (0, error) when it does not answer."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    def metrics(self) -> str:
+        """Its /metrics text ("" when it does not answer)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+                return r.read().decode()
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         if self.proc is not None:

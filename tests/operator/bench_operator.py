@@ -164,7 +164,7 @@ def main() -> int:
         kubectl = Kubectl(cluster.kubeconfig)
         release = Release(cluster, "kv").install()
         operator = Operator(release.operator_kubeconfig(pathlib.Path(tmp) / "sa.kubeconfig"),
-                            pathlib.Path(tmp) / "operator.log", cluster.namespace)
+                            pathlib.Path(tmp) / "operator.log", cluster.namespace, release.name)
         operator.env["KVPILOT_RESYNC_SECONDS"] = "30"  # the chart's default
         operator.start()
         meter = Meter(operator, cluster, release.username)

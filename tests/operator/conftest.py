@@ -34,7 +34,7 @@ def crd_installed(release: Release) -> None:
 def operator(cluster: Cluster, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     workdir = tmp_path_factory.mktemp("operator")
     running = Operator(release.operator_kubeconfig(workdir / "kubeconfig"), workdir / "operator.log",
-                       cluster.namespace)
+                       cluster.namespace, release.name)
     running.start()
     yield running
     running.stop()

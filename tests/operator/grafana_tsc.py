@@ -14,7 +14,7 @@ from pathlib import Path
 
 NODE_DIR = Path(sys.prefix) / "node"
 TSC = NODE_DIR / "node_modules" / "typescript" / "bin" / "tsc"
-HEADER = """import type { AnnotationQuery, Dashboard, DataQuery, Panel } from "@grafana/schema";
+HEADER = """import type { AnnotationQuery, Dashboard, DataQuery, Panel, RowPanel } from "@grafana/schema";
 
 // Grafana's Prometheus plugin query (PromQuery in @grafana/prometheus, which @grafana/schema
 // leaves open as DataQuery): the fields our panels and annotations use.
@@ -30,7 +30,7 @@ interface PromQuery extends DataQuery {
   textFormat?: string;
 }
 type PromDashboard = Omit<Dashboard, "panels" | "annotations"> & {
-  panels?: (Omit<Panel, "targets"> & { targets?: PromQuery[] })[];
+  panels?: ((Omit<Panel, "targets"> & { targets?: PromQuery[] }) | RowPanel)[];
   annotations?: { list?: AnnotationQuery<PromQuery>[] };
 };
 // JSON stores TypeScript's string enums (ThresholdsMode, ...) as their values.

@@ -18,3 +18,13 @@ def test_a_non_positive_resync_interval_is_refused(capsys):
     with pytest.raises(SystemExit) as refused:
         main(["--resync-seconds", "0"])
     assert refused.value.code == 2 and "--resync-seconds must be > 0" in capsys.readouterr().err
+
+
+def test_leader_election_durations_client_go_refuses_are_refused(capsys, monkeypatch):
+    monkeypatch.setenv("POD_NAME", "kvpilot-0")
+    with pytest.raises(SystemExit) as refused:
+        main(["--leader-elect", "--leader-elect-renew-deadline", "20"])
+    assert refused.value.code == 2 and "must be greater than the renew deadline (20.0 s)" in capsys.readouterr().err
+    args = build_parser().parse_args(["--leader-elect"])
+    assert (args.leader_elect, args.leader_election_lease, args.leader_elect_lease_duration,
+            args.leader_elect_renew_deadline, args.leader_elect_retry_period) == (True, "kvpilot-operator", 15, 10, 2)

@@ -292,9 +292,10 @@ def test_the_api_server_granted_every_request_the_operator_sent_as_the_charts_se
     assert denied == []
     resources = {a.resource for a in sent_accesses(cluster, release)}
     assert {"inferenceservices", "inferenceservices/status", "deployments", "services", "configmaps",
-            "events", "customresourcedefinitions", "secrets", "networkpolicies"} <= resources, resources
+            "events", "customresourcedefinitions", "secrets", "networkpolicies", "leases"} <= resources, resources
+    # in the release namespace too: the Lease's Role is there (here it is also the watched one)
     assert [str(a) for a in missing(sent_accesses(cluster, release), helm_template(
-        f"--set=watch.namespaces={{{cluster.namespace}}}"))] == []
+        f"--set=watch.namespaces={{{cluster.namespace}}}", f"--namespace={cluster.namespace}"))] == []
 
 
 def test_the_api_server_refuses_the_operator_once_a_verb_it_needs_is_taken_from_its_role(
@@ -349,7 +350,7 @@ def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
         text = r.read().decode()
     assert "# TYPE kvpilot_tuning_trial gauge" in text and "# TYPE kvpilot_tuning_best_objective gauge" in text
     assert "# TYPE kvpilot_slo_ttft_p95_seconds gauge" in text
-    docs = chart_docs("--set=tuner.podMonitor=true")
+    docs = chart_docs("--set=metrics.podMonitor=true")
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kv-kvpilot-metrics")
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -358,4 +359,6 @@ def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
     assert ports["metrics"] == 9090 and "--metrics-port=9090" in pod["spec"]["containers"][0]["args"]
     monitor = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-operator"))
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True}]
-    assert not [d for d in chart_docs("--set=tuner.enabled=false") if d["metadata"]["name"].endswith("-metrics")]
+    assert not [d for d in chart_docs("--set=metrics.enabled=false") if d["metadata"]["name"].endswith("-metrics")]
+    untuned = next(d for d in chart_docs("--set=tuner.enabled=false") if d["kind"] == "Deployment")
+    assert "--metrics-port=9090" in untuned["spec"]["template"]["spec"]["containers"][0]["args"]  # the operator's own

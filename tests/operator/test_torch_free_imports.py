@@ -69,7 +69,7 @@ def test_the_running_operator_with_the_tuner_daemon_loads_no_torch(cluster, rele
     # the chart's command line (`kvpilot operator ... --tuner --metrics-port`), run until its
     # liveness endpoint answers, i.e. with the handlers, the daemon and the exporter loaded
     log = tmp_path / "operator.log"
-    running = Operator(release.operator_kubeconfig(tmp_path / "kubeconfig"), log, cluster.namespace)
+    running = Operator(release.operator_kubeconfig(tmp_path / "kubeconfig"), log, cluster.namespace, release.name)
     assert "--tuner" in running.args
     running.env["PYTHONPROFILEIMPORTTIME"] = "1"  # = python -X importtime, to stderr (the log)
     running.start()
