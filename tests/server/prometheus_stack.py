@@ -4,7 +4,9 @@ session fixtures `stack` and `workload`, shared by the Prometheus and dashboard 
 
 The engine target gets the labels a PodMonitor adds in the cluster (namespace, instance,
 pod); the exporter's own namespace/inferenceservice labels are kept (honor_labels), as the
-operator's PodMonitor must do."""
+operator's PodMonitor must do. The exporter also serves the operator's own families
+(kvpilot.operator.metrics, as `kvpilot operator --metrics-port` does): this replica leads,
+the resource's status is OPERATOR_STATUS, and the workload times reconciles of OPERATOR_RECONCILE_S."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import httpx
 import pytest
 from server_harness import ServerProcess, engine_flags, free_port, wait_until
 
+from kvpilot.api import tuning_metrics
 from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.bench.harness.prometheus import Prometheus
+from kvpilot.operator import metrics as operator_metrics
 from kvpilot.tuner.objective import SLO
 
 TARGET_LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}
@@ -30,6 +34,17 @@ TRIALS = [  # (verdict, settings, best goodput so far) as the tuner would record
     ("measured", {"max_num_seqs": 4, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True}, 0.5),
     ("violates", {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_chunked_prefill": False}, 0.5),
 ]
+
+
+ROLLOUT_STARTED_S = time.time() - 30  # the rollout the operator's status shows began 30 s before the stack
+OPERATOR_STATUS = {"conditions": [
+    {"type": "Ready", "status": "True", "reason": "AllReplicasReady"},
+    {"type": "Progressing", "status": "True", "reason": "RollingOut",
+     "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ROLLOUT_STARTED_S))},
+    {"type": "Degraded", "status": "False", "reason": "AsExpected"},
+    {"type": "Failed", "status": "False", "reason": "Valid"}],
+    "tuning": {"phase": "Running", "trial": 1}}
+OPERATOR_RECONCILE_S = 0.03  # each timed reconcile (bucket 0.025-0.05 s)
 
 
 @dataclass
@@ -46,6 +61,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     server = ServerProcess(workdir / "server.log", *engine_flags(**SETTINGS))
     tuner = TunerMetrics(TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"])
     tuner.set_slo(TEST_SLO)
+    tuning_metrics.REGISTRY.register(operator_metrics.Collector())
+    operator_metrics.set_leader("kvpilot-operator", True)
+    operator_metrics.observe(TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"],
+                             {"status": OPERATOR_STATUS})
+    with operator_metrics.reconcile_timer("update"):  # before the workload: rate() needs a sample before the increase
+        time.sleep(OPERATOR_RECONCILE_S)
     exporter_port = free_port()
     tuner.serve(exporter_port, addr="127.0.0.1")
     prometheus = Prometheus(workdir, [
@@ -105,6 +126,9 @@ def workload(stack: Stack) -> dict:
     answers.append(stream({"prompt": "One two", "max_tokens": 3})[0])
     verdict, settings, best = TRIALS[1]
     stack.tuner.record(1, verdict, best, settings, best)
+    for _ in range(3):  # the spec change of trial 1, reconciled by the operator
+        with operator_metrics.reconcile_timer("update"):
+            time.sleep(OPERATOR_RECONCILE_S)
     totals = {"requests": len(answers), "prompt": sum(a["usage"]["prompt_tokens"] for a in answers),
               "generation": sum(a["usage"]["completion_tokens"] for a in answers),
               "client_ttft_s": [t for _, t in streamed]}
