@@ -1,20 +1,25 @@
 """`kvpilot` command line: one entry point, subcommands routed to their packages.
 
-    kvpilot demo                 chat replies for ShareGPT prompts with the builtin model
+    kvpilot demo                 chat replies for ShareGPT prompts, then a short tuning session (make demo)
     kvpilot serve MODEL [flags]  OpenAI-compatible server (vllm serve's flags)
+    kvpilot tune [flags]         the SLO tuner: --local (one machine) or an InferenceService in a cluster
+    kvpilot operator             the Kopf operator for InferenceService resources
+    kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
     kvpilot bench throughput     offline throughput against HF generate()
     kvpilot bench serve          serving benchmark against any OpenAI-compatible server
+    kvpilot bench sweep          bench serve over request rates and engine settings, with plots
+    kvpilot bench compare        our server against peer engines on the same requests
     kvpilot bench dashboard      the Grafana dashboard's rows drawn as PNGs over a recorded load window
+    kvpilot bench decode-step    one decode step's time per CPU decode path and row count
     kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
     kvpilot bench structured-outputs  output tokens/s with and without a JSON schema; grammar compile times
     kvpilot bench reliability    API fuzz, overload, a disconnect storm and SIGTERM against a fresh server
     kvpilot bench fuzz-liveness  generated requests on every route, /health and a canary after each
     kvpilot bench slow-clients   stalled and idle connections against a fresh server
     kvpilot bench tuning {grid,replay,confirm}  the tuner against a measured grid, random search and the defaults
-    kvpilot operator             the Kopf operator for InferenceService resources
-    kvpilot crd [--write ROOT]   the InferenceService CRD, generated from the engine settings
 
 Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
+tests/test_cli_and_packaging.py checks that this list names every command below.
 """
 
 from __future__ import annotations

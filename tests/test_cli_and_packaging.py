@@ -30,6 +30,23 @@ def test_every_package_folder_is_listed_in_pyproject():
     assert hasattr(operator, "itemgetter"), "Python's operator module must not be shadowed"
 
 
+def test_usage_names_every_command_and_every_command_loads():
+    """`kvpilot --help` (cli/main.py's docstring) lists each routed command, and each route names a
+    module with a `main`: a command added to the table without a line, or a module moved without
+    updating its route, fails here."""
+    import importlib
+
+    from kvpilot.cli import main as cli
+
+    usage = cli.__doc__
+    for name, module in cli.COMMANDS.items():
+        assert f"    kvpilot {name}" in usage, name
+        assert callable(importlib.import_module(module).main), module
+    for name, module in cli.BENCH_COMMANDS.items():
+        assert f"    kvpilot bench {name}" in usage, name
+        assert callable(importlib.import_module(module).main), module
+
+
 def test_unknown_commands_exit_2_with_usage():
     r = kvpilot("frobnicate")
     assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr and "usage" in r.stderr
