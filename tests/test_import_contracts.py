@@ -79,3 +79,59 @@ def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken)
     r = lint(tmp_path, src)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
     assert broken in r.stdout, r.stdout[-3000:]  # only the copy has the import
+
+
+ROOT_PACKAGES = ["kvpilot.api", "kvpilot.operator", "kvpilot.tuner", "kvpilot.engine", "kvpilot.bench", "kvpilot.cli",
+                 "kvpilot.kernels", "kvpilot.loadgen"]
+
+
+def import_cycles(pythonpath: Path | None = None) -> list[list[str]]:
+    """The module-level import cycles among kvpilot's modules (every import statement, wherever it is, as
+    import-linter sees them; annotations-only imports excluded): the strongly connected components of
+    more than one module (Tarjan's algorithm), found by grimp in a fresh interpreter."""
+    script = f"""
+import grimp, json, sys
+sys.setrecursionlimit(20000)
+g = grimp.build_graph(*{ROOT_PACKAGES!r}, exclude_type_checking_imports=True)
+adj = {{m: sorted(d for d in g.find_modules_directly_imported_by(m) if d in g.modules) for m in g.modules}}
+index, low, stack, on, cycles = {{}}, {{}}, [], set(), []
+def visit(v):
+    index[v] = low[v] = len(index); stack.append(v); on.add(v)
+    for w in adj[v]:
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        part = []
+        while not part or part[-1] != v:
+            part.append(stack.pop()); on.discard(part[-1])
+        if len(part) > 1:
+            cycles.append(sorted(part))
+for m in sorted(adj):
+    if m not in index:
+        visit(m)
+print(json.dumps(cycles))
+"""
+    env = {**os.environ}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=pythonpath or ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    return json.loads(r.stdout)
+
+
+def test_no_module_imports_itself_through_others():
+    """issue 39: no file-level import cycle anywhere in kvpilot (a cycle is a floor that runs both ways)."""
+    assert import_cycles() == []
+
+
+def test_an_added_import_loop_is_found(tmp_path):
+    src = copy_sources(tmp_path)
+    path = src / "kvpilot" / "engine" / "block_manager.py"  # the scheduler imports the block manager
+    path.write_text(path.read_text() + "\nimport kvpilot.engine.scheduler  # added by the test\n")
+    cycles = import_cycles(src)
+    assert ["kvpilot.engine.block_manager", "kvpilot.engine.scheduler"] in cycles, cycles
