@@ -7,6 +7,7 @@
 //	kvpilot-controlplane kube-scheduler FLAGS...
 //	kvpilot-controlplane kubelet FLAGS...                  (a node agent: root, a CRI runtime)
 //	kvpilot-controlplane kube-proxy FLAGS...               (Service IPs as iptables rules)
+//	kvpilot-controlplane kube-network-policies FLAGS...    (NetworkPolicies enforced on the node)
 //	kvpilot-controlplane cri-clean --endpoint unix:///S    (remove every pod sandbox of a runtime)
 //	kvpilot-controlplane kubectl ARGS...                   (or through a link named kubectl)
 //	kvpilot-controlplane helm ARGS...                      (Helm 4; or through a link named helm)
@@ -35,6 +36,7 @@ var commands = map[string]func(args []string) int{
 	"kube-scheduler":          runScheduler,
 	"kubelet":                 runKubelet,
 	"kube-proxy":              runProxy,
+	"kube-network-policies":   runNetworkPolicies,
 	"kubectl":                 runKubectl,
 	"helm":                    runHelm,
 	"cri-clean":               runCRIClean,

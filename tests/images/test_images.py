@@ -18,7 +18,8 @@ import pytest
 import yaml
 from kube.cluster import Cluster
 from kube.node import RESERVED_CPUS, describe
-from kube.pods import POD_START_TIMEOUT_S, process_one, run_to_completion, wait_rolled_out
+from kube.pods import (POD_START_TIMEOUT_S, RESTRICTED_CONTAINER, RESTRICTED_POD, process_one,
+                       run_to_completion, wait_rolled_out)
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, wait_for
 from openai import OpenAI
@@ -32,10 +33,6 @@ from kvpilot.tuner.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
-# the chart's and the operator's pod security settings, for the one-off pod of the tuner's load
-RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]}}
 
 
 def test_engine_image_serves_a_chat_completion_as_the_operators_pod_would(node, images, tmp_path, capsys):

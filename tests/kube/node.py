@@ -3,9 +3,10 @@ control plane (controlplane/), Debian's containerd 1.6 with runc, and a CNI brid
 machine. Pods get addresses on their own bridge (`kvpilot0`, 10.245.0.0/24); the node and the
 API server listen on the bridge's gateway address, so the pods reach the API server through the
 `kubernetes` Service as on any cluster and nothing listens on the machine's own network.
-CoreDNS, built beside them, serves cluster.local on that address as the cluster's DNS add-on.
-Probes, pod IPs, Services (kube-proxy's iptables rules), DNS names, `kubectl logs` and `kubectl
-port-forward` are the real thing.
+CoreDNS, built beside them, serves cluster.local on that address as the cluster's DNS add-on,
+and kube-network-policies (built into the control plane binary) enforces NetworkPolicies, which
+the bridge plugin alone ignores. Probes, pod IPs, Services (kube-proxy's iptables rules), DNS
+names, NetworkPolicies, `kubectl logs` and `kubectl port-forward` are the real thing.
 
 One node per machine at a time (a file lock): the bridge, the kubelet's cgroups and
 kube-proxy's iptables chains are the machine's. What a killed session left (pods in containerd,
@@ -40,6 +41,8 @@ NODE_IP = "10.245.0.1"  # the bridge's address: the node's InternalIP and the AP
 NODE_NAME = "kvpilot-node-0"
 READY_TIMEOUT_S = 180
 COREDNS_USER = "system:kvpilot:coredns"
+NETWORK_POLICIES_USER = "system:kvpilot:kube-network-policies"
+NFQUEUE_ID = 100  # the queue kube-network-policies reads the first packet of each connection from
 # The kubelet's static CPU manager (kubelet-config.yaml: kubeReserved cpu 100m) reserves ceil(100m)
 # = 1 CPU, taken by topology from the lowest-numbered: never given to a container of its own.
 RESERVED_CPUS = frozenset({0})
@@ -49,17 +52,29 @@ NETNS_DIR = pathlib.Path("/run/netns")  # where containerd's CRI mounts each pod
 def coredns_rbac() -> list[tuple[str, dict]]:
     """(plural, object) of the ClusterRole and binding CoreDNS's deployment manifests
     (coredns/deployment, kubernetes/coredns.yaml.sed) give it, bound to COREDNS_USER."""
-    rules = [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
-              "verbs": ["list", "watch"]},
-             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
-    meta = {"name": "system:kvpilot:coredns"}
+    return cluster_role(COREDNS_USER, [
+        {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}])
+
+
+def network_policies_rbac() -> list[tuple[str, dict]]:
+    """(plural, object) of the ClusterRole and binding kube-network-policies' install.yaml gives
+    it (pods, namespaces and NetworkPolicies: list, watch), bound to NETWORK_POLICIES_USER."""
+    return cluster_role(NETWORK_POLICIES_USER, [
+        {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]}])
+
+
+def cluster_role(user: str, rules: list[dict]) -> list[tuple[str, dict]]:
+    """(plural, object) of a ClusterRole named `user` with `rules`, and its binding to `user`."""
+    meta = {"name": user}
     return [("clusterroles", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                               "metadata": meta, "rules": rules}),
             ("clusterrolebindings", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                                      "metadata": meta, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
                                                                    "kind": "ClusterRole", "name": meta["name"]},
                                      "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                                   "name": COREDNS_USER}]})]
+                                                   "name": user}]})]
 
 
 def install() -> None:
@@ -124,6 +139,7 @@ class Node(Started):
         self.kubelet_dir = self.workdir / "kubelet"
         self.containerd: Containerd | None = None
         self.imported: list[str] = []
+        self.network_policies_metrics = ""  # host:port of kube-network-policies' /metrics
 
     @property
     def binary(self) -> pathlib.Path:
@@ -145,9 +161,11 @@ class Node(Started):
                 self.imported.append(local)
         self._proxy("--cleanup", wait=True)  # a killed session's iptables chains
         remove_kube_chains()
+        self._run("kube-network-policies", "--cleanup", wait=True)  # a killed session's nftables table
         self._start_dns()
         self._start_kubelet()
         self._start_proxy()
+        self._start_network_policies()
 
     def _kubeconfig(self, stem: str, common_name: str, organization: str | None = None) -> pathlib.Path:
         return self.control_plane._write_kubeconfig(stem, self.control_plane.authority.issue(
@@ -157,9 +175,7 @@ class Node(Started):
         """CoreDNS (built beside the control plane) on the node's address, as the cluster's DNS
         add-on: Service and pod names under cluster.local, the rest forwarded to the machine's
         resolver. Its identity gets the read access CoreDNS's own manifests grant."""
-        for kind, body in coredns_rbac():
-            with contextlib.suppress(urllib.error.HTTPError):  # 409: a rerun on the same API server
-                self.control_plane.api("POST", f"/apis/rbac.authorization.k8s.io/v1/{kind}", body)
+        self._grant(coredns_rbac())
         kubeconfig = self._kubeconfig("coredns", COREDNS_USER)
         ready_port = free_port()
         corefile = render("Corefile", self.workdir / "Corefile", node_ip=NODE_IP, kubeconfig=str(kubeconfig),
@@ -176,6 +192,11 @@ class Node(Started):
             except OSError:
                 return False
         wait_for(ready, 60, what="CoreDNS ready")
+
+    def _grant(self, rbac: list[tuple[str, dict]]) -> None:
+        for kind, body in rbac:
+            with contextlib.suppress(urllib.error.HTTPError):  # 409: a rerun on the same API server
+                self.control_plane.api("POST", f"/apis/rbac.authorization.k8s.io/v1/{kind}", body)
 
     def _start_kubelet(self) -> None:
         ca = self.control_plane.authority
@@ -209,11 +230,7 @@ class Node(Started):
                 "--conntrack-max-per-core=0"]  # leave the machine's conntrack table size alone, as kind does
 
     def _proxy(self, *args: str, wait: bool = False) -> Process:
-        process = self._run("kube-proxy", *self._proxy_args(), *args)
-        if wait:
-            process.proc.wait(60)
-            self.processes.remove(process)
-        return process
+        return self._run("kube-proxy", *self._proxy_args(), *args, wait=wait)
 
     def _start_proxy(self) -> None:
         process = self._proxy()
@@ -224,9 +241,38 @@ class Node(Started):
             return "default/kubernetes:https" in rules
         wait_for(synced, 60, what="kube-proxy's rules for the kubernetes Service")
 
-    def _run(self, name: str, *args: str) -> Process:
+    def _start_network_policies(self) -> None:
+        """kube-network-policies with its own identity and install.yaml's read access; ready once
+        it has synced its informers, written its nftables table and bound NFQUEUE_ID. Pod-to-pod
+        packets on the bridge pass the inet hooks it uses only through br_netfilter, which
+        kube-proxy needs as well: bridge-nf-call-iptables is set here where it is off."""
+        call_iptables = pathlib.Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+        if not call_iptables.exists():
+            raise RuntimeError(f"{call_iptables} is missing (no br_netfilter): bridged pod traffic would bypass "
+                               "the NetworkPolicies")
+        if call_iptables.read_text().strip() != "1":
+            call_iptables.write_text("1")
+        self._grant(network_policies_rbac())
+        kubeconfig = self._kubeconfig("kube-network-policies", NETWORK_POLICIES_USER)
+        self.network_policies_metrics = f"127.0.0.1:{free_port()}"
+        process = self._run("kube-network-policies", f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
+                            f"--nfqueue-id={NFQUEUE_ID}", f"--metrics-bind-address={self.network_policies_metrics}",
+                            "--v=1")
+
+        def bound() -> bool:  # /proc/net/netfilter/nfnetlink_queue: one line per bound queue, its number first
+            process.check()
+            queues = pathlib.Path("/proc/net/netfilter/nfnetlink_queue").read_text().split("\n")
+            return any(line.split()[:1] == [str(NFQUEUE_ID)] for line in queues)
+        wait_for(bound, 60, what=f"kube-network-policies to bind NFQUEUE {NFQUEUE_ID}")
+
+    def _run(self, name: str, *args: str, wait: bool = False) -> Process:
+        """Component `name` of the control plane binary; with wait, a one-shot run (--cleanup)
+        that has exited when this returns."""
         process = Process(name, [str(self.binary), name, *args], self.workdir / f"{name}.log")
         self.processes.append(process)
+        if wait:
+            process.proc.wait(60)
+            self.processes.remove(process)
         return process
 
     def _clean_runtime(self) -> None:
@@ -265,6 +311,7 @@ class Node(Started):
         with contextlib.suppress(Exception):
             if self.control_plane.binary is not None:
                 self._proxy("--cleanup", wait=True)
+                self._run("kube-network-policies", "--cleanup", wait=True)
         remove_kube_chains()
 
     @staticmethod

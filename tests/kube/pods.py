@@ -8,6 +8,10 @@ from typing import Any
 from .tools import Kubectl, wait_for
 
 POD_START_TIMEOUT_S = 600  # a pod's first start from a 6 GB image, then the model's load, on a busy 2-core node
+# the chart's and the operator's pod security settings, for the tests' one-off pods
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]}}
 
 
 def wait_rolled_out(kubectl: Kubectl, name: str, timeout: float) -> dict[str, Any]:
