@@ -8,6 +8,7 @@ import json
 import time
 
 import yaml
+from kube.takeover import lease_name
 from kube.tools import ROOT, helm_template, wait_for
 from kube.rbac import Access, access_of, missing
 
@@ -350,6 +351,13 @@ def test_the_operator_serves_the_tuner_metrics_the_chart_scrapes(operator):
         text = r.read().decode()
     assert "# TYPE kvpilot_tuning_trial gauge" in text and "# TYPE kvpilot_tuning_best_objective gauge" in text
     assert "# TYPE kvpilot_slo_ttft_p95_seconds gauge" in text
+    # issue 42: the operator's own families on the same port, from what it reconciled and watched
+    assert "# TYPE kvpilot_operator_reconcile_duration_seconds histogram" in text
+    assert 'kvpilot_operator_reconcile_duration_seconds_count{handler="create"}' in text
+    ready = (f'kvpilot_operator_inferenceservice_condition{{condition="Ready",inferenceservice="smollm2",'
+             f'namespace="{operator.env["KVPILOT_OPERATOR_NAMESPACE"]}",status="true"}} 1.0')
+    assert ready in text
+    assert f'kvpilot_operator_is_leader{{lease="{lease_name(operator)}"}} 1.0' in text
     docs = chart_docs("--set=metrics.podMonitor=true")
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "kv-kvpilot-metrics")
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]
