@@ -2,7 +2,9 @@
 the engine port, and only from pods in the same namespace, from Prometheus and from the
 operator (which runs the tuner). Everything else in the cluster is refused, so the control
 routes and the API are not open to every pod. The chart turns it off with
-`networkPolicy.enabled: false`.
+`networkPolicy.enabled: false`. It takes effect only where the network plugin enforces
+NetworkPolicies; tests/images/test_network_policies.py checks it on the tests' real node, where
+kube-network-policies does.
 
 Source: Kubernetes NetworkPolicy (networking.k8s.io/v1): a pod selected by any policy with
 policyTypes [Ingress] admits only what some `ingress` rule allows; `from` peers are ORed, a

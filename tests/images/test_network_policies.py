@@ -14,6 +14,7 @@ import json
 import pytest
 import yaml
 from kube.cluster import Cluster
+from kube.node import BRIDGE_NF_CALL_IPTABLES
 from kube.pods import POD_START_TIMEOUT_S, RESTRICTED_CONTAINER, RESTRICTED_POD, wait_rolled_out
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, wait_for
@@ -68,6 +69,8 @@ def visitor_pod(image: str) -> dict:
 
 
 def test_engine_admits_the_operator_tuner_and_prometheus_and_drops_other_pods(node, images, tmp_path, capsys):
+    bridged = BRIDGE_NF_CALL_IPTABLES.read_text().strip() if BRIDGE_NF_CALL_IPTABLES.exists() else "missing"
+    assert bridged == "1", f"{BRIDGE_NF_CALL_IPTABLES}: {bridged} (br_netfilter): bridged pod traffic skips netfilter"
     name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
     for workdir in ("engine", "operator"):  # each namespace's kubeconfig
         (tmp_path / workdir).mkdir()
