@@ -139,8 +139,11 @@ def check_after(guide: Guide, line: str) -> None:
         assert kubectl.json("get", "role", "kvpilot", "-n", "default")["rules"]
         assert "STATUS: deployed" in out
     elif line.startswith("kubectl get deployment kvpilot"):  # the operator pod, from the operator image
-        wait_for(lambda: kubectl.json("get", "deployment", "kvpilot", "-n", "kvpilot-system")["status"]
-                 .get("availableReplicas") == 1, POD_START_TIMEOUT_S, what="the operator's pod Ready")
+        def all_available() -> bool:  # the chart's replicas (two by default: a leader and a standby)
+            deployment = kubectl.json("get", "deployment", "kvpilot", "-n", "kvpilot-system")
+            return deployment["status"].get("availableReplicas") == deployment["spec"]["replicas"]
+
+        wait_for(all_available, POD_START_TIMEOUT_S, what="the operator's pods Ready")
         pod = kubectl.json("get", "pods", "-n", "kvpilot-system", "-l", "app.kubernetes.io/name=kvpilot")["items"][0]
         assert pod["spec"]["containers"][0]["image"].startswith("kvpilot/operator:")
         assert pod["status"]["podIP"].startswith("10.245.0."), "a pod on the real node's bridge"

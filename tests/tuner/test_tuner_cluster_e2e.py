@@ -129,7 +129,8 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
             events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
             replicasets = kubectl.json("get", "replicasets", "-l", f"app.kubernetes.io/instance={NAME}")["items"]
             template = kubectl.json("get", "deployment", NAME)["spec"]["template"]["spec"]["containers"][0]
-            in_pod = f"deployment/{operator}"
+            # the chart runs two replicas: the tuner runs in the one holding the Lease (named after the release)
+            in_pod = f"pod/{kubectl.json('get', 'lease', operator)['spec']['holderIdentity']}"
             report = json.loads(kubectl("exec", in_pod, "--", "cat", f"{REPORT_DIR}/report.json").stdout)
             manifest_written = kubectl("exec", in_pod, "--", "test", "-f", f"{REPORT_DIR}/inferenceservice.yaml",
                                        check=False).returncode == 0
@@ -151,7 +152,8 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
     # the API server granted every request the operator and the tuner sent as the chart's ServiceAccount
     assert [(e["verb"], e["requestURI"]) for e in requests if e.get("responseStatus", {}).get("code") == 403] == []
     assert {"configmaps", "inferenceservices/status", "secrets"} <= {a.resource for a in sent}
-    assert [str(a) for a in missing(sent, helm_template(f"--set=watch.namespaces={{{cluster.namespace}}}"))] == []
+    assert [str(a) for a in missing(sent, helm_template(f"--set=watch.namespaces={{{cluster.namespace}}}",
+                                                            f"--namespace={cluster.namespace}"))] == []
     assert journal["metadata"]["ownerReferences"][0]["name"] == NAME
     assert "Done" in row  # the TUNING printer column
     tuning = obj["status"]["tuning"]
