@@ -68,6 +68,8 @@ def test_the_layering_contracts_hold():
     ("loadgen/metrics.py", "import kvpilot.bench.report", "kvpilot.loadgen is not allowed to import kvpilot.bench"),
     ("loadgen/datasets.py", "import kvpilot.tuner.objective", "kvpilot.loadgen is not allowed to import kvpilot.tuner"),
     ("loadgen/request_client.py", "import torch", "kvpilot.loadgen is not allowed to import torch"),
+    # the engine sits below everything that drives it, the load library included
+    ("engine/scheduler.py", "import kvpilot.loadgen.metrics", "kvpilot.engine is not allowed to import kvpilot.loadgen"),
     # issue 39: bench and tuner meet only in the load library and api/
     ("bench/dashboard.py", "import kvpilot.tuner.objective", "kvpilot.bench is not allowed to import kvpilot.tuner"),
     ("tuner/workload.py", "import kvpilot.bench.serve", "kvpilot.tuner is not allowed to import kvpilot.bench"),
