@@ -15,14 +15,19 @@ dependency tree and resolves kinds through API discovery; pykube-ng is unmaintai
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import kubernetes.client
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
 from kvpilot.api.crd import API_VERSION, PLURAL
+
+T = TypeVar("T")
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -163,32 +168,42 @@ class KubeClient:
 
 class AsyncKubeClient:
     """KubeClient's calls for asyncio code (the operator's Kopf handlers): each runs on a
-    worker thread, so the event loop keeps serving watches meanwhile."""
+    worker thread, so the event loop keeps serving watches meanwhile: the loop's default
+    executor (asyncio.to_thread), or `executor` when given. The leader's Lease renewals take
+    their own executor: in the default one (min(32, cores + 4) threads, 6 on 2 cores) they
+    queued behind the requests of 1,000 reconciles for more than the renew deadline, and
+    the leader gave up its lease and exited (issue 42's 1,000-resource benchmark)."""
 
-    def __init__(self, client: KubeClient):
-        self.client = client
+    def __init__(self, client: KubeClient, executor: concurrent.futures.Executor | None = None):
+        self.client, self.executor = client, executor
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot") -> AsyncKubeClient:
-        return cls(KubeClient.from_environment(kubeconfig, user_agent))
+    def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot",
+                         executor: concurrent.futures.Executor | None = None) -> AsyncKubeClient:
+        return cls(KubeClient.from_environment(kubeconfig, user_agent), executor)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.executor is None:
+            return await asyncio.to_thread(fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.client.close)
+        await self._call(self.client.close)
 
     async def get(self, path: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.client.get, path)
+        return await self._call(self.client.get, path)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.client.create, obj)
+        return await self._call(self.client.create, obj)
 
     async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.client.patch, path, patch)
+        return await self._call(self.client.patch, path, patch)
 
     async def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.client.replace, path, obj)
+        return await self._call(self.client.replace, path, obj)
 
     async def delete(self, path: str, propagation: str = "Background") -> bool:
-        return await asyncio.to_thread(self.client.delete, path, propagation)
+        return await self._call(self.client.delete, path, propagation)
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:
-        return await asyncio.to_thread(self.client.has_resource, group, version, plural)
+        return await self._call(self.client.has_resource, group, version, plural)

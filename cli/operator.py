@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -115,8 +116,10 @@ async def operate(args: argparse.Namespace, clusterwide: bool, namespaces: list[
     kopf_ready = asyncio.Event()
     lease_name = lease.name if lease else ""
     kube = elector = None
-    if lease is not None:
-        kube = AsyncKubeClient.from_environment(user_agent="kvpilot-operator-leader")
+    lease_executor = None
+    if lease is not None:  # its own thread: renewals must not wait behind the reconciles' requests
+        lease_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lease")
+        kube = AsyncKubeClient.from_environment(user_agent="kvpilot-operator-leader", executor=lease_executor)
         elector = LeaderElector(kube, lease, on_change=lambda leading: metrics.set_leader(lease_name, leading))
     metrics.set_leader(lease_name, False)
     probes = Probes(elector, kopf_ready)
@@ -136,6 +139,8 @@ async def operate(args: argparse.Namespace, clusterwide: bool, namespaces: list[
         await probes.stop()
         if kube is not None:
             await kube.close()
+        if lease_executor is not None:
+            lease_executor.shutdown(wait=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.client_timeout = CONFIG.watch_timeout_seconds + 30
     settings.execution.max_workers = 16
+    # The Deployment watch (deployment_changed) asks the API server for our children only: the
+    # handler's labels= filters on the client, after Kopf has listed and streamed every Deployment
+    # of the watched namespaces; this labelSelector on the list and the watch means the operator
+    # never receives the others (issue 42: memory follows InferenceServices, not the cluster).
+    settings.watching.label_selectors["apps", "v1", "deployments"] = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     memo.ctx = Context(kube=AsyncKubeClient.from_environment(user_agent="kvpilot-operator"), config=CONFIG)
     memo.resync_task = asyncio.create_task(resync_forever(memo.ctx, logging.getLogger("kvpilot.operator")))
 

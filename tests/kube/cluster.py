@@ -73,9 +73,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def standalone(workdir: pathlib.Path, namespace: str, audit: bool = False) -> Iterator[Cluster]:
+def standalone(workdir: pathlib.Path, namespace: str, audit: bool = False, **control_plane: Any) -> Iterator[Cluster]:
     """A control plane of its own with one namespace, for a benchmark run outside pytest."""
     (workdir / "controlplane").mkdir(parents=True, exist_ok=True)
-    with ControlPlane(workdir / "controlplane", audit=audit) as control_plane, \
-            Cluster(control_plane, namespace, workdir) as cluster:
+    with ControlPlane(workdir / "controlplane", audit=audit, **control_plane) as plane, \
+            Cluster(plane, namespace, workdir) as cluster:
         yield cluster

@@ -57,13 +57,15 @@ class ControlPlane(Started):
     /version. Leaving the block stops every process it started."""
 
     def __init__(self, workdir: pathlib.Path, binary: pathlib.Path | None = None, kwok: bool = True,
-                 audit: bool = False, address: str = "127.0.0.1"):
+                 audit: bool = False, address: str = "127.0.0.1", service_cidr: str = SERVICE_CIDR):
         """kwok: run kwok and one fake node (pods become Running and Ready with no container);
         audit: write one audit event per request to `audit_log` (the operator benchmark's count);
         address: where the API server listens and what it advertises (the `kubernetes`
         Service's endpoint): loopback, unless pods of a real node (tests/kube/node.py) must
-        reach it."""
+        reach it. service_cidr: the Services' ClusterIP range (a /24 holds 254 Services; the
+        1,000-InferenceService benchmark needs a /20: "failed to allocate a serviceIP: range is full")."""
         self.workdir = pathlib.Path(workdir)
+        self.service_cidr = service_cidr
         self.address = address
         self.binary = binary
         self.with_kwok = kwok
@@ -137,7 +139,7 @@ class ControlPlane(Started):
             f"--requestheader-client-ca-file={self.ca.cert}", "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={service_account.cert}",
             f"--service-account-signing-key-file={service_account.key}", *self._audit_flags())
@@ -152,7 +154,8 @@ class ControlPlane(Started):
         if self.audit_log is None:
             return []
         return [f"--audit-policy-file={pathlib.Path(__file__).with_name('audit-policy.yaml')}",
-                f"--audit-log-path={self.audit_log}", "--audit-log-format=json"]
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+                          "--audit-log-maxsize=4096"]  # MB; unset rotates at 100 MB (lumberjack), mid-benchmark at 1,000
 
     def _start_controller_manager(self, ca: Authority, service_account: Pair) -> None:
         config = self._write_kubeconfig("controller-manager",
@@ -162,7 +165,7 @@ class ControlPlane(Started):
                   f"--secure-port={free_port()}", f"--cert-dir={self.workdir / 'controller-manager'}",
                   "--leader-elect=false", "--use-service-account-credentials=true",
                   f"--service-account-private-key-file={service_account.key}", f"--root-ca-file={self.ca.cert}",
-                  f"--service-cluster-ip-range={SERVICE_CIDR}", "--controllers=*,-nodeipam")
+                  f"--service-cluster-ip-range={self.service_cidr}", "--controllers=*,-nodeipam")
 
     def _start_scheduler(self, ca: Authority) -> None:
         config = self._write_kubeconfig("scheduler", ca.issue("scheduler", "system:kube-scheduler"))

@@ -2,20 +2,29 @@
 kube-apiserver, controller manager, scheduler, a kwok node whose pods turn Ready with no
 container). The operator runs with the chart's command line as the chart's ServiceAccount.
 
-Phase 1: N InferenceServices (default 200) applied by one `kubectl apply`: the time until
-every child (Deployment, Service, ConfigMap, admin-token Secret, NetworkPolicy) exists and
-every status says Ready at its generation. Phase 2: spec changes at a fixed rate (default 10
+Phase 1: N InferenceServices (default 200) applied by one `kubectl apply`, or with --parallel
+P by P threads creating them at once: the time until every child (Deployment, Service,
+ConfigMap, admin-token Secret, NetworkPolicy) exists and every status says Ready at its
+generation; each resource's creationTimestamp -> Ready lastTransitionTime (p50/p99); the
+operator's own reconcile histogram (kvpilot_operator_reconcile_duration_seconds on its metrics
+port: p50/p99 and the number of reconciles). With --unrelated M, first M Deployments that are
+not ours (replicas 0, no kvpilot labels) in the watched namespace: the operator's RSS and CPU
+before and after them, and the labelSelector of its Deployment list and watch requests. Phase 2: spec changes at a fixed rate (default 10
 per second for 60 s, spec.engine.seed of a random resource): the lag from a resource's latest
 change to its Ready status at that generation (a change overtaken by the next one to the same
-resource is not timed). For each phase: the operator's CPU seconds, its peak RSS, and
+resource is not timed; --seconds 0 skips it). For each phase: the operator's CPU seconds, its peak RSS, and
 the API requests it sent (from the API server's audit log) per reconcile.
 
     .venv/bin/python tests/operator/bench_operator.py [--count 200] [--rate 10] [--seconds 60] [--json PATH]
+    .venv/bin/python tests/operator/bench_operator.py --count 1000 --parallel 16 --unrelated 1000 --seconds 0 \
+        --json benchmarks/results/operator/scale-1000.json
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import datetime
 import json
 import os
 import pathlib
@@ -25,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 import psutil
 import yaml
@@ -58,14 +68,24 @@ class Meter:
         self.cpu_s, self.requests = self._cpu(), len(cluster.requests(username))
 
     def _cpu(self) -> float:
-        times = self.process.cpu_times()
+        try:
+            times = self.process.cpu_times()
+        except psutil.Error:  # it exited: what it had used until then
+            return self.cpu_s
         return times.user + times.system
 
     def peak_rss_bytes(self) -> int:
-        for line in pathlib.Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return self.process.memory_info().rss
+        return self._status_kib("VmHWM") * 1024
+
+    def rss_bytes(self) -> int:
+        return self._status_kib("VmRSS") * 1024
+
+    def _status_kib(self, field: str) -> int:
+        status = pathlib.Path(f"/proc/{self.process.pid}/status")
+        for line in (status.read_text() if status.exists() else "").splitlines():  # gone once it exited
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+        return 0
 
     def phase(self) -> dict:
         """CPU seconds and API requests (in all, and by verb and resource) since the last call."""
@@ -80,20 +100,32 @@ class Meter:
         return out
 
 
-def apply_many(cluster: Cluster, kubectl: Kubectl, count: int, timeout_s: float, workdir: pathlib.Path) -> dict:
+def create_all(cluster: Cluster, path: str, docs: list[dict], parallel: int) -> None:
+    """POST every document, `parallel` requests at a time (the admin's client certificate)."""
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda doc: cluster.control_plane.api("POST", path, doc), docs))
+
+
+def apply_many(cluster: Cluster, kubectl: Kubectl, operator: Operator, count: int, timeout_s: float,
+               workdir: pathlib.Path, parallel: int = 0) -> dict:
     example = yaml.safe_load((ROOT / "examples" / "inferenceservice-smollm2.yaml").read_text())
     docs = []
     for i in range(count):
         doc = json.loads(json.dumps(example))
         doc["metadata"]["name"] = f"bench-{i:03d}"
+        doc["metadata"].pop("namespace", None)
         docs.append(doc)
     manifest = workdir / "many.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
     start = time.monotonic()
-    kubectl("apply", "-f", str(manifest), timeout=timeout_s)
+    if parallel:
+        create_all(cluster, f"/apis/kvpilot.dev/v1alpha1/namespaces/{cluster.namespace}/inferenceservices",
+                   docs, parallel)
+    else:
+        kubectl("apply", "-f", str(manifest), timeout=timeout_s)
     applied_s = time.monotonic() - start
     children_s = ready_s = None
-    while time.monotonic() - start < timeout_s and ready_s is None:
+    while time.monotonic() - start < timeout_s and ready_s is None and operator.proc.poll() is None:
         if children_s is None and all(
                 len([o for o in cluster.objects(*kind) if o["metadata"]["name"].startswith("bench-")]) >= count
                 for kind in CHILDREN):
@@ -101,9 +133,89 @@ def apply_many(cluster: Cluster, kubectl: Kubectl, count: int, timeout_s: float,
         items = cluster.objects("kvpilot.dev", "v1alpha1", "inferenceservices")
         if children_s is not None and sum(fresh_ready(o) for o in items) == count:
             ready_s = time.monotonic() - start
-        time.sleep(0.5)
-    return {"count": count, "kubectl_apply_s": round(applied_s, 2),
-            "all_children_s": children_s and round(children_s, 2), "all_ready_s": ready_s and round(ready_s, 2)}
+        time.sleep(0.5 if count <= 200 else 1.0)  # the lists share the 2 cores with what they measure
+    waits = [created_to_ready_s(o) for o in items if fresh_ready(o)]
+    return {"count": count, "parallel_creates": parallel, "kubectl_apply_s": round(applied_s, 2),
+            "operator_exit_code": operator.proc.poll(), "ready": sum(fresh_ready(o) for o in items),
+            "all_children_s": children_s and round(children_s, 2), "all_ready_s": ready_s and round(ready_s, 2),
+            "created_to_ready_p50_s": round(percentile(waits, 0.5), 1),
+            "created_to_ready_p99_s": round(percentile(waits, 0.99), 1)}
+
+
+def stamp(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def created_to_ready_s(obj: dict) -> float:
+    """creationTimestamp -> the Ready condition's lastTransitionTime (both in whole seconds)."""
+    ready = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+    return stamp(ready["lastTransitionTime"]) - stamp(obj["metadata"]["creationTimestamp"])
+
+
+def histogram(text: str, name: str) -> dict[str, dict[float, float]]:
+    """{handler: {le: cumulative count}} of a Prometheus histogram in exposition text."""
+    out: dict[str, dict[float, float]] = collections.defaultdict(dict)
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            labels, value = line[len(name) + 8:].rsplit("} ", 1)
+            fields = dict(part.split("=", 1) for part in labels.split(","))
+            out[fields["handler"].strip('"')][float(fields["le"].strip('"'))] = float(value)
+    return out
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float:
+    """Prometheus's histogram_quantile: linear within the bucket that holds the q-th observation."""
+    edges = sorted(buckets)
+    total = buckets[edges[-1]] if edges else 0
+    if not total:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for edge in edges:
+        if buckets[edge] >= rank:
+            if edge == float("inf"):
+                return lower
+            return lower + (edge - lower) * (rank - below) / max(buckets[edge] - below, 1e-9)
+        lower, below = edge, buckets[edge]
+    return lower
+
+
+def reconcile_latency(operator: Operator) -> dict:
+    """The operator's reconcile histogram: reconciles and p50/p99 by handler and in all."""
+    by_handler = histogram(operator.metrics(), "kvpilot_operator_reconcile_duration_seconds")
+    merged: dict[float, float] = collections.Counter()
+    for buckets in by_handler.values():
+        merged.update(buckets)
+    out = {}
+    for handler, buckets in sorted({**by_handler, "all": dict(merged)}.items()):
+        out[handler] = {"reconciles": int(buckets.get(float("inf"), 0)),
+                        "p50_s": round(histogram_quantile(buckets, 0.5), 3),
+                        "p99_s": round(histogram_quantile(buckets, 0.99), 3)}
+    return out
+
+
+def unrelated_deployments(cluster: Cluster, meter: Meter, count: int, parallel: int, settle_s: float = 15) -> dict:
+    """`count` Deployments that are not the operator's (replicas 0, no kvpilot label) in the
+    watched namespace: the operator's RSS and CPU before and after (then `settle_s` of quiet)."""
+    template = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "other"}},
+                         "template": {"metadata": {"labels": {"app": "other"}},
+                                      "spec": {"containers": [{"name": "c", "image": "example.invalid/other:1"}]}}}}
+    docs = [{**template, "metadata": {"name": f"other-{i:04d}", "labels": {"app": "other"}}} for i in range(count)]
+    rss_before, cpu_before = meter.rss_bytes(), meter._cpu()
+    start = time.monotonic()
+    create_all(cluster, f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments", docs, parallel)
+    created_s = time.monotonic() - start
+    time.sleep(settle_s)
+    return {"unrelated_deployments": count, "created_s": round(created_s, 2),
+            "operator_rss_before_bytes": rss_before, "operator_rss_after_bytes": meter.rss_bytes(),
+            "operator_cpu_s": round(meter._cpu() - cpu_before, 2)}
+
+
+def deployment_watch_uris(cluster: Cluster, username: str) -> list[str]:
+    """The operator's list and watch requests for Deployments (their URIs: is a labelSelector on them?)."""
+    return sorted({urllib.parse.unquote(e["requestURI"]).split("&resourceVersion")[0]
+                   for e in cluster.requests(username)
+                   if e["verb"] in ("list", "watch") and (e.get("objectRef") or {}).get("resource") == "deployments"})
 
 
 def change_specs(cluster: Cluster, count: int, rate: float, seconds: float, timeout_s: float) -> dict:
@@ -158,31 +270,51 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="spec changes per second in phase 2")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of phase 2")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--parallel", type=int, default=0,
+                        help="create the InferenceServices with this many concurrent POSTs (default: one kubectl apply)")
+    parser.add_argument("--no-leader-elect", action="store_true", help="the operator without the chart's --leader-elect")
+    parser.add_argument("--operator-log", type=pathlib.Path, help="keep the operator's log here")
+    parser.add_argument("--unrelated", type=int, default=0,
+                        help="first create this many Deployments that are not the operator's, in its namespace")
     parser.add_argument("--json", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "operator" / "scale.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, standalone(pathlib.Path(tmp), "bench", audit=True) as cluster:
+    with tempfile.TemporaryDirectory() as tmp, standalone(pathlib.Path(tmp), "bench", audit=True,
+                                                                   service_cidr="10.0.0.0/20") as cluster:
         kubectl = Kubectl(cluster.kubeconfig)
         release = Release(cluster, "kv").install()
         operator = Operator(release.operator_kubeconfig(pathlib.Path(tmp) / "sa.kubeconfig"),
                             pathlib.Path(tmp) / "operator.log", cluster.namespace, release.name)
         operator.env["KVPILOT_RESYNC_SECONDS"] = "30"  # the chart's default
+        if args.no_leader_elect:
+            operator.args.append("--no-leader-elect")
         operator.start()
         meter = Meter(operator, cluster, release.username)
+        load_before = os.getloadavg()
+        unrelated = unrelated_deployments(cluster, meter, args.unrelated, args.parallel or 16) if args.unrelated else {}
         meter.phase()
-        create = {**apply_many(cluster, kubectl, args.count, args.timeout, pathlib.Path(tmp)), **meter.phase()}
+        create = {**apply_many(cluster, kubectl, operator, args.count, args.timeout, pathlib.Path(tmp), args.parallel),
+                  **meter.phase()}
         create["api_requests_per_reconcile"] = round(create["api_requests"] / args.count, 1)
-        change = {**change_specs(cluster, args.count, args.rate, args.seconds, args.timeout), **meter.phase()}
-        change["api_requests_per_reconcile"] = round(change["api_requests"] / max(1, change["changes"]), 1)
+        create["reconcile_latency"] = reconcile_latency(operator)
+        reconciles = create["reconcile_latency"].get("all", {}).get("reconciles")
+        create["api_requests_per_histogram_reconcile"] = reconciles and round(create["api_requests"] / reconciles, 1)
+        create["deployment_list_watch_uris"] = deployment_watch_uris(cluster, release.username)
+        change = {}
+        if args.seconds > 0:
+            change = {**change_specs(cluster, args.count, args.rate, args.seconds, args.timeout), **meter.phase()}
+            change["api_requests_per_reconcile"] = round(change["api_requests"] / max(1, change["changes"]), 1)
         version = cluster.control_plane.version["gitVersion"]
         operator.stop()
+        if args.operator_log:
+            args.operator_log.write_bytes(operator.log.read_bytes())
     result = {"kube_apiserver": version, "cpu": platform.processor() or platform.machine(),
-              "cpu_model": cpu_model(), "cores": os.cpu_count(), "load_average": os.getloadavg(),
-              "create": create, "change": change}
+              "cpu_model": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
+              "load_average": os.getloadavg(), "unrelated": unrelated, "create": create, "change": change}
     print_table(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")
-    return 0 if create["all_ready_s"] and not change["not_converged"] else 1
+    return 0 if create["all_ready_s"] and not change.get("not_converged") else 1
 
 
 def cpu_model() -> str:
@@ -193,14 +325,29 @@ def cpu_model() -> str:
 
 
 def print_table(result: dict) -> None:
-    create, change = result["create"], result["change"]
-    rows = [("phase", "what", "value"),
-            ("create", f"{create['count']} InferenceServices, one kubectl apply", f"{create['kubectl_apply_s']} s"),
-            ("create", "every child exists", f"{create['all_children_s']} s"),
-            ("create", "every status Ready at its generation", f"{create['all_ready_s']} s"),
-            ("create", "operator CPU", f"{create['operator_cpu_s']} s"),
-            ("create", "API requests per reconcile", f"{create['api_requests_per_reconcile']}"),
-            ("change", f"{change['changes']} spec changes asked at {change['rate_per_s']}/s",
+    create, change, unrelated = result["create"], result["change"], result["unrelated"]
+    how = f"{create['parallel_creates']} parallel POSTs" if create["parallel_creates"] else "one kubectl apply"
+    latency = create["reconcile_latency"]
+    rows = [("phase", "what", "value")]
+    if unrelated:
+        rows += [("before", f"{unrelated['unrelated_deployments']} Deployments not ours: operator RSS before / after",
+                  f"{unrelated['operator_rss_before_bytes'] / 2**20:.0f} / "
+                  f"{unrelated['operator_rss_after_bytes'] / 2**20:.0f} MiB"),
+                 ("before", "operator CPU while they were created", f"{unrelated['operator_cpu_s']} s")]
+    rows += [("create", f"{create['count']} InferenceServices, {how}", f"{create['kubectl_apply_s']} s"),
+             ("create", "every child exists", f"{create['all_children_s']} s"),
+             ("create", "every status Ready at its generation", f"{create['all_ready_s']} s"),
+             ("create", "creation -> Ready per resource p50 / p99",
+              f"{create['created_to_ready_p50_s']} / {create['created_to_ready_p99_s']} s"),
+             *[("create", f"reconcile ({handler}) p50 / p99, count",
+                f"{v['p50_s']} / {v['p99_s']} s, {v['reconciles']}") for handler, v in latency.items()],
+             ("create", "operator CPU", f"{create['operator_cpu_s']} s"),
+             ("create", "API requests per InferenceService / per reconcile",
+              f"{create['api_requests_per_reconcile']} / {create['api_requests_per_histogram_reconcile']}"),
+             ("create", "operator peak RSS", f"{create['operator_peak_rss_bytes'] / 2**20:.0f} MiB")]
+    if not change:
+        return print_rows(result, rows)
+    rows += [("change", f"{change['changes']} spec changes asked at {change['rate_per_s']}/s",
              f"{change['achieved_rate_per_s']}/s sent for {change['seconds']} s"),
             ("change", "lag to Ready status p50 / p95 / max",
              f"{change['lag_p50_s']} / {change['lag_p95_s']} / {change['lag_max_s']} s"),
@@ -208,6 +355,10 @@ def print_table(result: dict) -> None:
             ("change", "operator CPU", f"{change['operator_cpu_s']} s"),
             ("change", "API requests per reconcile", f"{change['api_requests_per_reconcile']}"),
             ("both", "operator peak RSS", f"{change['operator_peak_rss_bytes'] / 2**20:.0f} MiB")]
+    print_rows(result, rows)
+
+
+def print_rows(result: dict, rows: list[tuple[str, str, str]]) -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     print(f"kube-apiserver {result['kube_apiserver']}, {result['cpu_model']}, {result['cores']} cores, "
           f"load average {result['load_average'][0]:.2f}")

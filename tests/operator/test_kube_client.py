@@ -56,3 +56,39 @@ def test_async_client_runs_the_same_calls_off_the_event_loop(cluster):
             await kube.close()
 
     assert asyncio.run(run()) == ({"x": "1"}, True, True, False)
+
+
+def test_an_own_executor_keeps_calls_out_of_the_default_executors_queue():
+    """The leader's Lease client runs on its own thread: with the loop's default executor busy
+    (every thread blocked, more calls queued, as under 1,000 reconciles), its call still
+    returns at once; a call on the default executor waits its turn."""
+    import concurrent.futures
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Blocking:
+        def get(self, path: str) -> str:
+            if path == "slow":
+                release.wait(10)
+            return threading.current_thread().name
+
+    async def main() -> tuple[str, float, bool]:
+        busy = AsyncKubeClient(Blocking())
+        queued = [asyncio.create_task(busy.get("slow")) for _ in range(64)]  # more than the default's threads
+        await asyncio.sleep(0.1)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lease") as own:
+            start = time.monotonic()
+            name = await AsyncKubeClient(Blocking(), own).get("lease")
+            took = time.monotonic() - start
+        behind = asyncio.create_task(busy.get("fast"))
+        await asyncio.sleep(0.2)
+        waiting = not behind.done()
+        release.set()
+        await asyncio.gather(*queued, behind)
+        return name, took, waiting
+
+    name, took, waiting = asyncio.run(main())
+    assert name.startswith("lease") and took < 1.0
+    assert waiting
