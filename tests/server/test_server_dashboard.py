@@ -136,7 +136,10 @@ def test_every_panel_query_returns_the_workloads_values(stack, workload):
                 assert one(panel, target) == 1
             elif title == "Operator: reconcile duration p95 by handler":
                 got = {r["metric"]["handler"]: float(r["value"][1]) for r in results(panel, target)}
-                assert got.keys() == {"update"} and 0.025 <= got["update"] <= 0.05, got
+                # the operator's metrics are the process's: earlier tests in the session leave other
+                # handlers in them, with no reconcile in this window (rate 0/0: NaN)
+                others = [v for handler, v in got.items() if handler != "update"]
+                assert 0.025 <= got["update"] <= 0.05 and all(math.isnan(v) for v in others), got
             elif title == "InferenceService conditions":
                 got = {r["metric"]["condition"]: float(r["value"][1]) for r in results(panel, target)}
                 assert got == {"Ready": 1, "Progressing": 1, "Degraded": 0, "Failed": 0}, got
