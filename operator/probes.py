@@ -34,12 +34,17 @@ class Probes:
         self._runner: web.AppRunner | None = None
 
     @property
+    def holds_lease(self) -> bool:
+        """Whether this replica may reconcile: it holds the lease, or runs without election."""
+        return self.elector is None or self.elector.is_leader
+
+    @property
     def leading(self) -> bool:
         """Whether this replica reconciles now: it holds the lease (or needs none) and Kopf runs."""
-        return (self.elector is None or self.elector.is_leader) and self.kopf_ready.is_set()
+        return self.holds_lease and self.kopf_ready.is_set()
 
     def role(self) -> str:
-        if self.elector is None or self.elector.is_leader:
+        if self.holds_lease:
             return "leader"
         config = self.elector.config
         return f"standby, lease {config.namespace}/{config.name} held by {self.elector.holder or 'nobody'}"
@@ -51,7 +56,7 @@ class Probes:
             contact = self.elector.last_contact
             fresh = contact is not None and time.monotonic() - contact < self.elector.config.lease_duration_s
             found.append(("lease", fresh, self.role() if fresh else "no answer from the API server about the lease"))
-        if self.elector is None or self.elector.is_leader:
+        if self.holds_lease:
             found.append(("operator", self.kopf_ready.is_set(), "reconciling" if self.kopf_ready.is_set()
                           else "starting"))
         return found
@@ -74,8 +79,8 @@ class Probes:
     async def leader(self, request: web.Request) -> web.Response:
         if self.leading:
             return web.Response(text="leader")
-        return web.Response(status=503, text=self.role() if not (self.elector is None or self.elector.is_leader)
-                            else "leader, starting")
+        return web.Response(status=503, text="leader, starting" if self.holds_lease
+                            else self.role())
 
     async def start(self, url: str) -> None:
         """Serve at url's host and port; url's path is the liveness path (default /healthz)."""
