@@ -36,7 +36,9 @@ def test_grid_replay_and_confirm_on_the_engine(tmp_path):
     assert [EngineSettings(**p["settings"]) for p in entry["points"]] == [defaults.replace(max_num_seqs=2), defaults]
     windows = [w for p in entry["points"] for w in p["windows"]]
     assert len(windows) == 2 and all(w["failed"] == 0 and len(w["ttft_s"]) == 2 for w in windows)
-    assert all(len(gaps) == entry["spec"]["output_len"] - 1 for w in windows for gaps in w["itl_s"])
+    # one gap per streamed chunk after the first; a token that ends inside a UTF-8 character
+    # goes out with the next one (as vLLM streams), so a sampled reply may have fewer chunks
+    assert all(1 <= len(gaps) <= entry["spec"]["output_len"] - 1 for w in windows for gaps in w["itl_s"])
     assert sorted(w["applied"] for w in windows) == ["live", "restart"]  # one engine, the second point live
     assert table["runs"][0]["cpu"] and len(table["runs"][0]["load_avg"]) == 3
     assert "| on | 2 | 2048 | 1 |" in run.stdout
