@@ -80,6 +80,17 @@ class ResourcesSpec:
 
 
 @dataclass(frozen=True)
+class ParallelismSpec:
+    """How many pods one engine spans (one group per replica).
+
+    nnodes is vLLM's `--nnodes` and a LeaderWorkerSet's `size`: the engine's world of
+    tensorParallelSize x pipelineParallelSize ranks is divided evenly over nnodes pods, each
+    with spec.resources (resources are per pod). 1 runs the whole engine in one pod.
+    """
+    nnodes: int = 1
+
+
+@dataclass(frozen=True)
 class SLOSpec:
     ttftP95Ms: float = 2000
     itlP95Ms: float = 200
@@ -102,8 +113,20 @@ class InferenceServiceSpec:
     replicas: int = 1
     engine: EngineSpec = field(default_factory=EngineSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     slo: SLOSpec = field(default_factory=SLOSpec)
     tuning: TuningSpec = field(default_factory=TuningSpec)
+
+    @property
+    def nnodes(self) -> int:
+        """Pods per engine group (spec.parallelism.nnodes; vLLM's --nnodes)."""
+        return self.parallelism.nnodes
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """Engine ranks (tensor x pipeline) each pod of a group runs: world_size / nnodes.
+        The CRD's CEL rule and the operator's validation refuse specs where it is not whole."""
+        return self.engine.world_size // self.nnodes
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> "InferenceServiceSpec":
@@ -123,6 +146,7 @@ class InferenceServiceSpec:
             replicas=int(spec.get("replicas", 1)),
             engine=EngineSpec(**_known(EngineSpec, engine)),
             resources=ResourcesSpec(**_known(ResourcesSpec, resources)),
+            parallelism=ParallelismSpec(nnodes=int((spec.get("parallelism") or {}).get("nnodes", 1))),
             slo=SLOSpec(**_known(SLOSpec, spec.get("slo") or {})),
             tuning=TuningSpec(**_known(TuningSpec, spec.get("tuning") or {})),
         )

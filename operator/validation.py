@@ -31,6 +31,11 @@ def validate(spec: InferenceServiceSpec) -> None:
     problems = settings.problems(engine_settings(engine), spell=lambda name: settings.CRD_FIELDS.get(name, name))
     if problems:
         raise InvalidSpec("InvalidEngineArgs", problems[0])
+    if spec.nnodes < 1 or engine.world_size % spec.nnodes:
+        raise InvalidSpec("InvalidParallelism", (
+            f"parallelism.nnodes {spec.nnodes} does not divide tensorParallelSize x pipelineParallelSize = "
+            f"{engine.world_size} (each pod of a group runs the same number of ranks); use a divisor of "
+            f"{engine.world_size}"))
     if is_builtin(spec.model.source):
         _validate_builtin(spec)
     reserved = sorted({name for name, _ in engine.env} & OPERATOR_ENV)

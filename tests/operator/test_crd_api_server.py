@@ -28,6 +28,7 @@ CEL_CASES = {
         {"spec": {"engine": {"enableChunkedPrefill": False, "maxNumBatchedTokens": 512}}},
     "preemptionMode swap needs swapSpace > 0": {"spec": {"engine": {"preemptionMode": "swap", "swapSpace": 0}}},
     "must be >= 16 and <= 1048576 (or -1)": {"spec": {"engine": {"maxModelLen": 8}}},
+    "parallelism.nnodes must divide": {"spec": {"engine": {"tensorParallelSize": 3}, "parallelism": {"nnodes": 2}}},
 }
 
 

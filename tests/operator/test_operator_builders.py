@@ -143,6 +143,22 @@ def test_specs_that_cannot_run_are_refused_with_a_reason(engine, model, reason):
     assert refused.value.reason == reason
 
 
+@pytest.mark.parametrize("engine, nnodes, runs", [
+    ({}, 1, True), ({"pipelineParallelSize": 2}, 2, True), ({"tensorParallelSize": 3}, 3, True),
+    ({"pipelineParallelSize": 2}, 3, False), ({}, 2, False), ({"tensorParallelSize": 3, "pipelineParallelSize": 2}, 4, False),
+])
+def test_nnodes_must_divide_the_engines_ranks(engine, nnodes, runs):
+    s = InferenceServiceSpec.from_dict({"model": SMOLLM, "engine": engine, "parallelism": {"nnodes": nnodes}})
+    assert s.nnodes == nnodes
+    if runs:
+        validate(s)
+        assert s.ranks_per_pod * nnodes == s.engine.world_size
+        return
+    with pytest.raises(InvalidSpec) as refused:
+        validate(s)
+    assert refused.value.reason == "InvalidParallelism" and "parallelism.nnodes" in refused.value.message
+
+
 def test_valid_parallel_sizes_pass():
     validate(spec(tensorParallelSize=3, pipelineParallelSize=30))
     shape = BUILTIN_MODELS["smollm2-135m-instruct"]
@@ -157,7 +173,7 @@ def _crd_schema() -> dict:
 def test_python_defaults_match_the_crd_defaults():
     props = _crd_schema()["properties"]["spec"]["properties"]
     defaults = InferenceServiceSpec.from_dict({"model": SMOLLM})
-    for section in ("engine", "resources", "slo", "tuning"):
+    for section in ("engine", "resources", "parallelism", "slo", "tuning"):
         ours = getattr(defaults, section)
         for name, field_schema in props[section]["properties"].items():
             if "default" in field_schema:
