@@ -166,29 +166,44 @@ class KubeClient:
         return self.patch(isvc_path(namespace, name, "status"), {"status": status})
 
 
+WORKERS = 32  # the operator's request threads (and urllib3 connections); see AsyncKubeClient
+
+
 class AsyncKubeClient:
     """KubeClient's calls for asyncio code (the operator's Kopf handlers): each runs on a
-    worker thread, so the event loop keeps serving watches meanwhile: the loop's default
-    executor (asyncio.to_thread), or `executor` when given. The leader's Lease renewals take
-    their own executor: in the default one (min(32, cores + 4) threads, 6 on 2 cores) they
-    queued behind the requests of 1,000 reconciles for more than the renew deadline, and
-    the leader gave up its lease and exited (issue 42's 1,000-resource benchmark)."""
+    worker thread of this client's own pool (`workers` threads, as many urllib3 connections),
+    so the event loop keeps serving watches meanwhile; or on `executor` when given.
 
-    def __init__(self, client: KubeClient, executor: concurrent.futures.Executor | None = None):
-        self.client, self.executor = client, executor
+    Why a pool of its own: asyncio's default executor has min(32, cores + 4) threads, 6 on
+    2 cores, shared with everything else in the process; at 1,000 InferenceServices every
+    reconcile queued behind the others' requests there (issue 42's benchmark: `create`
+    handlers 30 s or more), and the leader's Lease renewals queued past the renew deadline.
+    The requests are waits on the API server, not CPU, so more threads than cores help; the
+    Lease client keeps a one-thread executor of its own (cli/operator.py)."""
+
+    def __init__(self, client: KubeClient, executor: concurrent.futures.Executor | None = None,
+                 workers: int = WORKERS):
+        self.client = client
+        self._own = executor is None
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kube")
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot",
-                         executor: concurrent.futures.Executor | None = None) -> AsyncKubeClient:
-        return cls(KubeClient.from_environment(kubeconfig, user_agent), executor)
+                         executor: concurrent.futures.Executor | None = None,
+                         workers: int = WORKERS) -> AsyncKubeClient:
+        """Raises kubernetes.config.ConfigException when no credentials are found."""
+        configuration = load_configuration(kubeconfig)
+        if executor is None:  # one connection per thread: urllib3 discards any beyond maxsize
+            configuration.connection_pool_maxsize = workers
+        return cls(KubeClient(configuration, user_agent), executor, workers)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.executor is None:
-            return await asyncio.to_thread(fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
 
     async def close(self) -> None:
         await self._call(self.client.close)
+        if self._own:
+            self.executor.shutdown(wait=False)
 
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self._call(self.client.get, path)

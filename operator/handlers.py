@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -71,24 +72,31 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def seen(type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the set of resources the resync loop visits (the watch's view, so its scope), and
-    their metrics."""
+    """Keep the resources the resync loop visits (the watch's view, so its scope), each as the
+    watch last delivered it, and their metrics."""
     if "ctx" in memo:
-        (memo.ctx.known.discard if type == "DELETED" else memo.ctx.known.add)((namespace, name))
+        if type == "DELETED":
+            memo.ctx.known.pop((namespace, name), None)
+            memo.ctx.reconciled_at.pop((namespace, name), None)
+        else:
+            memo.ctx.known[(namespace, name)] = body
     metrics.observe(namespace, name, None if type == "DELETED" else body)
 
 
 async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
     """Level-based repair every resync interval: recreate deleted children, restore hand-edited
-    ones, refresh status. Errors are logged and retried on the next pass."""
+    ones, refresh status. Each resource as the watch last delivered it (no GET: the watch
+    sends every change), and only one not reconciled within the interval (a create, update
+    or resume just did the same work), so a child deleted by hand comes back within two
+    intervals. Errors are logged and retried on the next pass."""
     while True:
         await asyncio.sleep(ctx.config.resync_seconds)
-        for namespace, name in sorted(ctx.known):
+        for (namespace, name), body in sorted(ctx.known.items()):
+            last = ctx.reconciled_at.get((namespace, name))
+            if last is not None and time.monotonic() - last < ctx.config.resync_seconds:
+                continue
             try:
-                body = await ctx.kube.get(isvc_path(namespace, name))
-                if body is None:
-                    ctx.known.discard((namespace, name))
-                elif not body["metadata"].get("deletionTimestamp"):
+                if not body["metadata"].get("deletionTimestamp"):
                     with metrics.reconcile_timer("resync"):
                         await reconcile(ctx, body, "resync", logger)
             except kopf.PermanentError:
@@ -117,11 +125,13 @@ async def resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: An
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A child Deployment changed: carry its readiness into the owner's status at once."""
+    """A child Deployment changed: carry its readiness into the owner's status at once. The
+    owner as its watch last delivered it (a GET only before the watch has shown it)."""
     owner = body.metadata.labels.get(ISVC_LABEL)
     if not owner or type == "DELETED":
         return
-    isvc = await memo.ctx.kube.get(isvc_path(body.metadata.namespace, owner))
+    namespace = body.metadata.namespace
+    isvc = memo.ctx.known.get((namespace, owner)) or await memo.ctx.kube.get(isvc_path(namespace, owner))
     if isvc is not None and not isvc["metadata"].get("deletionTimestamp"):
         with metrics.reconcile_timer("deployment"):
             await refresh_status(memo.ctx, isvc, deployment=body)

@@ -55,7 +55,12 @@ class Context:
 
     kube: AsyncKubeClient
     config: OperatorConfig
-    known: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name) the watch has seen
+    # (namespace, name) -> the resource as the watch last delivered it: the resync loop's
+    # scope, and the owner a child Deployment's event refreshes, without a GET of each
+    known: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # (namespace, name) -> time.monotonic() of its last complete reconcile (the resync skips
+    # a resource reconciled within its interval)
+    reconciled_at: dict[tuple[str, str], float] = field(default_factory=dict)
     _podmonitors: bool | None = None
     _podmonitors_at: float = 0.0
 
@@ -115,14 +120,16 @@ def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config
     return children
 
 
-async def ensure_child(kube: AsyncKubeClient, desired: dict[str, Any]) -> str:
-    """Create the child, or restore the values it should have. Returns created / updated / unchanged."""
+async def ensure_child(kube: AsyncKubeClient, desired: dict[str, Any],
+                       create_first: bool = False) -> tuple[str, dict[str, Any]]:
+    """Create the child, or restore the values it should have. Returns (created / updated /
+    unchanged, the child as the API server answered). create_first (a new resource, whose
+    children most likely do not exist): POST without a GET first, and compare only on 409."""
     path = manifest_path(desired)
-    actual = await kube.get(path)
+    actual = None if create_first else await kube.get(path)
     if actual is None:
         try:
-            await kube.create(desired)
-            return "created"
+            return "created", await kube.create(desired)
         except ApiError as e:
             if e.status != 409:  # 409: a concurrent call created it; compare with that one
                 raise
@@ -130,19 +137,20 @@ async def ensure_child(kube: AsyncKubeClient, desired: dict[str, Any]) -> str:
     if actual is None or actual["metadata"].get("deletionTimestamp"):
         raise kopf.TemporaryError(f"{desired['kind']} {desired['metadata']['name']} is being deleted", delay=2)
     if covers(actual, desired):
-        return "unchanged"
+        return "unchanged", actual
     patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
-    await kube.patch(path, patch)
-    return "updated"
+    return "updated", await kube.patch(path, patch)
 
 
-async def ensure_admin_secret(kube: AsyncKubeClient, body: Mapping[str, Any], spec: InferenceServiceSpec) -> bool:
+async def ensure_admin_secret(kube: AsyncKubeClient, body: Mapping[str, Any], spec: InferenceServiceSpec,
+                              create_first: bool = False) -> bool:
     """Creates the admin-token Secret once (owned by the InferenceService); an existing one is
     never rewritten, so the token stays what the engine and the tuner hold. True when created.
-    The token is never logged: only the Secret's name is."""
+    create_first: POST without a GET first (409 keeps the existing one). The token is never
+    logged: only the Secret's name is."""
     meta = body["metadata"]
     path = object_path("v1", "secrets", meta["namespace"], admin_secret_name(meta["name"]))
-    if await kube.get(path) is not None:
+    if not create_first and await kube.get(path) is not None:
         return False
     secret = build_admin_secret(meta["name"], meta["namespace"], spec)
     kopf.append_owner_reference(secret, owner=body)
@@ -197,11 +205,15 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             await announce(ctx.kube, body, cause != "resync", "Warning", reason, str(e))
         raise kopf.PermanentError(f"{reason}: {e}")
 
-    if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec):
+    create_first = cause == "create"  # a new resource: its children most likely do not exist yet
+    if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec, create_first):
         await announce(ctx.kube, body, cause != "resync", "Normal", "Created", f"created Secret {admin_secret_name(name)}")
     podmonitor = await ctx.podmonitors_available()
+    deployment = None
     for child in desired_children(body, spec, ctx.config, podmonitor):
-        action = await ensure_child(ctx.kube, child)
+        action, actual = await ensure_child(ctx.kube, child, create_first)
+        if child["kind"] == "Deployment":
+            deployment = actual
         if action != "unchanged":
             kind, child_name = child["kind"], child["metadata"]["name"]
             reason = "Created" if action == "created" else ("DriftRepaired" if cause == "resync" else "Updated")
@@ -210,7 +222,8 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
                 message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
             await announce(ctx.kube, body, cause != "resync", "Normal", reason, message)
             logger.info(message)
-    await refresh_status(ctx, body, spec)
+    await refresh_status(ctx, body, spec, deployment)
+    ctx.reconciled_at[(namespace, name)] = time.monotonic()
 
 
 async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec | None = None,

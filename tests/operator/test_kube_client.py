@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from kvpilot.api.kube import ApiError, AsyncKubeClient, KubeClient, object_path
+from kvpilot.api.kube import WORKERS, ApiError, AsyncKubeClient, KubeClient, object_path
 
 
 NAMESPACE = "kube-client"  # this module's namespace (tests/kube/cluster.py)
@@ -58,10 +58,10 @@ def test_async_client_runs_the_same_calls_off_the_event_loop(cluster):
     assert asyncio.run(run()) == ({"x": "1"}, True, True, False)
 
 
-def test_an_own_executor_keeps_calls_out_of_the_default_executors_queue():
-    """The leader's Lease client runs on its own thread: with the loop's default executor busy
-    (every thread blocked, more calls queued, as under 1,000 reconciles), its call still
-    returns at once; a call on the default executor waits its turn."""
+def test_an_own_executor_keeps_calls_out_of_the_reconcilers_queue():
+    """The leader's Lease client runs on its own thread: with the reconcilers' client busy
+    (every one of its threads blocked, more calls queued, as under 1,000 reconciles), its call
+    still returns at once; a call on the busy client waits its turn."""
     import concurrent.futures
     import threading
     import time
@@ -76,7 +76,7 @@ def test_an_own_executor_keeps_calls_out_of_the_default_executors_queue():
 
     async def main() -> tuple[str, float, bool]:
         busy = AsyncKubeClient(Blocking())
-        queued = [asyncio.create_task(busy.get("slow")) for _ in range(64)]  # more than the default's threads
+        queued = [asyncio.create_task(busy.get("slow")) for _ in range(WORKERS + 8)]  # more than its threads
         await asyncio.sleep(0.1)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lease") as own:
             start = time.monotonic()
@@ -92,3 +92,30 @@ def test_an_own_executor_keeps_calls_out_of_the_default_executors_queue():
     name, took, waiting = asyncio.run(main())
     assert name.startswith("lease") and took < 1.0
     assert waiting
+
+
+def test_the_reconcilers_client_runs_its_workers_calls_at_once_not_the_default_executors_few():
+    """Issue 42: asyncio's default executor ran 6 calls at a time on 2 cores and 1,000
+    reconciles queued behind each other; the client's own pool runs WORKERS blocking calls
+    together (each waits on the API server, not on the CPU), whatever the core count."""
+    import threading
+
+    started, release = threading.Semaphore(0), threading.Event()
+
+    class Blocking:
+        def get(self, path: str) -> str:
+            started.release()
+            release.wait(10)
+            return path
+
+    async def main() -> int:
+        kube = AsyncKubeClient(Blocking())
+        calls = [asyncio.create_task(kube.get(str(i))) for i in range(WORKERS)]
+        await asyncio.sleep(0.3)
+        running = sum(started.acquire(blocking=False) for _ in range(WORKERS))
+        release.set()
+        await asyncio.gather(*calls)
+        kube.executor.shutdown()
+        return running
+
+    assert WORKERS >= 16 and asyncio.run(main()) == WORKERS
