@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from kvpilot.engine.config import ModelConfig, element_bytes
 
 from kvpilot.engine.exit_codes import KVCacheTooSmallError
+from kvpilot.engine.parallel_layout import node_ranks
 
 if TYPE_CHECKING:  # torch loads only where a device is measured: the tuner sizes without it
     import torch
@@ -200,31 +201,38 @@ class RankMemory:
 
 @dataclass(frozen=True)
 class KVCachePlan:
-    """How many KV blocks every rank holds. shared_memory (CPU): one KVCacheBudget over the
-    whole machine with the ranks' weights, activations and block bytes summed. Otherwise
-    (one device per rank): one KVCacheBudget per rank, and the smallest count wins.
-    Source: vLLM `Executor.determine_num_available_blocks` (minimum over workers)."""
+    """How many KV blocks every rank holds. shared_memory (CPU): one KVCacheBudget per
+    machine (node, pod) with the weights, activations and block bytes of the ranks it runs
+    summed (nnodes machines each run world / nnodes contiguous ranks,
+    `parallel_layout.node_ranks`). Otherwise (one device per rank): one KVCacheBudget per
+    rank. The smallest count wins. Source: vLLM `Executor.determine_num_available_blocks`
+    (minimum over workers)."""
 
     budgets: tuple[KVCacheBudget, ...]
     ranks: tuple[RankMemory, ...]
     shared_memory: bool
+    nnodes: int = 1
 
     @classmethod
     def build(cls, total_bytes: int, gpu_memory_utilization: float, block_size: int,
-              ranks: list[RankMemory], shared_memory: bool, space_bytes: int | None = None) -> KVCachePlan:
-        """total_bytes: memory of one device (shared_memory=False) or of the machine.
-        space_bytes: the CPU cap on each rank's KV cache (None: no cap)."""
+              ranks: list[RankMemory], shared_memory: bool, space_bytes: int | None = None,
+              nnodes: int = 1) -> KVCachePlan:
+        """total_bytes: memory of one device (shared_memory=False) or of one machine.
+        space_bytes: the CPU cap on each rank's KV cache (None: no cap). nnodes: machines
+        the ranks are spread over (shared_memory only; each has total_bytes). Raises
+        ValueError when nnodes does not divide the number of ranks."""
         space_block = max(r.block_bytes for r in ranks)
 
-        def budget(weights, activation, block_bytes):
-            return KVCacheBudget(total_bytes, gpu_memory_utilization, weights, activation, block_bytes, block_size,
-                                 space_bytes, space_block)
+        def budget(group):
+            return KVCacheBudget(total_bytes, gpu_memory_utilization, sum(r.weights_bytes for r in group),
+                                 sum(r.activation_bytes for r in group), sum(r.block_bytes for r in group),
+                                 block_size, space_bytes, space_block)
         if shared_memory or len(ranks) == 1:
-            budgets = (budget(sum(r.weights_bytes for r in ranks), sum(r.activation_bytes for r in ranks),
-                              sum(r.block_bytes for r in ranks)),)
+            budgets = tuple(budget([ranks[i] for i in node_ranks(len(ranks), nnodes, node)])
+                            for node in range(nnodes))
         else:
-            budgets = tuple(budget(r.weights_bytes, r.activation_bytes, r.block_bytes) for r in ranks)
-        return cls(budgets, tuple(ranks), shared_memory)
+            budgets = tuple(budget([r]) for r in ranks)
+        return cls(budgets, tuple(ranks), shared_memory, nnodes)
 
     @property
     def limiting(self) -> int:
@@ -248,6 +256,11 @@ class KVCachePlan:
         if len(self.budgets) == 1:
             return (f"{len(self.ranks)} ranks share one memory; summed over them: {budget.describe()}; "
                     f"KiB per block by rank: {per_rank}")
+        if self.shared_memory:
+            held = node_ranks(len(self.ranks), self.nnodes, self.limiting)
+            return (f"{len(held)} rank(s) per node over {self.nnodes} nodes; node {self.limiting} (ranks "
+                    f"{held.start}-{held.stop - 1}) has the fewest blocks, summed over its ranks: "
+                    f"{budget.describe()}; KiB per block by rank: {per_rank}")
         rank = self.ranks[self.limiting].rank
         return (f"rank {rank} has the fewest blocks, every rank holds that many: {budget.describe()}; "
                 f"KiB per block by rank: {per_rank}")
