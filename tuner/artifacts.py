@@ -21,7 +21,8 @@ logger = logging.getLogger("kvpilot.tuner")
 
 def tuned_inferenceservice(name: str, model_source: str, settings: EngineSettings, slo: SLO,
                            base: dict[str, Any] | None = None, extra_args: list[str] | None = None) -> dict[str, Any]:
-    """An InferenceService manifest with `settings` in spec.engine. base: an existing
+    """An InferenceService manifest with `settings` in spec.engine (and its pod count in
+    spec.parallelism.nnodes when it spans pods or the base sets it). base: an existing
     resource whose spec is kept otherwise (cluster mode); else a minimal one."""
     spec = dict((base or {}).get("spec") or {})
     spec.setdefault("model", {"source": model_source})
@@ -30,6 +31,8 @@ def tuned_inferenceservice(name: str, model_source: str, settings: EngineSetting
     if extra_args and not engine.get("extraArgs"):
         engine["extraArgs"] = list(extra_args)
     spec["engine"] = engine
+    if settings.nnodes > 1 or "parallelism" in spec:
+        spec["parallelism"] = {**(spec.get("parallelism") or {}), "nnodes": settings.nnodes}
     spec.setdefault("slo", {"ttftP95Ms": slo.ttft_p95_ms, "itlP95Ms": slo.itl_p95_ms, "e2eP95Ms": slo.e2e_p95_ms,
                             "maxPreemptionsPerMin": slo.max_preemptions_per_min})
     meta = (base or {}).get("metadata") or {}

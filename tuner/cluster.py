@@ -1,14 +1,23 @@
 """`KubernetesRunner`: runs trials by editing an InferenceService.
 
-Per trial: merge-patch the trial's settings into `spec.engine` (the API server's CRD rules
-may refuse them: a rejected trial), wait until the operator reports the rollout done
+Per trial: merge-patch the trial's settings into `spec.engine` and its pod count into
+`spec.parallelism.nnodes`, in one patch (the API server's CRD rules may refuse them: a
+rejected trial), wait until the operator reports the rollout done
 (`status.observedGeneration` >= the new generation, `Ready` True, and
-`status.appliedEngineArgs` carrying the trial's flags), then measure a window. Progress goes
+`status.appliedEngineArgs` carrying the trial's flags; with nnodes > 1 Ready means every pod
+of every group is ready), then measure a window. Progress goes
 into `status.tuning` (phase, trial, bestTrial, bestObjective, bestEngine, a short history)
 through the status subresource, which the operator's own status writes leave alone.
 `finish` writes the best settings into `spec.engine`, so the pods' flags match what runs.
 With live traffic, a trial cut short for a clear SLO violation puts the best known settings
 back at once (the next trial's rollout, or `finish`, follows).
+
+A pod lost during the window (an engine that exits, or with nnodes > 1 any member of a
+group: the engine's node 0 exits when a node is lost, and the group restarts) shows as the
+InferenceService's `Ready` condition leaving True after the rollout: its status is not True,
+or its lastTransitionTime moved. The window is then void: the trial fails as transient
+(tried once more, then hidden from the sampler, `kvpilot.tuner.failures`) and the best known
+settings are put back at once, as for a trial cut short.
 """
 
 from __future__ import annotations
@@ -59,10 +68,11 @@ class KubernetesRunner:
 
     def __init__(self, kube: KubeClient, namespace: str, name: str,
                  measure: Callable[[int, EngineSettings], Measurement], rollout_timeout_s: float = 600.0,
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, loss_grace_s: float = 30.0):
         self.kube, self.namespace, self.name = kube, namespace, name
         self.measure = measure
         self.rollout_timeout_s, self.poll_s = rollout_timeout_s, poll_s
+        self.loss_grace_s = loss_grace_s  # after a failed window: how long the operator may take to report a lost pod
         self.best_settings: EngineSettings | None = None  # kept current by `record`
         self.best_trial: int | None = None
 
@@ -95,13 +105,15 @@ class KubernetesRunner:
 
     # ------------------------------------------------------------ rollout
     def apply(self, settings: EngineSettings) -> int:
-        """Patches spec.engine; returns the resource's new generation."""
+        """Patches spec.engine and spec.parallelism.nnodes (`EngineSettings.to_spec`) in one
+        merge patch; returns the resource's new generation."""
         try:
-            obj = self.kube.patch_isvc(self.namespace, self.name, {"spec": {"engine": settings.to_engine_spec()}})
+            obj = self.kube.patch_isvc(self.namespace, self.name, {"spec": settings.to_spec()})
         except ApiError as e:
             if e.status in (400, 422):
-                raise TrialFailed(REJECTED, f"the API server refused spec.engine: {e.message}") from e
-            raise TrialFailed(TRANSIENT, f"patching spec.engine failed: {e}") from e
+                raise TrialFailed(REJECTED, f"the API server refused spec.engine / spec.parallelism: "
+                                            f"{e.message}") from e
+            raise TrialFailed(TRANSIENT, f"patching spec.engine / spec.parallelism failed: {e}") from e
         return int(obj["metadata"].get("generation") or 0)
 
     def wait_rollout(self, generation: int, settings: EngineSettings) -> dict[str, Any]:
@@ -127,17 +139,50 @@ class KubernetesRunner:
         raise TrialFailed(TRANSIENT, f"rollout of generation {generation} not done in {self.rollout_timeout_s:.0f} s: "
                                      f"{last}")
 
+    def pod_lost(self, rolled_out: dict[str, Any], wait_s: float = 0.0) -> str:
+        """Why the engine's pods are not all as they were at the rollout (`rolled_out`, the
+        resource `wait_rollout` returned): Ready no longer True, or True since a later
+        transition (a pod left and came back). '' when nothing was lost; polls up to wait_s
+        for the operator to report a loss."""
+        since = conditions(rolled_out).get("Ready", {}).get("lastTransitionTime")
+        deadline = time.monotonic() + wait_s
+        while True:
+            ready = conditions(self.kube.get_isvc(self.namespace, self.name)).get("Ready", {})
+            if ready.get("status") != "True":
+                return (f"an engine pod was lost during the trial: Ready is {ready.get('status')} "
+                        f"({ready.get('reason')}: {ready.get('message')})")
+            if ready.get("lastTransitionTime") != since:
+                return (f"an engine pod was lost and came back during the trial: Ready since "
+                        f"{ready.get('lastTransitionTime')}, was since {since}")
+            if time.monotonic() >= deadline:
+                return ""
+            time.sleep(self.poll_s)
+
+    def restore_best(self, number: int, why: str) -> None:
+        """Puts the best known settings back at once (nothing before a trial was measured)."""
+        if self.best_settings is not None:
+            logger.warning("trial %d %s; restoring trial %s's settings", number, why, self.best_trial)
+            self.apply(self.best_settings)
+
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
         self.write_tuning(phase="Running", trial=number)
         generation = self.apply(settings)
-        self.wait_rollout(generation, settings)
+        rolled_out = self.wait_rollout(generation, settings)
         try:
             m = self.measure(number, settings)
         except TrialCutShort:
-            if self.best_settings is not None:  # users get the best known settings back at once
-                logger.warning("trial %d cut short; restoring trial %s's settings", number, self.best_trial)
-                self.apply(self.best_settings)
+            self.restore_best(number, "cut short")  # users get the best known settings back at once
             raise
+        except TrialFailed as e:
+            lost = self.pod_lost(rolled_out, self.loss_grace_s)
+            if lost:
+                self.restore_best(number, "lost a pod")
+                raise TrialFailed(TRANSIENT, f"{lost}; the window: {e.message}") from e
+            raise
+        lost = self.pod_lost(rolled_out)
+        if lost:  # the window ran on a group that lost a member: it measures no settings
+            self.restore_best(number, "lost a pod")
+            raise TrialFailed(TRANSIENT, lost)
         m.extra.update(generation=generation)
         logger.info("trial %d (%s, generation %d): goodput %.3f req/s", number, settings.describe(), generation,
                     m.goodput_rps)

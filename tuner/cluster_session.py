@@ -54,6 +54,11 @@ def quantity_bytes(text: str) -> int:
     return int(float(text))
 
 
+def quantity_cpus(text: str) -> float:
+    """A Kubernetes CPU quantity ('2', '1.5', '500m') in CPUs."""
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
 def slo_of(spec: InferenceServiceSpec) -> SLO:
     return SLO(ttft_p95_ms=spec.slo.ttftP95Ms, itl_p95_ms=spec.slo.itlP95Ms, e2e_p95_ms=spec.slo.e2eP95Ms,
                max_preemptions_per_min=spec.slo.maxPreemptionsPerMin)
@@ -83,16 +88,18 @@ def engine_api_key(kube: KubeClient, namespace: str, spec: InferenceServiceSpec,
 
 
 def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
-    """Device memory from --device-memory-gib (one GPU per rank), else the pod's memory
-    limit (CPU engines: every rank shares it); --num-gpu-blocks-override in extraArgs
-    fixes the cache size."""
+    """One pod's resources (spec.resources is per pod; with spec.parallelism.nnodes > 1
+    each pod of a group has them): device memory from --device-memory-gib (one GPU per
+    rank, --num-devices per pod), else the pod's memory limit and CPUs (CPU engines: the
+    ranks of a pod share them); --num-gpu-blocks-override in extraArgs fixes the cache size."""
     memory = int(a.device_memory_gib * (1 << 30)) if a.device_memory_gib else quantity_bytes(spec.resources.memory)
     value = flag_value(spec.engine.extraArgs, "num_gpu_blocks_override")
     override = None if value is None else int(value)
     quantization = resolve_quantization(flag_value(spec.engine.extraArgs, "quantization"),
                                         is_gguf_source(spec.model.source), not a.device_memory_gib)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
-                    shared_memory=not a.device_memory_gib, quantization=quantization)
+                    shared_memory=not a.device_memory_gib, quantization=quantization,
+                    cpus=None if a.device_memory_gib else quantity_cpus(spec.resources.cpu))
 
 
 def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Callable[[], bool] = lambda: False,
@@ -108,7 +115,7 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
         raise SystemExit(f"{a.namespace}/{a.name}: spec.tuning.enabled is false; set it to let the tuner patch "
                          f"spec.engine")
     slo = slo_of(spec)
-    original = EngineSettings.from_engine_spec(obj["spec"].get("engine") or {})
+    original = EngineSettings.from_spec(obj["spec"])
     objective = a.objective or spec.tuning.objective
     # status.url once the operator has written it; before that (tuning on from the first apply,
     # when this session starts as the operator creates the children) the same Service URL

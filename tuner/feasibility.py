@@ -17,6 +17,11 @@ chunked prefill, parallel sizes that do not divide the heads), and the KV-cache 
     max_model_len -1 (auto): min(the model's context, KV blocks x block_size)
     shared memory (CPU, all ranks in one machine or pod): KV blocks =
                   (memory x gpu_memory_utilization - sum weights_r - sum activation_r) // sum block_bytes_r
+    over nnodes pods (spec.parallelism.nnodes, vLLM's --nnodes): nnodes must divide tp x pp;
+                  each pod runs world / nnodes contiguous ranks (`parallel_layout.node_ranks`)
+                  under its own resources (resources are per pod): at most num_devices ranks
+                  and, on CPU, at most ceil(cpus) ranks per pod; on CPU the sums above run
+                  over one pod's ranks and the pod with the fewest blocks decides
                   and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
                   GiB per rank, 4 GiB when unset, as the engine reads it)
     dtype on CPU: `--dtype auto` is the engine's rule of `kvpilot.engine.cpu_info` (bfloat16 with
@@ -31,6 +36,7 @@ Source: vLLM `Worker.determine_available_memory` and its performance-tuning guid
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,10 +101,15 @@ def resolve_model(model: str, dtype: str | torch.dtype = "bfloat16") -> ModelCon
 class Hardware:
     """What the engine will run on.
 
-    device_memory_bytes: memory of one device (GPU, or the CPU's RAM / cgroup limit).
-    num_devices: devices available to one engine (bounds tp x pp).
-    shared_memory: every rank draws on the same device_memory_bytes (a CPU engine: its
-        ranks are processes on one machine or in one pod), instead of one device each.
+    device_memory_bytes: memory of one device (GPU), or of one pod or machine (CPU: its RAM
+        or cgroup limit, spec.resources.memory).
+    num_devices: devices of one pod or machine: bounds the ranks each pod runs (tp x pp /
+        nnodes; with nnodes 1, tp x pp).
+    shared_memory: the ranks of one pod draw on the same device_memory_bytes (a CPU engine:
+        its ranks are processes in one machine or pod), instead of one device each.
+    cpus: CPUs of one pod (spec.resources.cpu); None: not checked. A CPU engine's pod needs
+        one per rank it runs (the engine gives every rank at least one thread,
+        engine/cpu_threads.py, and rounds a fractional quota up).
     num_gpu_blocks_override: when the engine is started with --num-gpu-blocks-override,
         the KV cache has exactly this many blocks whatever the memory.
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
@@ -125,6 +136,7 @@ class Hardware:
     dtype: str | torch.dtype | None = None
     cpu_kvcache_space_bytes: int | None = None
     quantization: str | None = None  # settings.resolve_quantization of the engine; gguf on CPU adds the blocks
+    cpus: float | None = None
 
     def engine_dtype(self, model: ModelConfig) -> str:
         """The name of the dtype the engine runs in ('bfloat16', 'float32', 'float16')."""
@@ -177,6 +189,23 @@ class Feasibility:
     max_concurrency: float = 0.0
 
 
+def pod_problem(world_size: int, nnodes: int, hardware: Hardware) -> str:
+    """Why `world_size` ranks over `nnodes` pods do not fit the pods' resources ('' when
+    they do): nnodes must divide the world, and each pod's world / nnodes ranks need a
+    device each and, on CPU (shared_memory), a CPU each."""
+    layout = f"tensor_parallel_size x pipeline_parallel_size = {world_size}"
+    if world_size % nnodes:
+        return (f"layout: nnodes {nnodes} does not divide {layout} (each pod of the group runs world / nnodes "
+                f"ranks); choose an nnodes that divides it")
+    per_pod = world_size // nnodes
+    over = f" over {nnodes} pods is {per_pod} ranks per pod, which" if nnodes > 1 else ""
+    if per_pod > hardware.num_devices:
+        return f"{layout}{over} exceeds the {hardware.num_devices} available device(s) of a pod"
+    if hardware.shared_memory and hardware.cpus is not None and per_pod > math.ceil(hardware.cpus):
+        return f"{layout}{over} exceeds the pod's {hardware.cpus:g} CPU(s): a CPU engine runs each rank on a CPU"
+    return ""
+
+
 def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> Feasibility:
     """Applies the engine's rules and KV-cache arithmetic to `settings`; never raises for an
     infeasible setting, it returns the reason (the engine's own error message)."""
@@ -198,9 +227,9 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
         parallel.check_model(model)
     except ValueError as e:
         return Feasibility(False, f"engine rule: {e}")
-    if parallel.world_size > hardware.num_devices:
-        return Feasibility(False, f"tensor_parallel_size x pipeline_parallel_size = {parallel.world_size} "
-                                  f"exceeds the {hardware.num_devices} available device(s)")
+    problem = pod_problem(parallel.world_size, settings.nnodes, hardware)
+    if problem:
+        return Feasibility(False, problem)
     packed = hardware.shared_memory and dtype_name(model.dtype) == "bfloat16"
     gguf = (hardware.quantization == "gguf" and hardware.shared_memory
             and dtype_name(model.dtype) in ("float32", "bfloat16"))
@@ -215,7 +244,8 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
         how, block_bytes = f"kv_cache_memory_bytes {settings.kv_cache_memory_bytes}", sum(r.block_bytes for r in ranks)
     else:
         plan = KVCachePlan.build(hardware.device_memory_bytes, settings.gpu_memory_utilization,
-                                 settings.block_size, ranks, hardware.shared_memory, hardware.kv_space_bytes())
+                                 settings.block_size, ranks, hardware.shared_memory, hardware.kv_space_bytes(),
+                                 settings.nnodes)
         num_blocks, how = plan.num_blocks, "predicted: " + plan.describe()
         block_bytes = plan.budgets[plan.limiting].block_bytes
     if auto:  # the engine serves min(the model's context, what the cache holds)

@@ -1,5 +1,8 @@
 """The engine settings one trial runs with, and their three spellings: `vllm serve` flags,
-the InferenceService's `spec.engine` (camelCase) and the study's parameters.
+the InferenceService's `spec.engine` (camelCase) and the study's parameters. The one
+setting of the layout that is not an engine flag of a single process, `nnodes` (the pods
+one engine spans, vLLM's `--nnodes`), lives in the InferenceService's
+`spec.parallelism.nnodes` (`to_spec`).
 
 All three come from `kvpilot.engine.settings`, which also says which settings can change on a
 running engine (`live`: the scheduler limits, through the server's `POST
@@ -32,7 +35,10 @@ class EngineSettings:
     max(max_model_len, 2048) without, both doubled in performance_mode 'throughput'.
     max_model_len -1 is vLLM's auto (the longest the KV cache holds). Units: lengths and
     budgets in tokens, gpu_memory_utilization a fraction of device memory, kv_cache_memory_bytes
-    bytes per rank (None: sized from gpu_memory_utilization), swap_space in GiB.
+    bytes per rank (None: sized from gpu_memory_utilization), swap_space in GiB. nnodes: pods
+    (nodes, in vLLM's word) the tensor_parallel_size x pipeline_parallel_size ranks are spread
+    over, world / nnodes each (spec.parallelism.nnodes; feasibility refuses one that does not
+    divide the world). Raises ValueError for nnodes < 1.
     """
 
     max_model_len: int = _DEFAULTS["max_model_len"]
@@ -48,8 +54,11 @@ class EngineSettings:
     swap_space: float = _DEFAULTS["swap_space"]
     performance_mode: str | None = _DEFAULTS["performance_mode"]  # None: the engine's (balanced), no flag
     kv_cache_memory_bytes: int | None = _DEFAULTS["kv_cache_memory_bytes"]
+    nnodes: int = 1
 
     def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes (pods one engine spans) must be >= 1, got {self.nnodes}")
         if self.max_num_seqs is None:
             object.__setattr__(self, "max_num_seqs", default_max_num_seqs(self.performance_mode))
         if self.max_num_batched_tokens is None:
@@ -72,13 +81,26 @@ class EngineSettings:
     def to_engine_spec(self) -> dict[str, Any]:
         """The InferenceService `spec.engine` keys these settings set (camelCase); unset ones
         (None: performanceMode, kvCacheMemoryBytes) are left out, as the CRD has no null."""
-        return {settings.CRD_FIELDS[k]: v for k, v in self.as_dict().items() if v is not None}
+        return {camel: getattr(self, k) for k, camel in SPEC_KEYS.items() if getattr(self, k) is not None}
+
+    def to_spec(self) -> dict[str, Any]:
+        """The InferenceService `spec` keys a trial sets: `engine` (`to_engine_spec`) and
+        `parallelism.nnodes`, in one mapping so that one merge patch changes both (one
+        generation, one rollout)."""
+        return {"engine": self.to_engine_spec(), "parallelism": {"nnodes": self.nnodes}}
 
     @classmethod
     def from_engine_spec(cls, engine: Mapping[str, Any]) -> EngineSettings:
         """Reads a `spec.engine` mapping; keys it lacks take the engine defaults."""
         values = {k: engine[camel] for k, camel in SPEC_KEYS.items() if camel in engine}
         return cls(**values)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> EngineSettings:
+        """Reads an InferenceService `spec`: `engine` as `from_engine_spec`, nnodes from
+        `parallelism.nnodes` (absent: 1, the CRD's default)."""
+        nnodes = int((spec.get("parallelism") or {}).get("nnodes") or 1)
+        return cls.from_engine_spec(spec.get("engine") or {}).replace(nnodes=nnodes)
 
     def live_changes(self, new: EngineSettings) -> dict[str, Any] | None:
         """The scheduler changes that turn a running `self` into `new` without a restart
@@ -108,8 +130,13 @@ class EngineSettings:
             text += f" {self.performance_mode}"
         if self.max_model_len == AUTO_MAX_MODEL_LEN:
             text += " len=auto"
+        if self.nnodes > 1:
+            text += f" nnodes={self.nnodes}"
         return text
 
 
+# the layout's pod count: spec.parallelism.nnodes, not a key of spec.engine (`to_spec`)
+PARALLELISM_FIELDS = ("nnodes",)
 # snake_case field -> InferenceService spec.engine key, for the settings a trial sets
-SPEC_KEYS = {f.name: settings.CRD_FIELDS[f.name] for f in dataclasses.fields(EngineSettings)}
+SPEC_KEYS = {f.name: settings.CRD_FIELDS[f.name] for f in dataclasses.fields(EngineSettings)
+             if f.name not in PARALLELISM_FIELDS}

@@ -9,6 +9,10 @@ parallel sizes. The budget takes powers of two (the scale the guide's and the ch
 prefill study's sweeps use) plus `max_model_len`, the smallest budget chunked prefill
 off accepts; `max_num_seqs` is log-uniform. Parallel sizes are limited to those whose
 product fits the devices and that divide the model's heads (and, for even stages, layers).
+Layouts that span pods (nnodes, vLLM's `--nnodes`, the InferenceService's
+`spec.parallelism.nnodes`) enter only when the user gives a range of pods (`nnodes`, `kvpilot
+tune --nnodes LOW:HIGH`): each layout is then tp x pp over an nnodes that divides it, with
+at most `num_devices` ranks per pod.
 
 Default ranges come from one table, `kvpilot.engine.settings.SEARCH_RANGES` (each setting's
 `search`): `SearchSpace()`, `kvpilot tune`'s flags, the in-cluster tuner (which parses the
@@ -47,7 +51,9 @@ class SearchSpace:
         in it (and the base value) with max_num_seqs_pow2.
     gpu_memory_utilization: (low, high) fraction of device memory.
     enable_chunked_prefill: the values to try.
-    parallel: search tp x pp over what `num_devices` allows.
+    parallel: search tp x pp over what `num_devices` (per pod) allows.
+    nnodes: (low, high) pods one engine may span, searched with the layout; None keeps
+        the base's (the resource's spec.parallelism.nnodes).
     block_size, enable_prefix_caching, performance_mode: optional values to try.
     kv_cache_memory_bytes: (low, high) bytes per rank, sampled log-uniformly (opt-in).
     Defaults: `kvpilot.engine.settings.SEARCH_RANGES`.
@@ -64,8 +70,11 @@ class SearchSpace:
     max_num_seqs_pow2: bool = False
     kv_cache_memory_bytes: tuple[int, int] | None = SEARCH_RANGES.get("kv_cache_memory_bytes")
     performance_mode: tuple[str, ...] = ()
+    nnodes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.nnodes is not None and not 1 <= self.nnodes[0] <= self.nnodes[1]:
+            raise ValueError(f"nnodes bounds must satisfy 1 <= low <= high pods, got {self.nnodes}")
         for name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes"):
             bounds = getattr(self, name)
             if bounds is None:
@@ -98,18 +107,26 @@ class SearchSpace:
         low, high = self.max_num_seqs or (base.max_num_seqs,) * 2
         return sorted({1 << k for k in range(0, 31) if low <= (1 << k) <= high} | {base.max_num_seqs})
 
-    def parallel_choices(self, model: ModelConfig) -> list[str]:
-        """'TPxPP' strings with tp x pp <= num_devices that the engine's ParallelConfig
-        accepts for this model and whose pipeline stages are even."""
+    def parallel_choices(self, model: ModelConfig, base: EngineSettings | None = None) -> list[str]:
+        """Layouts as 'TPxPP' (one pod) or 'TPxPPxNNODES' strings (`layout_name`): tp x pp
+        that the engine's ParallelConfig accepts for this model, with even pipeline stages
+        (with `parallel`; else the base's tp x pp), over each nnodes of the range (else the
+        base's) that divides tp x pp into at most num_devices ranks per pod."""
+        pods = range(self.nnodes[0], self.nnodes[1] + 1) if self.nnodes else (base.nnodes if base else 1,)
+        most = self.num_devices * max(pods)
+        if self.parallel:
+            sizes = [(tp, pp) for tp in range(1, most + 1) for pp in range(1, most // tp + 1)]
+        else:
+            sizes = [(base.tensor_parallel_size, base.pipeline_parallel_size) if base else (1, 1)]
         found = []
-        for tp in range(1, self.num_devices + 1):
-            for pp in range(1, self.num_devices // tp + 1):
-                try:
-                    ParallelConfig(tp, pp).check_model(model)
-                except ValueError:
-                    continue
-                if model.num_layers % pp == 0:
-                    found.append(f"{tp}x{pp}")
+        for tp, pp in sizes:
+            try:
+                ParallelConfig(tp, pp).check_model(model)
+            except ValueError:
+                continue
+            if model.num_layers % pp == 0 or not self.parallel:
+                found += [layout_name(tp, pp, n) for n in pods if tp * pp % n == 0
+                          and tp * pp // n <= self.num_devices]
         return found
 
     def bounds_with(self, base: EngineSettings) -> SearchSpace:
@@ -125,6 +142,7 @@ class SearchSpace:
             enable_chunked_prefill=tuple(dict.fromkeys((*self.enable_chunked_prefill, base.enable_chunked_prefill)))
             if self.enable_chunked_prefill else (),
             parallel=self.parallel, num_devices=self.num_devices,
+            nnodes=widen(self.nnodes, base.nnodes),
             block_size=tuple(dict.fromkeys((*self.block_size, base.block_size))) if self.block_size else (),
             enable_prefix_caching=tuple(dict.fromkeys((*self.enable_prefix_caching, base.enable_prefix_caching)))
             if self.enable_prefix_caching else (),
@@ -154,11 +172,11 @@ class SearchSpace:
                 "enable_chunked_prefill", list(self.enable_chunked_prefill))
         elif self.enable_chunked_prefill:
             values["enable_chunked_prefill"] = self.enable_chunked_prefill[0]
-        if self.parallel:
-            choices = self.parallel_choices(model)
+        if self.parallel or self.nnodes:
+            choices = self.parallel_choices(model, base)
             if len(choices) > 1:
-                tp, pp = trial.suggest_categorical("parallel", choices).split("x")
-                values.update(tensor_parallel_size=int(tp), pipeline_parallel_size=int(pp))
+                tp, pp, nnodes = parse_layout(trial.suggest_categorical("parallel", choices))
+                values.update(tensor_parallel_size=tp, pipeline_parallel_size=pp, nnodes=nnodes)
         if len(self.block_size) > 1:
             values["block_size"] = trial.suggest_categorical("block_size", list(self.block_size))
         if len(self.enable_prefix_caching) > 1:
@@ -183,8 +201,9 @@ class SearchSpace:
             params["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if len(self.enable_chunked_prefill) > 1:
             params["enable_chunked_prefill"] = settings.enable_chunked_prefill
-        if self.parallel and len(self.parallel_choices(model)) > 1:
-            params["parallel"] = f"{settings.tensor_parallel_size}x{settings.pipeline_parallel_size}"
+        if (self.parallel or self.nnodes) and len(self.parallel_choices(model, settings)) > 1:
+            params["parallel"] = layout_name(settings.tensor_parallel_size, settings.pipeline_parallel_size,
+                                             settings.nnodes)
         if len(self.block_size) > 1:
             params["block_size"] = settings.block_size
         if len(self.enable_prefix_caching) > 1:
@@ -209,6 +228,19 @@ class SearchSpace:
             if choices:
                 out = [s.replace(**{name: c}) for s in out for c in choices]
         return list(dict.fromkeys(out))
+
+
+def layout_name(tensor_parallel_size: int, pipeline_parallel_size: int, nnodes: int = 1) -> str:
+    """The study's value for a layout: 'TPxPP' on one pod (as studies before nnodes named
+    it), 'TPxPPxNNODES' over several, e.g. '2x1x2': tp 2, pp 1 over 2 pods."""
+    name = f"{tensor_parallel_size}x{pipeline_parallel_size}"
+    return name if nnodes == 1 else f"{name}x{nnodes}"
+
+
+def parse_layout(name: str) -> tuple[int, int, int]:
+    """(tensor_parallel_size, pipeline_parallel_size, nnodes) of a `layout_name`."""
+    tp, pp, *pods = (int(part) for part in name.split("x"))
+    return tp, pp, pods[0] if pods else 1
 
 
 def ranges_markdown() -> str:
