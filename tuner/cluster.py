@@ -93,7 +93,8 @@ class KubernetesRunner:
             s = t.user_attrs.get("settings") or {}
             history.append({"trial": t.number, "verdict": t.user_attrs.get("verdict", t.state.name.lower()),
                             "objective": t.values[0] if t.values else None,
-                            **{CRD_FIELDS[name]: s.get(name) for name in HISTORY_SETTINGS}})
+                            **{CRD_FIELDS[name]: s.get(name) for name in HISTORY_SETTINGS},
+                            "nnodes": s.get("nnodes", 1)})  # spec.parallelism.nnodes: the pods it ran on
         fields: dict[str, Any] = {"phase": "Running", "trial": frozen.number, "history": history}
         best = best_measured(study)
         if best:

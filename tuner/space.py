@@ -111,7 +111,8 @@ class SearchSpace:
         """Layouts as 'TPxPP' (one pod) or 'TPxPPxNNODES' strings (`layout_name`): tp x pp
         that the engine's ParallelConfig accepts for this model, with even pipeline stages
         (with `parallel`; else the base's tp x pp), over each nnodes of the range (else the
-        base's) that divides tp x pp into at most num_devices ranks per pod."""
+        base's) that divides tp x pp into at most num_devices ranks per pod; and the base's
+        own layout, as the other discrete choices list the base value (feasibility judges it)."""
         pods = range(self.nnodes[0], self.nnodes[1] + 1) if self.nnodes else (base.nnodes if base else 1,)
         most = self.num_devices * max(pods)
         if self.parallel:
@@ -127,7 +128,8 @@ class SearchSpace:
             if model.num_layers % pp == 0 or not self.parallel:
                 found += [layout_name(tp, pp, n) for n in pods if tp * pp % n == 0
                           and tp * pp // n <= self.num_devices]
-        return found
+        own = base and layout_name(base.tensor_parallel_size, base.pipeline_parallel_size, base.nnodes)
+        return found if not own or own in found else [own, *found]
 
     def bounds_with(self, base: EngineSettings) -> SearchSpace:
         """This space widened so that the base (default) settings lie inside it, so the

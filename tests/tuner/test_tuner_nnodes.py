@@ -85,6 +85,8 @@ def test_layouts_over_pods_enter_the_space_only_with_a_range_of_pods():
         seen.add((settings.tensor_parallel_size, settings.pipeline_parallel_size, settings.nnodes))
         assert space.params_of(settings, SMOL)["parallel"] in space.parallel_choices(SMOL, base)
     assert (1, 2, 2) in seen and (1, 1, 1) in seen
+    # the base's own layout is always a choice, so it can run as trial 0 (feasibility judges it)
+    assert space.parallel_choices(SMOL, base.replace(tensor_parallel_size=3))[0] == "3x1"
 
 
 def test_the_tune_flag_gives_the_range_and_local_tuning_refuses_it(capsys):
@@ -122,7 +124,7 @@ class GroupKube:
                           message="0/1 replicas ready")
 
     def patch_status(self, namespace, name, status):
-        pass
+        self.status = status
 
 
 def runner(kube, measure):
@@ -171,3 +173,14 @@ def test_a_failed_window_without_a_lost_pod_keeps_the_trial_settings():
     with pytest.raises(TrialFailed, match="no series"):
         runner(kube, measure).run_trial(3, EngineSettings(max_num_seqs=8))
     assert len(kube.patches) == 1
+
+
+def test_the_status_history_says_how_many_pods_each_trial_ran_on():
+    kube, study = GroupKube(), optuna.create_study(direction="maximize")
+    for nnodes in (1, 2):
+        trial = study.ask()
+        trial.set_user_attr("settings", EngineSettings(pipeline_parallel_size=2, nnodes=nnodes).as_dict())
+        trial.set_user_attr("verdict", "measured")
+        frozen = study.tell(trial, 1.0 + nnodes)
+    runner(kube, None).record(study, frozen)
+    assert [h["nnodes"] for h in kube.status["tuning"]["history"]] == [1, 2]
