@@ -35,7 +35,7 @@ TIMEOUT_S = 30
 
 PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
            "PodMonitor": "podmonitors", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Event": "events",
-           "Lease": "leases"}
+           "Lease": "leases", "StatefulSet": "statefulsets", "Pod": "pods"}
 
 
 class ApiError(Exception):
@@ -126,6 +126,10 @@ class KubeClient:
                 return None
             raise
 
+    def list_objects(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """The items of a collection (path without a name) that match a label selector (k=v,k2)."""
+        return self.request("GET", path, params={"labelSelector": label_selector}).get("items") or []
+
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", manifest_path(obj, with_name=False), obj)
 
@@ -207,6 +211,9 @@ class AsyncKubeClient:
 
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self._call(self.client.get, path)
+
+    async def list_objects(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        return await self._call(self.client.list_objects, path, label_selector)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return await self._call(self.client.create, obj)

@@ -21,6 +21,7 @@ from .engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_comma
 
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"
+ROLE_LABEL = "kvpilot.dev/role"  # multi-pod groups: leader (node 0) or worker (operator/group_builders.py)
 HOME = "/home/kvpilot"
 CACHE = f"{HOME}/.cache"  # the pod's writable cache volume; the root filesystem is read-only
 
@@ -66,6 +67,13 @@ def child_labels(name: str, spec: InferenceServiceSpec) -> dict[str, str]:
     return {**selector_labels(name), "app.kubernetes.io/managed-by": "kvpilot-operator",
             "app.kubernetes.io/component": "engine", ISVC_LABEL: name,
             "kvpilot.dev/model": _label_value(spec.model.display_name)}
+
+
+def serving_labels(name: str, spec: InferenceServiceSpec) -> dict[str, str]:
+    """The pods that serve the API: every engine pod, or with parallelism.nnodes > 1 node 0 of
+    each group (the leader; the other nodes run headless). The client Service and the
+    PodMonitor select these."""
+    return {**selector_labels(name), ROLE_LABEL: "leader"} if spec.nnodes > 1 else selector_labels(name)
 
 
 def selector_string(name: str) -> str:
@@ -254,7 +262,7 @@ def build_deployment(name: str, namespace: str, spec: InferenceServiceSpec,
 def build_service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     return child_object("v1", "Service", name, namespace, spec, spec={
         "type": "ClusterIP",
-        "selector": selector_labels(name),
+        "selector": serving_labels(name, spec),
         "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http", "protocol": "TCP"}],
     })
 
@@ -262,7 +270,7 @@ def build_service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict
 def build_podmonitor(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor; only created when its CRD exists in the cluster."""
     return child_object("monitoring.coreos.com/v1", "PodMonitor", name, namespace, spec, spec={
-        "selector": {"matchLabels": selector_labels(name)},
+        "selector": {"matchLabels": serving_labels(name, spec)},
         # The dashboard selects engines by this label (app_kubernetes_io_instance).
         "podTargetLabels": ["app.kubernetes.io/instance"],
         "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],

@@ -31,7 +31,7 @@ from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
 from . import metrics
-from .builders import ISVC_LABEL
+from .builders import ISVC_LABEL, ROLE_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
@@ -56,6 +56,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # of the watched namespaces; this labelSelector on the list and the watch means the operator
     # never receives the others (issue 42: memory follows InferenceServices, not the cluster).
     settings.watching.label_selectors["apps", "v1", "deployments"] = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    # The pods of multi-pod groups (group_pod_changed), likewise: only ours, and only group members.
+    settings.watching.label_selectors["v1", "pods"] = ",".join([*(f"{k}={v}" for k, v in MANAGED.items()), ROLE_LABEL])
     memo.ctx = Context(kube=AsyncKubeClient.from_environment(user_agent="kvpilot-operator"), config=CONFIG)
     memo.resync_task = asyncio.create_task(resync_forever(memo.ctx, logging.getLogger("kvpilot.operator")))
 
@@ -123,15 +125,32 @@ async def resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: An
         await reconcile(memo.ctx, body, "resume", logger)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A child Deployment changed: carry its readiness into the owner's status at once. The
-    owner as its watch last delivered it (a GET only before the watch has shown it)."""
+async def _owner(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any] | None:
+    """The InferenceService that owns a child (its label), as its watch last delivered it (a
+    GET only before the watch has shown it); None when gone or being deleted."""
     owner = body.metadata.labels.get(ISVC_LABEL)
-    if not owner or type == "DELETED":
-        return
+    if not owner:
+        return None
     namespace = body.metadata.namespace
     isvc = memo.ctx.known.get((namespace, owner)) or await memo.ctx.kube.get(isvc_path(namespace, owner))
-    if isvc is not None and not isvc["metadata"].get("deletionTimestamp"):
+    return None if isvc is None or isvc["metadata"].get("deletionTimestamp") else isvc
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A child Deployment changed: carry its readiness into the owner's status at once."""
+    isvc = None if type == "DELETED" else await _owner(body, memo)
+    if isvc is not None:
         with metrics.reconcile_timer("deployment"):
             await refresh_status(memo.ctx, isvc, deployment=body)
+
+
+@kopf.on.event("v1", "pods", labels={**MANAGED, ROLE_LABEL: kopf.PRESENT})
+async def group_pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A pod of a multi-pod group changed, restarted or went: refresh the owner's status, which
+    recreates a group that lost a member (operator/groups.py). Pods rather than the
+    StatefulSets: a container restart and a pod's readiness show only on the pod."""
+    isvc = await _owner(body, memo)
+    if isvc is not None:
+        with metrics.reconcile_timer("group"):
+            await refresh_status(memo.ctx, isvc)

@@ -55,13 +55,19 @@ class NetworkPolicyConfig:
 def build_networkpolicy(name: str, namespace: str, spec: InferenceServiceSpec,
                         config: NetworkPolicyConfig) -> dict[str, Any]:
     """Ingress to the engine port of this InferenceService's pods from the namespace,
-    Prometheus and the operator; nothing else."""
+    Prometheus and the operator; with parallelism.nnodes > 1 also every port between the
+    InferenceService's own pods (its groups' rendezvous and collectives); nothing else."""
     operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(config.operator_labels)}}
     if config.operator_namespace and config.operator_namespace != namespace:
         operator["namespaceSelector"] = {"matchLabels": {NAMESPACE_NAME_LABEL: config.operator_namespace}}
     peers = [{"podSelector": {}}, dict(config.prometheus), operator]
+    ingress: list[dict[str, Any]] = [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.engine.port}]}]
+    if spec.nnodes > 1:
+        # a group's pods meet on node 0's rendezvous port and then on ephemeral ports (gloo's
+        # pairs, NCCL's sockets): every port, but only from the pods of this InferenceService
+        ingress.append({"from": [{"podSelector": {"matchLabels": selector_labels(name)}}]})
     return child_object("networking.k8s.io/v1", "NetworkPolicy", name, namespace, spec, spec={
         "podSelector": {"matchLabels": selector_labels(name)},
         "policyTypes": ["Ingress"],
-        "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.engine.port}]}],
+        "ingress": ingress,
     })

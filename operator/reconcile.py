@@ -22,9 +22,11 @@ from .builders import (HASH_ANNOTATION, Images, admin_secret_name, build_admin_s
                        build_deployment, build_podmonitor, build_service, configmap_name, selector_string)
 from .engine_args import engine_command
 from .events import announce
+from .group_builders import build_group_children, group_hash
+from .groups import OLD_CONFIGURATION, delete_group_children, sync_groups
 from .network import NetworkPolicyConfig, build_networkpolicy
 from .policy import Policy
-from .status import deployment_conditions, failed_conditions, merge_conditions
+from .status import deployment_conditions, failed_conditions, group_conditions, merge_conditions
 from .validation import InvalidSpec, validate
 
 
@@ -109,9 +111,9 @@ def covers(actual: Any, desired: Any, quantity: bool = False) -> bool:
 def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,
                      podmonitor: bool) -> list[dict[str, Any]]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    children = [build_configmap(name, namespace, spec),
-                build_deployment(name, namespace, spec, config.images),
-                build_service(name, namespace, spec)]
+    engine = (build_group_children(name, namespace, spec, config.images) if spec.nnodes > 1
+              else [build_deployment(name, namespace, spec, config.images)])
+    children = [build_configmap(name, namespace, spec), *engine, build_service(name, namespace, spec)]
     if config.network.enabled:
         children.append(build_networkpolicy(name, namespace, spec, config.network))
     if podmonitor:
@@ -176,7 +178,7 @@ async def delete_children(kube: AsyncKubeClient, namespace: str, name: str) -> l
         except ApiError as e:
             if e.status != 404 and plural != "podmonitors":
                 raise
-    return deleted
+    return deleted + await delete_group_children(kube, namespace, name)
 
 
 async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: Any) -> None:
@@ -222,13 +224,21 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
                 message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
             await announce(ctx.kube, body, cause != "resync", "Normal", reason, message)
             logger.info(message)
+    if spec.nnodes > 1 or (old_status.get("groupSize") or 1) > 1:  # groups now, or before: remove the other shape
+        stale = await delete_group_children(ctx.kube, namespace, name, spec.replicas if spec.nnodes > 1 else None)
+        if spec.nnodes > 1 and await ctx.kube.delete(object_path("apps/v1", "deployments", namespace, name)):
+            stale.append(f"deployments/{name}")
+        for child in stale:
+            await announce(ctx.kube, body, cause != "resync", "Normal", "Deleted", f"deleted {child}")
     await refresh_status(ctx, body, spec, deployment)
     ctx.reconciled_at[(namespace, name)] = time.monotonic()
 
 
 async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec | None = None,
                          deployment: Mapping[str, Any] | None = None) -> None:
-    """Write observedGeneration, replicas, url, applied args and conditions from the Deployment."""
+    """Write observedGeneration, replicas, url, applied args and conditions from the Deployment,
+    or with parallelism.nnodes > 1 from the groups' pods (recreating a group that lost a member
+    and replacing outdated groups one at a time: operator/groups.py)."""
     meta = body["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
     if spec is None:
@@ -238,11 +248,19 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
             ctx.config.policy.check(spec)
         except (InvalidSpec, ValueError, TypeError):
             return  # the Failed status is the reconciler's to write
-    desired = build_deployment(name, namespace, spec, ctx.config.images)
-    desired_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
-    if deployment is None:
-        deployment = await ctx.kube.get(object_path("apps/v1", "deployments", namespace, name))
-    conditions, replicas, ready = deployment_conditions(deployment, spec.replicas, desired_hash, generation)
+    if spec.nnodes > 1:
+        desired_hash = group_hash(name, namespace, spec, ctx.config.images)
+        plan = await sync_groups(ctx.kube, namespace, name, spec.replicas, spec.nnodes, desired_hash)
+        for group, why in sorted(plan.restart.items()):
+            await announce(ctx.kube, body, True, "Warning" if not why.endswith(OLD_CONFIGURATION) else "Normal",
+                           "RecreatingGroup", f"group {group}: {why}; deleting all its pods")
+        conditions, replicas, ready = group_conditions(plan, spec.nnodes, desired_hash, generation)
+    else:
+        desired = build_deployment(name, namespace, spec, ctx.config.images)
+        desired_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
+        if deployment is None:
+            deployment = await ctx.kube.get(object_path("apps/v1", "deployments", namespace, name))
+        conditions, replicas, ready = deployment_conditions(deployment, spec.replicas, desired_hash, generation)
     old = body.get("status") or {}
     status = {
         "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready,
@@ -250,6 +268,7 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
         "url": service_url(name, namespace, spec), "configHash": desired_hash,
         "appliedEngineArgs": engine_command(spec),
         "conditions": merge_conditions(old.get("conditions"), conditions, now_iso()),
+        "groupSize": spec.nnodes if spec.nnodes > 1 else None,  # None: removed by the merge patch
     }
     await write_status(ctx.kube, body, status)
 

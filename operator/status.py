@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .builders import HASH_ANNOTATION
+from .groups import OLD_CONFIGURATION, GroupPlan
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Failed")
 
@@ -93,3 +94,29 @@ def deployment_conditions(deployment: Mapping[str, Any] | None, desired_replicas
         degraded = _cond("Degraded", False, "AsExpected", "nothing has failed", generation)
     failed = _cond("Failed", False, "Valid", "the spec is valid", generation)
     return [ready_cond, progressing, degraded, failed], replicas, ready
+
+
+def group_conditions(plan: GroupPlan, nnodes: int, desired_hash: str,
+                     generation: int) -> tuple[list[dict[str, Any]], int, int]:
+    """(conditions, replicas, readyReplicas) of a multi-pod InferenceService, where one replica
+    is one group of nnodes pods (operator/groups.py's plan: groups ready on the current
+    configuration, groups being replaced and why)."""
+    summary = f"{plan.ready}/{plan.groups} groups of {nnodes} pods ready"
+    if plan.groups == 0:
+        ready_cond = _cond("Ready", False, "ScaledToZero", "spec.replicas is 0", generation)
+    elif plan.ready == plan.groups:
+        ready_cond = _cond("Ready", True, "AllGroupsReady", summary, generation)
+    else:
+        ready_cond = _cond("Ready", False, "GroupsNotReady",
+                           f"{summary} (node 0 of a group is Ready once every node joined it)", generation)
+    done = plan.ready == plan.groups
+    progressing = _cond("Progressing", not done, "RolloutComplete" if done else "RollingOut",
+                        f"{plan.ready}/{plan.groups} groups run configuration {desired_hash}", generation)
+    broken = {g: why for g, why in plan.restart.items() if not why.endswith(OLD_CONFIGURATION)}
+    if broken:
+        degraded = _cond("Degraded", True, "GroupRestarting", "; ".join(
+            f"group {g}: {why}, so all its pods are recreated" for g, why in sorted(broken.items())), generation)
+    else:
+        degraded = _cond("Degraded", False, "AsExpected", "nothing has failed", generation)
+    failed = _cond("Failed", False, "Valid", "the spec is valid", generation)
+    return [ready_cond, progressing, degraded, failed], plan.existing, plan.ready

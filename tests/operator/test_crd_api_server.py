@@ -29,6 +29,8 @@ CEL_CASES = {
     "preemptionMode swap needs swapSpace > 0": {"spec": {"engine": {"preemptionMode": "swap", "swapSpace": 0}}},
     "must be >= 16 and <= 1048576 (or -1)": {"spec": {"engine": {"maxModelLen": 8}}},
     "parallelism.nnodes must divide": {"spec": {"engine": {"tensorParallelSize": 3}, "parallelism": {"nnodes": 2}}},
+    "with spec.parallelism.nnodes > 1 metadata.name must be at most 49 characters": {
+        "metadata": {"name": "a" * 50}, "spec": {"engine": {"pipelineParallelSize": 2}, "parallelism": {"nnodes": 2}}},
 }
 
 

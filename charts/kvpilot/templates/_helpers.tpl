@@ -43,6 +43,14 @@ app.kubernetes.io/component: operator
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# issue 41: multi-pod groups (spec.parallelism.nnodes > 1) run as StatefulSets; the operator
+# watches their pods and deletes a group's pods to recreate it whole (as LWS does).
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, create, patch, delete]
