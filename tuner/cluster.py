@@ -148,10 +148,12 @@ class KubernetesRunner:
         since = conditions(rolled_out).get("Ready", {}).get("lastTransitionTime")
         deadline = time.monotonic() + wait_s
         while True:
-            ready = conditions(self.kube.get_isvc(self.namespace, self.name)).get("Ready", {})
-            if ready.get("status") != "True":
+            conds = conditions(self.kube.get_isvc(self.namespace, self.name))
+            ready, degraded = conds.get("Ready", {}), conds.get("Degraded", {})
+            if ready.get("status") != "True":  # Degraded says which group restarts and why (operator/status.py)
+                why = f"; {degraded.get('message')}" if degraded.get("status") == "True" else ""
                 return (f"an engine pod was lost during the trial: Ready is {ready.get('status')} "
-                        f"({ready.get('reason')}: {ready.get('message')})")
+                        f"({ready.get('reason')}: {ready.get('message')}){why}")
             if ready.get("lastTransitionTime") != since:
                 return (f"an engine pod was lost and came back during the trial: Ready since "
                         f"{ready.get('lastTransitionTime')}, was since {since}")

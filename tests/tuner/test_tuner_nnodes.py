@@ -106,6 +106,7 @@ class GroupKube:
     def __init__(self):
         self.patches, self.generation = [], 1
         self.ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        self.degraded = {"type": "Degraded", "status": "False"}
 
     def patch_isvc(self, namespace, name, patch):
         self.patches.append(patch)
@@ -117,11 +118,14 @@ class GroupKube:
         return {"metadata": {"generation": self.generation},
                 "status": {"observedGeneration": self.generation,
                            "appliedEngineArgs": ["kvpilot", "serve", "m", *engine.to_flags()],
-                           "conditions": [dict(self.ready)]}}
+                           "conditions": [dict(self.ready), dict(self.degraded)]}}
 
     def lose(self, status: str, when: str = "2026-01-01T00:05:00Z"):
-        self.ready.update(status=status, lastTransitionTime=when, reason="ReplicasNotReady",
-                          message="0/1 replicas ready")
+        self.ready.update(status=status, lastTransitionTime=when, reason="GroupsNotReady",
+                          message="0/1 groups of 2 pods ready")
+        if status == "False":  # as operator/status.py's group_conditions report a group being recreated
+            self.degraded.update(status="True", reason="GroupRestarting",
+                                 message="group 0: pod x-0-1 restarted (1 container restarts)")
 
     def patch_status(self, namespace, name, status):
         self.status = status
@@ -159,6 +163,7 @@ def test_a_pod_lost_during_the_window_fails_the_trial_and_restores_the_best(fail
         runner(kube, measure).run_trial(3, EngineSettings(max_num_seqs=8, pipeline_parallel_size=2, nnodes=2))
     assert failed.value.kind == TRANSIENT and "pod was lost" in failed.value.message
     assert ("ConnectError" in failed.value.message) == fails
+    assert ("pod x-0-1 restarted" in failed.value.message) == fails
     # the trial's layout, then the best known settings back at once
     assert [(p["spec"]["engine"]["maxNumSeqs"], p["spec"]["parallelism"]["nnodes"]) for p in kube.patches] == [
         (8, 2), (16, 1)]
