@@ -44,6 +44,9 @@ _WHY = {
                                        "(guide: increase tensor_parallel_size)",
     ("pipeline_parallel_size", "raise"): "layers split over more devices leave more memory for the KV cache "
                                          "(guide: increase pipeline_parallel_size)",
+    ("nnodes", "raise"): "the ranks spread over more pods: each pod holds fewer of them, more of its memory is left "
+                         "for the KV cache",
+    ("nnodes", "lower"): "fewer pods per engine: less traffic between pods in every step",
     ("enable_chunked_prefill", "raise"): "decodes first, prompts chunked into the rest of the budget",
     ("enable_chunked_prefill", "lower"): "whole prompts in their own steps: decode steps stay short on a CPU",
 }

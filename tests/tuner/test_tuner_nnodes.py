@@ -189,3 +189,10 @@ def test_the_status_history_says_how_many_pods_each_trial_ran_on():
         frozen = study.tell(trial, 1.0 + nnodes)
     runner(kube, None).record(study, frozen)
     assert [h["nnodes"] for h in kube.status["tuning"]["history"]] == [1, 2]
+
+
+def test_the_story_explains_a_winner_over_more_pods():
+    from kvpilot.tuner.story import changes
+
+    (line,) = changes({"nnodes": 1, "max_num_seqs": 8}, {"nnodes": 2, "max_num_seqs": 8})
+    assert line.startswith("raise nnodes 1 -> 2: the ranks spread over more pods")
