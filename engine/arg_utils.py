@@ -48,6 +48,10 @@ class EngineArgs:
     enable_chunked_prefill: bool = _default("enable_chunked_prefill")
     tensor_parallel_size: int = _default("tensor_parallel_size")
     pipeline_parallel_size: int = _default("pipeline_parallel_size")
+    nnodes: int = _default("nnodes")
+    node_rank: int = _default("node_rank")
+    master_addr: str = _default("master_addr")
+    master_port: int = _default("master_port")
     block_size: int = _default("block_size")
     swap_space: float = _default("swap_space")
     preemption_mode: str = _default("preemption_mode")
@@ -92,7 +96,8 @@ class EngineArgs:
         path = resolve_model_path(self.model)
         auto_len = self.max_model_len == settings.AUTO_MAX_MODEL_LEN  # sized down once the KV cache is
         model = load_model_config(path, None if auto_len else self.max_model_len, dtype)
-        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes,
+                                  self.node_rank, self.master_addr, self.master_port)
         parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,

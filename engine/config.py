@@ -180,22 +180,60 @@ class SchedulerConfig:
             "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "preemption_mode", "max_model_len")})
 
 
+def _divisors_text(n: int) -> str:
+    """'1, 2 or 4' for 4: the node counts a world of n ranks can be spread over."""
+    divisors = [str(d) for d in range(1, n + 1) if n % d == 0]
+    return divisors[0] if len(divisors) == 1 else ", ".join(divisors[:-1]) + " or " + divisors[-1]
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor and pipeline parallel sizes (world size = tp x pp). Pipeline stages get
-    contiguous layer ranges split as vLLM's get_pp_indices does (engine/parallel_layout.py),
-    so pipeline_parallel_size need not divide the layers."""
+    """Tensor and pipeline parallel sizes (world size = tp x pp), and the nodes the ranks run
+    on. Pipeline stages get contiguous layer ranges split as vLLM's get_pp_indices does
+    (engine/parallel_layout.py), so pipeline_parallel_size need not divide the layers.
+
+    nnodes / node_rank / master_addr / master_port: vLLM's multi-node settings
+    (`vllm serve --nnodes --node-rank --master-addr --master-port`): node r runs the
+    world / nnodes contiguous global ranks from r x (world / nnodes); every node meets the
+    others at node 0's master_addr:master_port (engine/rendezvous.py). Raises ValueError
+    when nnodes does not divide the world or node_rank is not below nnodes."""
 
     tensor_parallel_size: int = _default("tensor_parallel_size")
     pipeline_parallel_size: int = _default("pipeline_parallel_size")
+    nnodes: int = _default("nnodes")
+    node_rank: int = _default("node_rank")
+    master_addr: str = _default("master_addr")
+    master_port: int = _default("master_port")
 
     def __post_init__(self) -> None:
-        settings.check({"tensor_parallel_size": self.tensor_parallel_size,
-                        "pipeline_parallel_size": self.pipeline_parallel_size})
+        settings.check({name: getattr(self, name) for name in (
+            "tensor_parallel_size", "pipeline_parallel_size", "nnodes", "node_rank", "master_addr", "master_port")})
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes {self.nnodes} must divide tensor_parallel_size x pipeline_parallel_size = "
+                f"{self.tensor_parallel_size} x {self.pipeline_parallel_size} = {self.world_size} (every node runs "
+                f"as many ranks); use --nnodes {_divisors_text(self.world_size)}")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be in [0, nnodes) = [0, {self.nnodes}); "
+                             f"number the nodes 0 to {self.nnodes - 1}")
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def node_of(self, rank: int) -> int:
+        """The node that runs global rank `rank`."""
+        return rank // self.ranks_per_node
+
+    @property
+    def local_ranks(self) -> range:
+        """The global ranks this node runs: [node_rank x k, (node_rank + 1) x k), k = ranks_per_node."""
+        k = self.ranks_per_node
+        return range(self.node_rank * k, (self.node_rank + 1) * k)
 
     def check_model(self, model: ModelConfig) -> None:
         """Raises ValueError when tensor_parallel_size does not divide the model's heads,

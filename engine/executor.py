@@ -18,13 +18,21 @@ Pipeline micro-batches per step: engine/pipeline.py (`MicroBatchPolicy`, environ
 KVPILOT_PP_MICRO_BATCHES and KVPILOT_PP_MIN_MICRO_BATCH_TOKENS); what overlaps and what
 does not is in engine/stage_runner.py.
 
+Nodes: with `--nnodes N` the world's ranks are spread over N nodes (pods), world / N
+contiguous ranks each; this process (node 0) spawns only its own node's ranks, and every
+other node runs its ranks headless (engine/headless.py). All ranks meet at node 0's
+rendezvous store (master_addr:master_port; a free local port with one node) and build the
+process groups over it (engine/rendezvous.py).
+
 Failure handling: the model-parallel groups have a bounded gloo timeout
 (`KVPILOT_TP_TIMEOUT_S`, default 60 s); the control group waits indefinitely because an
-idle server sends nothing. Before each command the driver checks that every worker
-process is alive, and a failed collective or transfer is mapped to the rank whose process
-died (one killed by a signal before those that stopped after it), so a dead rank raises
-RuntimeError naming it instead of hanging. Workers exit when the driver sends `shutdown`
-or when their parent process disappears.
+idle server sends nothing. Before each command the driver checks that every local worker
+process is alive and that every rank's heartbeat still moves (`PeerMonitor`, which also
+watches while idle: `check_health()`), and a failed collective or transfer is mapped to the
+rank whose process died (one killed by a signal before those that stopped after it) or
+went silent, so a dead rank raises RuntimeError naming it instead of hanging. Workers exit
+when the driver sends `shutdown`, when their parent process disappears, or when their
+heartbeat finds the driver gone.
 
 Sources: vLLM `vllm/v1/executor/multiproc_executor.py` (driver + spawned workers, broadcast
 of the scheduler output) and `vllm/distributed/parallel_state.py` (a CPU/gloo group for
@@ -34,6 +42,7 @@ control next to the device groups); Shoeybi et al., Megatron-LM (2019), for the 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import socket
@@ -50,6 +59,7 @@ from kvpilot.engine.memory import RankMemory
 from kvpilot.engine.model_runner import ModelRunner, SampleResult
 from kvpilot.engine.parallel_layout import RankPosition
 from kvpilot.engine.pipeline import MicroBatchPolicy
+from kvpilot.engine.rendezvous import PeerMonitor, announce_abort, node_timeout_s
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.stage_runner import rank_memory
 from kvpilot.engine.step_input import StepInput
@@ -67,30 +77,36 @@ def _free_port() -> int:
 class MultiprocExecutor:
     """Drop-in for `ModelRunner` on the driver when tensor_parallel_size x
     pipeline_parallel_size > 1: same `initialize_kv_cache`, `execute`, `sampler`, `device`,
-    plus `profile_ranks`, `comm_stats` and `close()`. Raises RuntimeError naming the rank
-    when a worker dies."""
+    plus `profile_ranks`, `comm_stats`, `check_health()` and `close()`. Raises RuntimeError
+    naming the rank when a worker dies, and when the ranks do not all join in time."""
 
     def __init__(self, config: EngineConfig) -> None:
+        if config.parallel.nnodes == 1:  # one node: a free local port, whatever --master-port says
+            config = dataclasses.replace(config, parallel=dataclasses.replace(
+                config.parallel, master_addr="127.0.0.1", master_port=_free_port()))
         self.parallel = config.parallel
         self.world_size = config.parallel.world_size
         self._closed = False
         self._error: RuntimeError | None = None
+        self._peer_error: RuntimeError | None = None
+        self._monitor: PeerMonitor | None = None
         self._saved_threads = torch.get_num_threads()
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
         micro_batching = MicroBatchPolicy.from_env(config.parallel.pipeline_parallel_size)
         ctx = mp.get_context("spawn")
-        self.workers = [
-            ctx.Process(target=worker_main, args=(config, rank, init_method, os.getpid(), micro_batching),
+        self.workers = [  # this node's ranks but the driver; the other nodes start their own
+            ctx.Process(target=worker_main, args=(config, rank, os.getpid(), micro_batching),
                         name=f"kvpilot-rank{rank}", daemon=True)
-            for rank in range(1, self.world_size)
+            for rank in config.parallel.local_ranks[1:]
         ]
         for proc in self.workers:
             proc.start()
         atexit.register(self.close)
         try:
             if config.device == "cpu":
-                configure_cpu_threads(self.world_size, 0)
-            self._run_guarded(self._init_driver, config, init_method, micro_batching)
+                configure_cpu_threads(self.parallel.ranks_per_node, 0)
+            self._run_guarded(self._init_driver, config, micro_batching)
+            self._monitor = PeerMonitor(self.parallel, self._peer_died)
+            self._monitor.start()
         except BaseException:
             self.close()
             raise
@@ -99,8 +115,18 @@ class MultiprocExecutor:
                     self.parallel.pipeline_parallel_size, self.runner.micro_batching, os.getpid(),
                     [p.pid for p in self.workers])
 
-    def _init_driver(self, config: EngineConfig, init_method: str, micro_batching: MicroBatchPolicy) -> None:
-        self.runner, self._control = init_rank(config, 0, init_method, micro_batching)
+    def _init_driver(self, config: EngineConfig, micro_batching: MicroBatchPolicy) -> None:
+        self.runner, self._control, self._store = init_rank(config, 0, micro_batching)
+
+    def _peer_died(self, error: RuntimeError) -> None:
+        """PeerMonitor's verdict (its thread): recorded here, acted on by the engine's thread."""
+        logger.error("%s", error)
+        self._peer_error = error
+
+    def check_health(self) -> None:
+        """Raises RuntimeError naming the rank when one is gone (the engine calls this while
+        idle too, so a dead node fails the server within KVPILOT_NODE_TIMEOUT_S)."""
+        self._run_guarded(lambda: None)
 
     # ------------------------------------------------------- ModelRunner API
     @property
@@ -149,6 +175,8 @@ class MultiprocExecutor:
     def _dead_worker(self, wait_s: float = 0.0) -> RuntimeError | None:
         deadline = time.monotonic() + wait_s
         while True:
+            if self._peer_error is not None:
+                return self._peer_error
             dead = [(rank, proc) for rank, proc in enumerate(self.workers, start=1) if not proc.is_alive()]
             if dead:
                 # a rank killed by a signal is the cause; ranks that exited 1 stopped after it
@@ -174,8 +202,9 @@ class MultiprocExecutor:
         if dead is None:
             try:
                 return fn(*args)
-            except Exception as exc:
-                dead = self._dead_worker(wait_s=2.0) or RuntimeError(
+            except Exception as exc:  # remote ranks: give the heartbeat time to name the silent one
+                wait_s = 2.0 if self.parallel.nnodes == 1 else node_timeout_s() + 1.5
+                dead = self._dead_worker(wait_s) or RuntimeError(
                     f"a collective or transfer between ranks failed (all {self.world_size} ranks alive): {exc}"
                 )
                 self._fail(dead)
@@ -186,6 +215,7 @@ class MultiprocExecutor:
     def _fail(self, error: RuntimeError) -> None:
         self._error = error
         logger.error("%s", error)
+        announce_abort(self.parallel, str(error))  # the other nodes' ranks log why they stop
         self._teardown(graceful=False)
 
     def close(self) -> None:
@@ -204,6 +234,8 @@ class MultiprocExecutor:
     def _teardown(self, graceful: bool) -> None:
         self._closed = True
         atexit.unregister(self.close)
+        if self._monitor is not None:
+            self._monitor.stop()
         for proc in self.workers:
             proc.join(5.0 if graceful else 0.0)
             if proc.is_alive():

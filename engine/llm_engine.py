@@ -77,6 +77,13 @@ class LLMEngine:
         if close is not None:
             close()
 
+    def check_health(self) -> None:
+        """Raises RuntimeError naming the rank when a rank of a multi-process engine is gone
+        (vLLM's `EngineClient.check_health`); nothing to check with one rank."""
+        check = getattr(self.runner, "check_health", None)
+        if check is not None:
+            check()
+
     @property
     def grammar_compiler(self) -> GrammarCompiler:
         """The xgrammar compiler for this engine's tokenizer, built on first use (importing

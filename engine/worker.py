@@ -7,7 +7,10 @@ its StageRunner. Commands: `execute` (a StepInput), `initialize_kv_cache`, `prof
 communication seconds), `shutdown`. A worker exits when its parent (the driver) disappears,
 and exits with code 1 after logging one line when a command fails (typically because a peer
 died), so the driver can tell the rank that died first (killed by a signal) from those that
-followed it. Source: vLLM `vllm/v1/executor/multiproc_executor.py` (`WorkerProc`).
+followed it. Every worker rank also beats through the driver's rendezvous store
+(engine/rendezvous.py) and exits (code 5, with the reason) as soon as the driver is gone or
+has stopped the engine, even while idle and on another node. Source: vLLM
+`vllm/v1/executor/multiproc_executor.py` (`WorkerProc`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import torch.distributed as dist
 from kvpilot.engine import parallel_state
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.cpu_threads import configure_cpu_threads
+from kvpilot.engine.exit_codes import EXIT_ENGINE_DIED, report_failure
 from kvpilot.engine.parallel_layout import RankPosition
 from kvpilot.engine.pipeline import MicroBatchPolicy
+from kvpilot.engine.rendezvous import Heartbeat, Rendezvous, abort_reason, describe_rank
 from kvpilot.engine.stage_runner import StageRunner
 
 CONTROL_TIMEOUT = timedelta(days=7)  # an idle server sends no command for as long as it likes
@@ -38,26 +43,43 @@ def collective_timeout() -> timedelta:
 
 
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
-    """One device per rank on CUDA (cuda:<rank>); CPU ranks share the host."""
+    """One device per rank on CUDA (cuda:<local rank>: its index on its node); CPU ranks share the host."""
     if config.device.startswith("cuda"):
-        torch.cuda.set_device(rank)
-        return dataclasses.replace(config, device=f"cuda:{rank}")
+        local_rank = rank % config.parallel.ranks_per_node
+        torch.cuda.set_device(local_rank)
+        return dataclasses.replace(config, device=f"cuda:{local_rank}")
     return config
 
 
-def init_rank(config: EngineConfig, rank: int, init_method: str,
-              micro_batching: MicroBatchPolicy) -> tuple[StageRunner, dist.ProcessGroup]:
-    """Joins the world (NCCL on CUDA, gloo on CPU), creates the tensor- and
-    pipeline-parallel groups and the gloo control group, and builds this rank's
-    StageRunner (its stage's layers, its shards). Returns the runner and the control group."""
-    world = config.parallel.world_size
+def lost_peers(rank_text: str, reason: str) -> None:
+    """Ends a worker rank's process that lost the driver or a peer: one line saying why and
+    the JSON failure line (exit code 5, engine_died), then exit without cleanup (a collective
+    may hold the main thread)."""
+    print(f"kvpilot {rank_text} (pid {os.getpid()}) stops: {reason}", file=sys.stderr, flush=True)
+    report_failure(EXIT_ENGINE_DIED, f"{rank_text} stopped: {reason}")
+    os._exit(EXIT_ENGINE_DIED)
+
+
+def init_rank(config: EngineConfig, rank: int,
+              micro_batching: MicroBatchPolicy) -> tuple[StageRunner, dist.ProcessGroup, dist.TCPStore]:
+    """Joins the rendezvous at config.parallel's master_addr:master_port (rank 0 hosts it;
+    waits for every rank, engine/rendezvous.py), starts a worker rank's heartbeat, joins the
+    world (NCCL on CUDA, gloo on CPU), creates the tensor- and pipeline-parallel groups and
+    the gloo control group, and builds this rank's StageRunner (its stage's layers, its
+    shards). Returns the runner, the control group and the rendezvous store (on rank 0 the
+    store's server: keep it referenced while other ranks may read it). Raises RuntimeError
+    when the ranks do not all join in time."""
+    parallel = config.parallel
+    world = parallel.world_size
+    store = Rendezvous(parallel, rank).join()
+    if rank != 0:
+        Heartbeat(parallel, rank, lambda reason: lost_peers(describe_rank(parallel, rank), reason)).start()
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank,
-                            timeout=collective_timeout())
+    dist.init_process_group(backend, store=store, world_size=world, rank=rank, timeout=collective_timeout())
     control = dist.new_group(list(range(world)), backend="gloo", timeout=CONTROL_TIMEOUT)
-    position = RankPosition.of(rank, config.parallel)
+    position = RankPosition.of(rank, parallel)
     parallel_state.init_model_parallel(position)
-    return StageRunner(_rank_config(config, rank), position, micro_batching), control
+    return StageRunner(_rank_config(config, rank), position, micro_batching), control, store
 
 
 def gather_to_driver(value, control: dist.ProcessGroup, world_size: int) -> list | None:
@@ -75,21 +97,33 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
-def worker_main(config: EngineConfig, rank: int, init_method: str, parent_pid: int,
-                micro_batching: MicroBatchPolicy) -> None:
+def worker_main(config: EngineConfig, rank: int, parent_pid: int, micro_batching: MicroBatchPolicy) -> None:
     """Entry point of a spawned rank (multiprocessing 'spawn' target)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    world = config.parallel.world_size
-    if config.device == "cpu":
-        configure_cpu_threads(world, rank)  # the process's CPUs (cpuset, quota) shared by the ranks
+    if config.device == "cpu":  # the process's CPUs (cpuset, quota) shared by this node's ranks
+        configure_cpu_threads(config.parallel.ranks_per_node, rank % config.parallel.ranks_per_node)
     try:
-        runner, control = init_rank(config, rank, init_method, micro_batching)
-        _serve(runner, control, world)
+        run_rank(config, rank, micro_batching)
     except Exception as exc:  # a failed collective, usually a dead peer: the driver reports
-        print(f"kvpilot worker rank {rank} (pid {os.getpid()}) stops: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
+        print(f"kvpilot worker {describe_rank(config.parallel, rank)} (pid {os.getpid()}) stops: "
+              f"{type(exc).__name__}: {exc}{driver_reason(config)}", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def run_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy,
+             joined: threading.Event | None = None) -> None:
+    """A worker rank from joining to the driver's `shutdown` (returns) or a failure (raises);
+    `joined` is set once it has joined and loaded its shard."""
+    runner, control, _ = init_rank(config, rank, micro_batching)
+    if joined is not None:
+        joined.set()
+    _serve(runner, control, config.parallel.world_size)
     dist.destroy_process_group()
+
+
+def driver_reason(config: EngineConfig) -> str:
+    reason = abort_reason(config.parallel)
+    return f" (the driver stopped the engine: {reason})" if reason else ""
 
 
 def _serve(runner: StageRunner, control: dist.ProcessGroup, world: int) -> None:

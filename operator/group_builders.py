@@ -33,6 +33,7 @@ import copy
 from typing import Any
 
 from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.engine.settings import BY_NAME, to_flags
 
 from .builders import (HASH_ANNOTATION, ROLE_LABEL, Images, build_configmap, build_pod_template, child_object,
                        selector_labels, serving_labels)
@@ -73,8 +74,9 @@ def group_hash(name: str, namespace: str, spec: InferenceServiceSpec, images: Im
 
 
 def _multinode_args(spec: InferenceServiceSpec, rank: str) -> list[str]:
-    return ["--nnodes", str(spec.nnodes), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)",
-            "--master-port", str(MASTER_PORT)]
+    """vLLM's multi-node flags, spelled by the settings table (a string rank: `$(VAR)`)."""
+    return to_flags({"nnodes": spec.nnodes, "node_rank": rank, "master_addr": "$(LWS_LEADER_ADDRESS)",
+                     "master_port": MASTER_PORT})
 
 
 def _group_template(name: str, spec: InferenceServiceSpec, images: Images, digest: str,
@@ -86,8 +88,7 @@ def _group_template(name: str, spec: InferenceServiceSpec, images: Images, diges
     template["metadata"]["annotations"][HASH_ANNOTATION] = digest
     container = template["spec"]["containers"][0]
     container["env"] += env + [{"name": "LWS_GROUP_SIZE", "value": str(spec.nnodes)}]
-    container["args"] += ["--nnodes", str(spec.nnodes), "--node-rank", rank,
-                          "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", str(MASTER_PORT)]
+    container["args"] += _multinode_args(spec, rank)
     return template
 
 
@@ -114,7 +115,7 @@ def build_worker_statefulset(name: str, namespace: str, spec: InferenceServiceSp
            {"name": "LWS_WORKER_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}}]
     template = _group_template(name, spec, images, digest, labels, env, "$(LWS_WORKER_INDEX)")
     container = template["spec"]["containers"][0]
-    container["args"].append("--headless")
+    container["args"].append(BY_NAME["headless"].flag)
     container["ports"] = []  # no HTTP server on nodes > 0
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         container.pop(probe)

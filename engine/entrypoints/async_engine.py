@@ -10,7 +10,9 @@ step never blocks the event loop and the engine is only ever touched by its own 
 A request that fails on its own (finish_reason "error", `LLMEngine`) raises RequestError in
 its stream only. An exception out of `step()` leaves the engine's shared state unknown: the
 loop stops, every stream raises EngineDeadError and `on_dead(exc)` is called on the event
-loop (the server exits then, as vLLM's does on EngineDeadError).
+loop (the server exits then, as vLLM's does on EngineDeadError). So does a rank of a
+multi-process engine found gone between steps (`LLMEngine.check_health`, at least every
+0.5 s while idle).
 Source: vLLM `AsyncLLMEngine` (v0) / `AsyncLLM` output handler (v1)."""
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ class AsyncLLMEngine:
         try:
             while not self._stop.is_set():
                 self._drain_commands(block=not self.engine.has_unfinished_requests())
+                self.engine.check_health()  # a rank gone while idle ends the loop as a failed step would
                 if self._stop.is_set():
                     break
                 if self.engine.has_unfinished_requests():

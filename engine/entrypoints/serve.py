@@ -7,7 +7,13 @@ at once. Exit codes (kvpilot.engine.exit_codes, with a JSON line on stderr): 0 a
 shutdown, 2 for bad flags or settings, 3 when the KV cache cannot hold one max_model_len
 sequence, 4 out of memory while loading, 1 for any other load failure, 5 when the engine
 loop died while serving (the process exits at once rather than answer 503 forever, as
-vLLM's server shuts down on EngineDeadError; one request's own error never does this)."""
+vLLM's server shuts down on EngineDeadError; one request's own error never does this).
+
+Several nodes (`--nnodes N`): node 0 (`--node-rank 0`) runs this server and the driver; its
+/health answers 200 only once every rank of every node has joined and loaded, and turns 503
+(then the process exits 5) when a rank on any node is gone. Every other node runs headless
+(engine/headless.py), implied by `--node-rank` > 0 (vLLM needs `--headless` there; kvpilot
+accepts it), so one pod template with `--node-rank <pod index>` serves every node."""
 
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ from kvpilot.engine.exit_codes import (
     KVCacheTooSmallError,
     report_failure,
 )
+from kvpilot.engine.headless import run_headless
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.engine.settings.cli_args import (
@@ -223,6 +230,10 @@ def main(argv: list[str]) -> int:
     if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
     check_http_limits(parser, ns)
+    if ns.headless and ns.node_rank == 0:
+        parser.error(f"{BY_NAME['headless'].flag} runs no HTTP server, but node 0 runs the scheduler and the server: "
+                     f"drop {BY_NAME['headless'].flag} here, or give this node {BY_NAME['node_rank'].flag} 1 to "
+                     f"{max(ns.nnodes - 1, 1)}")
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         parser.error(f"{BY_NAME['enable_auto_tool_choice'].flag} needs {BY_NAME['tool_call_parser'].flag} "
                      f"(one of {list(BY_NAME['tool_call_parser'].choices)})")
@@ -236,6 +247,11 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         sys.stderr.write(f"kvpilot serve: error: {exc}\n")
         return report_failure(EXIT_BAD_ARGS, str(exc))
+    if engine_config.parallel.node_rank > 0:
+        if not ns.headless:
+            logger.info("node rank %d > 0: headless (no HTTP server), as with %s", engine_config.parallel.node_rank,
+                        BY_NAME["headless"].flag)
+        return run_headless(engine_config)
     state = ServerState(
         served_model_name=engine_config.served_model_name,
         model_path=engine_config.model_path,

@@ -87,6 +87,19 @@ SETTINGS: tuple[Setting, ...] = (
       "the attention and KV heads", crd="tensorParallelSize", minimum=1, maximum=64, short="-tp"),
     S("pipeline_parallel_size", "--pipeline-parallel-size", int, 1, "stages the layers are split into; must not "
       "exceed the layer count", crd="pipelineParallelSize", minimum=1, maximum=64, short="-pp"),
+    # issue 41: one engine over several nodes (pods) without Ray, as `vllm serve` runs it: every node runs
+    # the same command but --node-rank; node 0 serves HTTP (engine/rendezvous.py, engine/headless.py). No CRD field: the operator
+    # renders them per pod from spec.parallelism.
+    S("nnodes", "--nnodes", int, 1, "nodes (pods) the tensor_parallel_size x pipeline_parallel_size ranks are "
+      "spread over, the same number on each; must divide tp x pp. Pipeline stages cross nodes first (rank = "
+      "pp_rank x tp + tp_rank, node = rank / (tp x pp / nnodes))", minimum=1, maximum=4096),
+    S("node_rank", "--node-rank", int, 0, "this node's rank in [0, nnodes): node 0 runs the scheduler and the "
+      "HTTP server; every other node runs its ranks headless (with or without --headless; vLLM needs the flag "
+      "there), so one pod template with --node-rank <pod index> serves all nodes", minimum=0, maximum=4095),
+    S("master_addr", "--master-addr", str, "127.0.0.1", "node 0's address, which every node connects to for the "
+      "rendezvous (node 0 listens on all interfaces)", max_length=253),
+    S("master_port", "--master-port", int, 29501, "node 0's rendezvous port (a torch.distributed TCPStore; also "
+      "carries the nodes' heartbeats)", minimum=1, maximum=65535),
     S("block_size", "--block-size", int, 16, "tokens per KV-cache block", crd="blockSize",
       choices=(1, 2, 4, 8, 16, 32, 64, 128), choices_text="a power of two from 1 to 128"),
     S("swap_space", "--swap-space", float, 4.0, "GiB of host memory for swapped-out KV blocks", crd="swapSpace",
@@ -106,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("device", "--device", str, None, "cpu or cuda (default: cuda when available)"),
     S("port", "--port", int, 8000, "the HTTP port the server listens on", crd="port", minimum=1024,
       maximum=65535, server=True),
+    S("headless", "--headless", bool, False, "run this node's ranks without the HTTP server (vLLM's flag for "
+      "--node-rank > 0, which kvpilot implies there); refused on node 0, which runs the scheduler", server=True),
     S("show_hidden_metrics_for_version", "--show-hidden-metrics-for-version", str, None,
       "also export every Prometheus metric that vLLM has deprecated and hidden since this version (0.8, 0.10, "
       "0.11: all hidden from that release on, not only by the next one as in vLLM), so a dashboard written for "

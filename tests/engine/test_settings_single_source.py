@@ -46,6 +46,7 @@ ALLOWED = {
     ("bench/reliability/fuzz_liveness.py", "--seed"): "the fuzz cases' seed (hypothesis / schemathesis), not the engine's",
     ("bench/reliability/fuzz_liveness.py", "--max-model-len"): "the fuzz's own option, which it passes on to the server "
                                                    "through the table (settings.to_flags)",
+    ("tuner/cli.py", "--nnodes"): "the tuner's range of pods to search (LOW:HIGH), not one engine's node count",
     ("tuner/cli.py", "--port"): "the tuner's option: a fixed port for the local engine, 0 (its default) = any "
                                 "free port, which the engine's --port does not accept",
 }

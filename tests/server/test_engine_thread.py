@@ -31,7 +31,8 @@ def _idle_engine():
     """What the engine loop reads between steps, for an engine with nothing to do."""
     scheduler = SimpleNamespace(running=[], waiting=[], swapped=[])
     block_manager = SimpleNamespace(usage=0.0, num_free_blocks=8, prefix_queries=0, prefix_hits=0)
-    return SimpleNamespace(scheduler=scheduler, block_manager=block_manager, has_unfinished_requests=lambda: False)
+    return SimpleNamespace(scheduler=scheduler, block_manager=block_manager, has_unfinished_requests=lambda: False,
+                           check_health=lambda: None)
 
 
 def test_the_engine_loop_runs_on_the_thread_that_built_the_engine():
