@@ -17,13 +17,13 @@ chunked prefill, parallel sizes that do not divide the heads), and the KV-cache 
     max_model_len -1 (auto): min(the model's context, KV blocks x block_size)
     shared memory (CPU, all ranks in one machine or pod): KV blocks =
                   (memory x gpu_memory_utilization - sum weights_r - sum activation_r) // sum block_bytes_r
+                  and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
+                  GiB per rank, 4 GiB when unset, as the engine reads it)
     over nnodes pods (spec.parallelism.nnodes, vLLM's --nnodes): nnodes must divide tp x pp;
                   each pod runs world / nnodes contiguous ranks (`parallel_layout.node_ranks`)
                   under its own resources (resources are per pod): at most num_devices ranks
                   and, on CPU, at most ceil(cpus) ranks per pod; on CPU the sums above run
                   over one pod's ranks and the pod with the fewest blocks decides
-                  and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
-                  GiB per rank, 4 GiB when unset, as the engine reads it)
     dtype on CPU: `--dtype auto` is the engine's rule of `kvpilot.engine.cpu_info` (bfloat16 with
                   native bf16, float32 otherwise), so the weights and KV bytes follow it
 

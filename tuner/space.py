@@ -128,8 +128,10 @@ class SearchSpace:
             if model.num_layers % pp == 0 or not self.parallel:
                 found += [layout_name(tp, pp, n) for n in pods if tp * pp % n == 0
                           and tp * pp // n <= self.num_devices]
-        own = base and layout_name(base.tensor_parallel_size, base.pipeline_parallel_size, base.nnodes)
-        return found if not own or own in found else [own, *found]
+        if base is not None:
+            own = layout_name(base.tensor_parallel_size, base.pipeline_parallel_size, base.nnodes)
+            found = found if own in found else [own, *found]
+        return found
 
     def bounds_with(self, base: EngineSettings) -> SearchSpace:
         """This space widened so that the base (default) settings lie inside it, so the
