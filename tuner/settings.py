@@ -75,8 +75,12 @@ class EngineSettings:
         return dataclasses.asdict(self)
 
     def to_flags(self) -> list[str]:
-        """`vllm serve` / `kvpilot serve` flags for these settings (without the model)."""
-        return settings.to_flags(self.as_dict())
+        """`vllm serve` / `kvpilot serve` flags for these settings (without the model); nnodes
+        only above 1 (one node is vLLM's default, and servers before --nnodes lack the flag)."""
+        values = self.as_dict()
+        if values["nnodes"] == 1:
+            del values["nnodes"]
+        return settings.to_flags(values)
 
     def to_engine_spec(self) -> dict[str, Any]:
         """The InferenceService `spec.engine` keys these settings set (camelCase); unset ones

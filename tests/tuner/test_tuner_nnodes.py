@@ -196,3 +196,9 @@ def test_the_story_explains_a_winner_over_more_pods():
 
     (line,) = changes({"nnodes": 1, "max_num_seqs": 8}, {"nnodes": 2, "max_num_seqs": 8})
     assert line.startswith("raise nnodes 1 -> 2: the ranks spread over more pods")
+
+
+def test_engine_flags_name_the_nodes_only_when_there_are_several():
+    assert "--nnodes" not in EngineSettings().to_flags()
+    flags = EngineSettings(pipeline_parallel_size=2, nnodes=2).to_flags()
+    assert flags[flags.index("--nnodes") + 1] == "2"
