@@ -123,7 +123,8 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--parallel", action="store_true", help="search tensor/pipeline parallel sizes")
     o.add_argument("--nnodes", type=_range(int), default=None, metavar="LOW:HIGH",
                    help="pods one engine may span (spec.parallelism.nnodes, vLLM's --nnodes), searched with the "
-                        "parallel layout; --num-devices is then per pod (default: not searched, the resource's own)")
+                        "parallel layout; --num-devices is then per pod (default: not searched, the resource's own). "
+                        "--local runs the nodes as processes on this machine")
     o.add_argument("--storage", default=None, help="Optuna storage, e.g. sqlite:///tune.db (resumes); in a cluster "
                    "the default is 'configmap' (ConfigMap <name>-tuning, owned by the resource)")
     o.add_argument("--study-name", default=None)
@@ -165,9 +166,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("--local with --prometheus-url needs --port: the engine port your Prometheus scrapes")
     if (a.trials is not None and a.trials < 1) or a.num_requests < 1 or a.remeasure_top < 0:
         p.error("--trials and --num-requests must be >= 1, --remeasure-top >= 0")
-    if a.local and a.nnodes and a.nnodes[1] > 1:
-        p.error("--nnodes above 1 spans pods: tune an InferenceService (--namespace, --name); --local runs one "
-                "engine process group on this machine")
     try:
         a.space = SearchSpace(max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                               gpu_memory_utilization=a.gpu_memory_utilization, enable_chunked_prefill=a.chunked_prefill,

@@ -1,7 +1,14 @@
 """One local engine server process (`kvpilot serve`, or any server with `vllm serve`'s flags):
 start with a trial's flags and wait for health, change scheduler limits live through
 `POST /admin/scheduler_config`, stop. A start that fails is classified from kvpilot's
-documented exit code, or from the log for other engines (`kvpilot.tuner.failures`)."""
+documented exit code, or from the log for other engines (`kvpilot.tuner.failures`).
+
+A trial over nnodes > 1 nodes runs them all on this machine, as vLLM's multi-node serving
+does across machines: node 0 serves HTTP with `--nnodes N --node-rank 0 --master-addr
+127.0.0.1 --master-port P`, nodes 1..N-1 run the same command with their `--node-rank` and
+`--headless`, each logging to a file of its own (engine.node1.log, ...). Node 0 answers
+/health once every node joined; when a node is lost it exits (kvpilot: code 5), which ends
+the trial as any engine exit does."""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.engine.settings import flag_words
+from kvpilot.engine.settings import flag_words, to_flags
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed, classify
 from kvpilot.tuner.settings import EngineSettings
 
@@ -54,6 +61,8 @@ class EngineProcess:
         self.startup_timeout_s = startup_timeout_s
         self.host = host
         self.proc: subprocess.Popen | None = None
+        self.nodes: list[subprocess.Popen] = []  # nodes 1..nnodes-1 of a multi-node trial (headless)
+        self.master_port = 0
         self.fixed_port = port  # 0: a free port per start
         self.port = 0
         self.settings: EngineSettings | None = None
@@ -78,10 +87,31 @@ class EngineProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def command(self, settings: EngineSettings) -> list[str]:
+    def command(self, settings: EngineSettings, node_rank: int = 0) -> list[str]:
+        """The command line of node `node_rank` (0: the one serving HTTP; more only when
+        settings.nnodes > 1: headless, no HTTP flags)."""
+        nodes = to_flags({"node_rank": node_rank, "master_addr": "127.0.0.1", "master_port": self.master_port}
+                         ) if settings.nnodes > 1 else []
+        if node_rank > 0:  # vLLM's --headless is a plain switch (no --no-headless): only where it is on
+            return [*self.serve_command, self.model, *settings.to_flags(), *nodes, *flag_words("headless", True),
+                    *self.extra_args]
         cmd = [*self.serve_command, self.model, "--host", self.host, *flag_words("port", self.port),
-               *settings.to_flags(), *self.extra_args]
+               *settings.to_flags(), *nodes, *self.extra_args]
         return cmd + (["--enable-admin-routes"] if self.admin_token else [])
+
+    def node_log_path(self, node_rank: int) -> Path:
+        """Node 0 logs to log_path, node r to log_path's name with '.node{r}' before the suffix."""
+        if node_rank == 0:
+            return self.log_path
+        return self.log_path.with_name(f"{self.log_path.stem}.node{node_rank}{self.log_path.suffix}")
+
+    def _spawn(self, settings: EngineSettings, node_rank: int) -> subprocess.Popen:
+        command = self.command(settings, node_rank)
+        with self.node_log_path(node_rank).open("ab") as log:
+            log.write(f"\n=== {' '.join(command)}\n".encode())
+            log.flush()
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=self.environment())
 
     def environment(self) -> dict[str, str]:
         """The key and the admin token go in the environment, never on the command line."""
@@ -92,30 +122,31 @@ class EngineProcess:
             env["KVPILOT_ADMIN_TOKEN"] = self.admin_token
         return env
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def log_tail(self, chars: int = 4000, node_rank: int = 0) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            return self.node_log_path(node_rank).read_text(errors="replace")[-chars:]
         except OSError:
             return ""
 
     def start(self, settings: EngineSettings) -> None:
-        """Starts the server and waits until /health answers 200. Raises TrialFailed (the
-        process is stopped) when it exits or does not get healthy in time."""
+        """Starts the server (every node of a multi-node trial) and waits until /health
+        answers 200. Raises TrialFailed (every process is stopped) when one exits, classified
+        by its exit code and log, or when it does not get healthy in time."""
         self.stop()
         self.port = self.fixed_port or free_port()
+        self.master_port = free_port() if settings.nnodes > 1 else 0
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"\n=== {' '.join(self.command(settings))}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(self.command(settings), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=self.environment())
+        self.proc = self._spawn(settings, 0)
+        self.nodes = [self._spawn(settings, rank) for rank in range(1, settings.nnodes)]
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            code = self.proc.poll()
-            if code is not None:
-                self.proc = None
-                raise TrialFailed(classify(code, self.log_tail(), structured=self.structured_exit),
-                                  f"engine exited with {code}: {self.log_tail(1500)}")
+            exited = [(rank, p.poll()) for rank, p in enumerate([self.proc, *self.nodes]) if p.poll() is not None]
+            if exited:
+                (rank, code), tail = exited[0], self.log_tail(node_rank=exited[0][0])
+                self.stop()
+                which = f"engine node {rank}" if settings.nnodes > 1 else "engine"
+                raise TrialFailed(classify(code, tail, structured=self.structured_exit),
+                                  f"{which} exited with {code}: {tail[-1500:]}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     self.settings = settings
@@ -146,15 +177,15 @@ class EngineProcess:
         return True
 
     def stop(self, timeout_s: float = 40.0) -> None:
-        """SIGTERM (the server drains), then SIGKILL after timeout_s."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        """SIGTERM (the server drains; node 0 then stops the other nodes), then SIGKILL after
+        timeout_s; the other nodes likewise."""
+        for proc in ([self.proc] if self.proc is not None else []) + self.nodes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.proc, self.nodes = None, []
         self.settings = None

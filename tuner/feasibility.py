@@ -110,6 +110,9 @@ class Hardware:
     cpus: CPUs of one pod (spec.resources.cpu); None: not checked. A CPU engine's pod needs
         one per rank it runs (the engine gives every rank at least one thread,
         engine/cpu_threads.py, and rounds a fractional quota up).
+    one_machine: every node of a multi-node layout runs on this one machine (`kvpilot tune
+        --local` starts them as processes), so its memory, devices and CPUs serve all ranks
+        whatever nnodes is.
     num_gpu_blocks_override: when the engine is started with --num-gpu-blocks-override,
         the KV cache has exactly this many blocks whatever the memory.
     activation_scale: multiplies `estimate_activation_bytes` (calibrate against the
@@ -137,6 +140,7 @@ class Hardware:
     cpu_kvcache_space_bytes: int | None = None
     quantization: str | None = None  # settings.resolve_quantization of the engine; gguf on CPU adds the blocks
     cpus: float | None = None
+    one_machine: bool = False
 
     def engine_dtype(self, model: ModelConfig) -> str:
         """The name of the dtype the engine runs in ('bfloat16', 'float32', 'float16')."""
@@ -197,8 +201,8 @@ def pod_problem(world_size: int, nnodes: int, hardware: Hardware) -> str:
     if world_size % nnodes:
         return (f"layout: nnodes {nnodes} does not divide {layout} (each pod of the group runs world / nnodes "
                 f"ranks); choose an nnodes that divides it")
-    per_pod = world_size // nnodes
-    over = f" over {nnodes} pods is {per_pod} ranks per pod, which" if nnodes > 1 else ""
+    per_pod = world_size if hardware.one_machine else world_size // nnodes
+    over = f" over {nnodes} pods is {per_pod} ranks per pod, which" if per_pod < world_size else ""
     if per_pod > hardware.num_devices:
         return f"{layout}{over} exceeds the {hardware.num_devices} available device(s) of a pod"
     if hardware.shared_memory and hardware.cpus is not None and per_pod > math.ceil(hardware.cpus):
@@ -245,7 +249,7 @@ def check(settings: EngineSettings, model: ModelConfig, hardware: Hardware) -> F
     else:
         plan = KVCachePlan.build(hardware.device_memory_bytes, settings.gpu_memory_utilization,
                                  settings.block_size, ranks, hardware.shared_memory, hardware.kv_space_bytes(),
-                                 settings.nnodes)
+                                 1 if hardware.one_machine else settings.nnodes)
         num_blocks, how = plan.num_blocks, "predicted: " + plan.describe()
         block_bytes = plan.budgets[plan.limiting].block_bytes
     if auto:  # the engine serves min(the model's context, what the cache holds)

@@ -13,7 +13,7 @@ import optuna
 
 from kvpilot.api.models import is_gguf_source
 from kvpilot.api.tuning_metrics import TunerMetrics
-from kvpilot.engine.settings import flag_value, flag_words, resolve_quantization
+from kvpilot.engine.settings import BY_NAME, flag_value, flag_words, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.engine_process import KVPILOT_SERVE, EngineProcess, check_flags
@@ -30,7 +30,8 @@ from kvpilot.tuner.workload import Load, load_requests
 def hardware_for(a: argparse.Namespace) -> Hardware:
     """The device the trials run on: --device-memory-gib, else this machine's memory (or
     the first GPU's); --num-gpu-blocks-override among the engine args fixes the cache. On
-    CPU (no GPU here) every rank of a parallel trial shares that memory."""
+    CPU (no GPU here) every rank of a parallel trial shares that memory, and so do the nodes of
+    a multi-node trial, all on this machine."""
     import torch  # here, not at import: `kvpilot tune`'s import graph stays torch-free
 
     from kvpilot.engine.memory import GiB, total_device_memory_bytes
@@ -45,7 +46,7 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
         override = int(value)
     quantization = resolve_quantization(flag_value(a.engine_args, "quantization"), is_gguf_source(a.model), not on_gpu)
     return Hardware(device_memory_bytes=memory, num_devices=a.num_devices, num_gpu_blocks_override=override,
-                    shared_memory=not on_gpu, quantization=quantization)
+                    shared_memory=not on_gpu, quantization=quantization, one_machine=True)
 
 
 # settings that --engine-arg may set and the defaults trial takes as its own (base_settings)
@@ -57,7 +58,6 @@ def base_settings(a: argparse.Namespace) -> EngineSettings:
     --engine-arg values of the settings that move them or the KV cache (--performance-mode
     throughput doubles the default limits; --kv-cache-memory-bytes sizes the cache), so that
     trial 0 and the memory model see the engine that runs."""
-    from kvpilot.engine.settings import BY_NAME
 
     given = {name: BY_NAME[name].parse(v) if BY_NAME[name].parse else v
              for name in SETTINGS_FROM_ARGS if (v := flag_value(a.engine_args, name)) is not None}
@@ -68,7 +68,6 @@ def fixed_engine_args(engine_args: list[str]) -> list[str]:
     """--engine-arg values without the settings base_settings took from them: every trial's own
     flags carry those (the last flag wins, so a repeated fixed value would override the trial's,
     e.g. a searched --kv-cache-memory-bytes)."""
-    from kvpilot.engine.settings import BY_NAME
 
     flags = {BY_NAME[name].flag for name in SETTINGS_FROM_ARGS}
     out, skip = [], False
@@ -88,6 +87,8 @@ def searched_flags(base: EngineSettings, a: argparse.Namespace) -> list[str]:
     flags += flag_words("enable_chunked_prefill", True) + flag_words("enable_chunked_prefill", False)
     if a.prefix_caching:
         flags += flag_words("enable_prefix_caching", True) + flag_words("enable_prefix_caching", False)
+    if a.nnodes and a.nnodes[1] > 1:  # the nodes of a multi-node trial (EngineProcess)
+        flags += [BY_NAME[name].flag for name in ("nnodes", "node_rank", "master_addr", "master_port", "headless")]
     return flags
 
 

@@ -89,13 +89,36 @@ def test_layouts_over_pods_enter_the_space_only_with_a_range_of_pods():
     assert space.parallel_choices(SMOL, base.replace(tensor_parallel_size=3))[0] == "3x1"
 
 
-def test_the_tune_flag_gives_the_range_and_local_tuning_refuses_it(capsys):
+def test_the_tune_flag_gives_the_range_and_local_tuning_checks_the_node_flags(capsys):
+    from kvpilot.tuner.local_session import searched_flags
+
     a = cli.parse(["--namespace", "d", "--name", "x", "--parallel", "--nnodes", "1:2"])
     assert a.space.nnodes == (1, 2)
     assert cli.parse(["--namespace", "d", "--name", "x"]).space.nnodes is None
     with pytest.raises(SystemExit) as refused:
-        cli.parse(["--local", "--nnodes", "1:2"])
-    assert refused.value.code == 2 and "--nnodes above 1 spans pods" in capsys.readouterr().err
+        cli.parse(["--namespace", "d", "--name", "x", "--nnodes", "2:1"])
+    assert refused.value.code == 2 and "nnodes bounds must satisfy 1 <= low <= high" in capsys.readouterr().err
+    local = cli.parse(["--local", "--nnodes", "1:2"])  # the nodes run as processes here: their flags must exist
+    assert {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"} <= set(
+        searched_flags(EngineSettings(), local))
+
+
+def test_local_nodes_share_this_machine_and_start_as_processes(tmp_path):
+    from kvpilot.tuner.engine_process import EngineProcess
+
+    pp2 = TIGHT.replace(pipeline_parallel_size=2)
+    machine = dataclasses.replace(CPU_POD, num_devices=2, one_machine=True)
+    # two nodes on one machine hold what one node holds: the same memory for both ranks
+    assert check(pp2.replace(nnodes=2), SMOL, machine) == check(pp2, SMOL, machine)
+    engine = EngineProcess("m", tmp_path / "engine.log")
+    engine.port, engine.master_port = 8000, 29600
+    node0, node1 = (engine.command(pp2.replace(nnodes=2), rank) for rank in (0, 1))
+    meet = ["--master-addr", "127.0.0.1", "--master-port", "29600"]
+    assert node0[node0.index("--node-rank"):][:6] == ["--node-rank", "0", *meet]
+    assert node1[node1.index("--node-rank"):][:7] == ["--node-rank", "1", *meet, "--headless"]
+    assert "--port" in node0 and "--port" not in node1 and "--nnodes" in node1
+    assert "--node-rank" not in engine.command(pp2)
+    assert engine.node_log_path(1) == tmp_path / "engine.node1.log"
 
 
 class GroupKube:
