@@ -3,7 +3,8 @@ live reconfiguration under load, the two measurement sources agreeing on one win
 3-trial local tuning session, and a start failure classified from the engine's own error.
 One engine process (restarted once by the tuning test) keeps the module short; the
 sampler's choices are covered by the synthetic-engine tests, so the trials here are
-enqueued to exercise every path (unchanged, live, restart)."""
+enqueued to exercise every path (unchanged, live, restart). A trial over two nodes runs them
+as two processes here (a pipeline stage each) and a node killed during the next trial ends it."""
 from __future__ import annotations
 
 import math
@@ -17,9 +18,10 @@ from prometheus_harness import Prometheus
 
 from kvpilot.loadgen.datasets import SampleRequest
 from kvpilot.loadgen.tokenizers import load_tokenizer
+from kvpilot.engine.exit_codes import EXIT_ENGINE_DIED
 from kvpilot.tuner import report
 from kvpilot.tuner.engine_process import EngineProcess, free_port
-from kvpilot.tuner.failures import OUT_OF_MEMORY, TrialFailed
+from kvpilot.tuner.failures import OUT_OF_MEMORY, TRANSIENT, TrialFailed
 from kvpilot.tuner.feasibility import Hardware, check, resolve_model
 from kvpilot.tuner.local import LocalRunner
 from kvpilot.tuner.loop import Tuner, TunerConfig
@@ -222,3 +224,24 @@ def test_start_failure_is_classified_out_of_memory_as_the_feasibility_check_pred
     assert not proc.running
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{proc.base_url}/health", timeout=1)
+
+
+def test_a_trial_over_two_local_nodes_is_measured_and_a_node_killed_in_the_next_ends_it(load, tmp_path,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("KVPILOT_NODE_TIMEOUT_S", "3")
+    engine = EngineProcess(MODEL, tmp_path / "engine.log", EXTRA, API_KEY, startup_timeout_s=240)
+    runner = LocalRunner(engine, WORKLOAD, load, SLOS, MODEL)
+    two_nodes = BASE.replace(pipeline_parallel_size=2, nnodes=2)
+    try:
+        m = runner.run_trial(0, two_nodes)
+        assert (m.completed, m.failed, runner.applied) == (WORKLOAD.num_requests, 0, ["restart"])
+        node0, (node1,) = engine.proc, engine.nodes
+        node1.kill()  # a worker lost: node 0 fails its requests and exits naming it
+        with pytest.raises(TrialFailed) as failed:
+            runner.run_trial(1, two_nodes)
+        assert failed.value.kind == TRANSIENT
+        assert node0.wait(30) == EXIT_ENGINE_DIED
+        assert "on node 1" in (tmp_path / "engine.log").read_text()
+    finally:
+        engine.stop()
+    assert not engine.running and engine.nodes == []
