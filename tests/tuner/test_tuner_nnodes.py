@@ -225,3 +225,16 @@ def test_engine_flags_name_the_nodes_only_when_there_are_several():
     assert "--nnodes" not in EngineSettings().to_flags()
     flags = EngineSettings(pipeline_parallel_size=2, nnodes=2).to_flags()
     assert flags[flags.index("--nnodes") + 1] == "2"
+
+
+def test_the_in_cluster_hardware_is_one_pods_resources():
+    from kvpilot.api.spec import InferenceServiceSpec
+    from kvpilot.tuner.cluster_session import hardware_of
+
+    spec = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct"},
+                                           "resources": {"cpu": "500m", "memory": "2Gi"},
+                                           "parallelism": {"nnodes": 2}})
+    pod = hardware_of(spec, cli.parse(["--namespace", "d", "--name", "x"]))
+    assert (pod.device_memory_bytes, pod.cpus, pod.shared_memory, pod.one_machine) == (2 * GiB, 0.5, True, False)
+    gpus = hardware_of(spec, cli.parse(["--namespace", "d", "--name", "x", "--device-memory-gib", "80"]))
+    assert gpus.cpus is None and not gpus.shared_memory
