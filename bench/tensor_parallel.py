@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 
-from kvpilot.engine.settings import BY_NAME
+from kvpilot.bench.harness.node_group import HeadlessNode, node_flags
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, free_port
+from kvpilot.engine.settings import BY_NAME, to_flags
 from kvpilot.loadgen.datasets import sharegpt_pairs
 
 
@@ -32,14 +35,24 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(tp), int(pp or 1)
 
 
-def run(model: str, tp: int, pp: int, prompts: list[str], max_tokens: int, dtype: str) -> dict:
+def run(model: str, tp: int, pp: int, prompts: list[str], max_tokens: int, dtype: str, nnodes: int = 1,
+        log_dir: Path | None = None) -> dict:
     """Generates max_tokens per prompt after a warm-up; returns tokens/s, step count and
-    time, and per rank the seconds of each kind of communication during the measured run."""
+    time, and per rank the seconds of each kind of communication during the measured run.
+    nnodes > 1: this process is node 0 (the driver, `--node-rank 0`) and nodes 1.. are
+    headless `kvpilot serve` processes (logs in log_dir), as pods would run them."""
     from kvpilot.engine import LLM, SamplingParams
 
-    llm = LLM(model, dtype=dtype, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp,
-              max_model_len=1024, max_num_seqs=len(prompts), num_gpu_blocks_override=64 * len(prompts),
-              swap_space=0)
+    settings = dict(dtype=dtype, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                    max_model_len=1024, max_num_seqs=len(prompts), num_gpu_blocks_override=64 * len(prompts),
+                    swap_space=0)
+    nodes, port = [], free_port()
+    for rank in range(1, nnodes):
+        nodes.append(HeadlessNode([*KVPILOT_SERVE, model, *to_flags(settings), *node_flags(nnodes, rank, port)],
+                                  Path(log_dir or ".") / f"node{rank}.log", os.environ))
+    if nnodes > 1:
+        settings.update(nnodes=nnodes, node_rank=0, master_addr="127.0.0.1", master_port=port)
+    llm = LLM(model, **settings)
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     steps = []
@@ -63,6 +76,8 @@ def run(model: str, tp: int, pp: int, prompts: list[str], max_tokens: int, dtype
         comm = comm_stats(reset=True) if comm_stats else [{}]
     finally:
         engine.close()
+        for node in nodes:  # the driver's shutdown ends them
+            node.wait(30)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {"tp": tp, "pp": pp, "tokens_per_s": tokens / wall, "wall_s": wall, "steps": len(steps),
             "step_s": sum(steps), "comm": comm}

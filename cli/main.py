@@ -17,6 +17,7 @@
     kvpilot bench fuzz-liveness  generated requests on every route, /health and a canary after each
     kvpilot bench slow-clients   stalled and idle connections against a fresh server
     kvpilot bench tuning {grid,replay,confirm}  the tuner against a measured grid, random search and the defaults
+    kvpilot bench multinode      one process against one engine over several `kvpilot serve --nnodes` processes
 
 Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
 tests/test_cli_and_packaging.py checks that this list names every command below.
@@ -48,6 +49,7 @@ BENCH_COMMANDS = {
     "fuzz-liveness": "kvpilot.bench.reliability.fuzz_liveness",
     "slow-clients": "kvpilot.bench.reliability.slow_clients",
     "tuning": "kvpilot.tuner.benchmark.cli",  # issue 39: the tuning-quality benchmark (grid, replay, confirm)
+    "multinode": "kvpilot.bench.multinode",  # issue 41: ready, tokens/s, comm share, restart over nodes
 }
 
 

@@ -96,8 +96,7 @@ class EngineArgs:
         path = resolve_model_path(self.model)
         auto_len = self.max_model_len == settings.AUTO_MAX_MODEL_LEN  # sized down once the KV cache is
         model = load_model_config(path, None if auto_len else self.max_model_len, dtype)
-        parallel = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes,
-                                  self.node_rank, self.master_addr, self.master_port)
+        parallel = ParallelConfig(**{f.name: getattr(self, f.name) for f in fields(ParallelConfig)})
         parallel.check_model(model)
         cache = CacheConfig(
             block_size=self.block_size,

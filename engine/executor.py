@@ -116,7 +116,8 @@ class MultiprocExecutor:
                     [p.pid for p in self.workers])
 
     def _init_driver(self, config: EngineConfig, micro_batching: MicroBatchPolicy) -> None:
-        self.runner, self._control, self._store = init_rank(config, 0, micro_batching)
+        me = init_rank(config, 0, micro_batching)
+        self.runner, self._control, self._store = me.runner, me.control, me.store
 
     def _peer_died(self, error: RuntimeError) -> None:
         """PeerMonitor's verdict (its thread): recorded here, acted on by the engine's thread."""

@@ -22,8 +22,8 @@ def size_kv_cache(cfg: EngineConfig, runner) -> tuple[EngineConfig, int, int]:
     """Returns (config, num_blocks, num_swap_blocks). Blocks are what every rank holds (the
     same number on all: block ids are global); each rank's bytes per block are its stage's
     layers x its KV-head shard; the count is the minimum over ranks' devices, or, on CPU
-    where the ranks share the machine's memory, what one pool fits for all of them
-    (memory.KVCachePlan). The config returned differs from `cfg` only where max_model_len
+    where a node's ranks share its memory, what one pool per node fits for its ranks, every
+    node having node 0's memory (memory.KVCachePlan; one node unless --nnodes). The config returned differs from `cfg` only where max_model_len
     auto lowered the length. Raises KVCacheTooSmallError (memory.check_fits) when one
     max_model_len sequence does not fit, with the numbers."""
     bs = cfg.cache.block_size
@@ -47,6 +47,7 @@ def size_kv_cache(cfg: EngineConfig, runner) -> tuple[EngineConfig, int, int]:
             ranks=profile_rank_memory(runner, cfg),
             shared_memory=on_cpu,
             space_bytes=cfg.cache.cpu_kvcache_space_bytes if on_cpu else None,
+            nnodes=cfg.parallel.nnodes,  # each node (pod) has node 0's memory: one budget per node's ranks
         )
         logger.info("KV cache sizing: %s", plan.describe())
         num_blocks = plan.num_blocks

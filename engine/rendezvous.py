@@ -191,16 +191,20 @@ class Heartbeat(threading.Thread):
     """A non-driver rank's beat: adds 1 to its counter in the driver's store every
     HEARTBEAT_INTERVAL_S over a connection of its own. When the store cannot be reached (the
     driver's process is gone) or the driver wrote an abort reason, calls on_lost(reason) once
-    (which should end the process)."""
+    (which should end the process). `stop()` ends it quietly (the driver's shutdown)."""
 
     def __init__(self, parallel: ParallelConfig, rank: int, on_lost: Callable[[str], None]) -> None:
         super().__init__(name=f"kvpilot-heartbeat-{rank}", daemon=True)
         self.parallel, self.rank, self.on_lost = parallel, rank, on_lost
         self.key = f"kvpilot/heartbeat/{rank}"
         self._store = _client(parallel, node_timeout_s())
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
 
     def run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 self._store.add(self.key, 1)
                 aborted = self._store.check([ABORT_KEY])
@@ -211,10 +215,10 @@ class Heartbeat(threading.Thread):
             else:
                 if reason is not None:
                     reason = f"the driver stopped the engine: {reason}"
-            if reason is not None:
+            if reason is not None and not self._stopped.is_set():
                 self.on_lost(reason)
                 return
-            time.sleep(HEARTBEAT_INTERVAL_S)
+            self._stopped.wait(HEARTBEAT_INTERVAL_S)
 
 
 class PeerMonitor(threading.Thread):

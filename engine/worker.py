@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -60,26 +61,36 @@ def lost_peers(rank_text: str, reason: str) -> None:
     os._exit(EXIT_ENGINE_DIED)
 
 
-def init_rank(config: EngineConfig, rank: int,
-              micro_batching: MicroBatchPolicy) -> tuple[StageRunner, dist.ProcessGroup, dist.TCPStore]:
+class JoinedRank(NamedTuple):
+    """A rank that has joined: its StageRunner, the gloo control group, the rendezvous store
+    (on rank 0 the store's server: keep it referenced while other ranks may read it) and, on
+    worker ranks, the heartbeat (stop it before a clean exit)."""
+
+    runner: StageRunner
+    control: dist.ProcessGroup
+    store: dist.TCPStore
+    heartbeat: Heartbeat | None
+
+
+def init_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy) -> JoinedRank:
     """Joins the rendezvous at config.parallel's master_addr:master_port (rank 0 hosts it;
     waits for every rank, engine/rendezvous.py), starts a worker rank's heartbeat, joins the
     world (NCCL on CUDA, gloo on CPU), creates the tensor- and pipeline-parallel groups and
     the gloo control group, and builds this rank's StageRunner (its stage's layers, its
-    shards). Returns the runner, the control group and the rendezvous store (on rank 0 the
-    store's server: keep it referenced while other ranks may read it). Raises RuntimeError
-    when the ranks do not all join in time."""
+    shards). Raises RuntimeError when the ranks do not all join in time."""
     parallel = config.parallel
     world = parallel.world_size
     store = Rendezvous(parallel, rank).join()
+    heartbeat = None
     if rank != 0:
-        Heartbeat(parallel, rank, lambda reason: lost_peers(describe_rank(parallel, rank), reason)).start()
+        heartbeat = Heartbeat(parallel, rank, lambda reason: lost_peers(describe_rank(parallel, rank), reason))
+        heartbeat.start()
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, store=store, world_size=world, rank=rank, timeout=collective_timeout())
     control = dist.new_group(list(range(world)), backend="gloo", timeout=CONTROL_TIMEOUT)
     position = RankPosition.of(rank, parallel)
     parallel_state.init_model_parallel(position)
-    return StageRunner(_rank_config(config, rank), position, micro_batching), control, store
+    return JoinedRank(StageRunner(_rank_config(config, rank), position, micro_batching), control, store, heartbeat)
 
 
 def gather_to_driver(value, control: dist.ProcessGroup, world_size: int) -> list | None:
@@ -114,10 +125,11 @@ def run_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy,
              joined: threading.Event | None = None) -> None:
     """A worker rank from joining to the driver's `shutdown` (returns) or a failure (raises);
     `joined` is set once it has joined and loaded its shard."""
-    runner, control, _ = init_rank(config, rank, micro_batching)
+    me = init_rank(config, rank, micro_batching)
     if joined is not None:
         joined.set()
-    _serve(runner, control, config.parallel.world_size)
+    _serve(me.runner, me.control, config.parallel.world_size)
+    me.heartbeat.stop()  # the driver shut down: its store goes with it
     dist.destroy_process_group()
 
 

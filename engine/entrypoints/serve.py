@@ -212,6 +212,14 @@ def check_http_limits(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
             parser.error(f"{flag} must be >= {low}, got {value}")
 
 
+def check_headless(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Exit 2 for --headless on node 0, which runs the scheduler and the HTTP server."""
+    if ns.headless and ns.node_rank == 0:
+        parser.error(f"{BY_NAME['headless'].flag} runs no HTTP server, but node 0 runs the scheduler and the server: "
+                     f"drop {BY_NAME['headless'].flag} here, or give this node {BY_NAME['node_rank'].flag} "
+                     f"{'1' if ns.nnodes <= 2 else f'1 to {ns.nnodes - 1}'}")
+
+
 def http_limits(ns: argparse.Namespace) -> dict:
     """uvicorn.Config arguments for the slow-client limits (engine/entrypoints/http_protocol.py)."""
     return {"http": guarded_h11_protocol(ns.request_read_timeout_s or None, ns.h11_max_header_count),
@@ -230,10 +238,7 @@ def main(argv: list[str]) -> int:
     if ns.request_deadline_s is not None and ns.request_deadline_s <= 0:
         parser.error(f"--request-deadline-s must be > 0, got {ns.request_deadline_s}")
     check_http_limits(parser, ns)
-    if ns.headless and ns.node_rank == 0:
-        parser.error(f"{BY_NAME['headless'].flag} runs no HTTP server, but node 0 runs the scheduler and the server: "
-                     f"drop {BY_NAME['headless'].flag} here, or give this node {BY_NAME['node_rank'].flag} 1 to "
-                     f"{max(ns.nnodes - 1, 1)}")
+    check_headless(parser, ns)
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         parser.error(f"{BY_NAME['enable_auto_tool_choice'].flag} needs {BY_NAME['tool_call_parser'].flag} "
                      f"(one of {list(BY_NAME['tool_call_parser'].choices)})")
@@ -247,10 +252,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         sys.stderr.write(f"kvpilot serve: error: {exc}\n")
         return report_failure(EXIT_BAD_ARGS, str(exc))
-    if engine_config.parallel.node_rank > 0:
-        if not ns.headless:
-            logger.info("node rank %d > 0: headless (no HTTP server), as with %s", engine_config.parallel.node_rank,
-                        BY_NAME["headless"].flag)
+    if engine_config.parallel.node_rank > 0:  # headless with or without --headless (vLLM needs the flag)
         return run_headless(engine_config)
     state = ServerState(
         served_model_name=engine_config.served_model_name,
