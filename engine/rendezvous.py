@@ -126,9 +126,17 @@ class Rendezvous:
         return self.store
 
     def _claim(self) -> None:
+        """Takes this rank's seat; a second claimant stops the rendezvous (two nodes with one
+        --node-rank), or, once the engine runs, leaves alone (a node restarted before node 0
+        noticed the old one gone: node 0 exits within the node timeout, then all restart)."""
         if self.store.add(f"kvpilot/claim/{self.rank}", 1) > 1:
-            message = (f"{describe_rank(self.parallel, self.rank)} joined twice: two nodes run --node-rank "
-                       f"{self.parallel.node_rank}; give each node its own rank in [0, {self.parallel.nnodes})")
+            who = describe_rank(self.parallel, self.rank)
+            if self.store.check([GO_KEY]):
+                raise RuntimeError(f"{who} came to an engine that already runs with that rank: node 0 at "
+                                   f"{self.address} stops within {NODE_TIMEOUT_ENV} of losing the old one; start "
+                                   "this node again then")
+            message = (f"{who} joined twice: two nodes run --node-rank {self.parallel.node_rank}; give each node its "
+                       f"own rank in [0, {self.parallel.nnodes})")
             self.store.set(ABORT_KEY, message)
             raise RuntimeError(message)
         me = {"node": self.parallel.node_of(self.rank), "host": socket.gethostname(), "pid": os.getpid()}
