@@ -18,8 +18,12 @@ from kvpilot.engine.settings import CRD_FIELDS, SETTINGS
 from kvpilot.engine.settings.cli_args import ArgsError, explicit_dests, make_serve_parser
 
 # argparse dests of `kvpilot serve` that the operator owns: every setting spec.engine carries
-# (kvpilot.engine.settings), the model and its served name, and the server's identity.
-OWNED_SETTINGS = frozenset({*CRD_FIELDS, "model", "served_model_name", "host", "api_key", "enable_admin_routes"})
+# (kvpilot.engine.settings), the model and its served name, the server's identity, and where the
+# pod sits in its group.
+# The multi-node flags too: the operator renders them per pod from spec.parallelism (group_builders).
+MULTINODE_SETTINGS = ("nnodes", "node_rank", "master_addr", "master_port", "headless")
+OWNED_SETTINGS = frozenset({*CRD_FIELDS, "model", "served_model_name", "host", "api_key", "enable_admin_routes",
+                            *MULTINODE_SETTINGS})
 VLLM_CONFIG_FLAG = "--config"  # vLLM only: a YAML file that can set any flag
 
 
@@ -60,7 +64,8 @@ def _kvpilot_problem(extra_args: list[str], model: str) -> str | None:
     owned = sorted(OWNED_SETTINGS & set(given))
     if owned:
         return (f"extraArgs set {', '.join(_NAMES[d] for d in owned)}, which the operator sets from spec.engine "
-                "(or owns: API key, admin routes, listen address); set the matching spec.engine field instead")
+                "(or owns: API key, admin routes, listen address, the multi-node flags from spec.parallelism); "
+                "set the matching spec.engine field instead")
     return None
 
 

@@ -93,19 +93,39 @@ def same_quantity(actual: Any, desired: Any) -> bool:
         return actual == desired
 
 
-def covers(actual: Any, desired: Any, quantity: bool = False) -> bool:
+# Label selectors: a key more than desired selects other pods (a Service that selected every pod
+# of a group must drop kvpilot.dev/role when nnodes goes back to 1), so these compare exactly.
+EXACT_MAPS = ("selector", "matchLabels")
+
+
+def covers(actual: Any, desired: Any, quantity: bool = False, exact: bool = False) -> bool:
     """Whether actual has every value of desired. Keys the API server added (defaults, status)
-    don't count as drift; a changed or missing value does. Lists must match item by item.
-    Quantities (container requests/limits, emptyDir sizeLimit) compare by value, since the
-    API server rewrites them in canonical form."""
+    don't count as drift; a changed or missing value does, and so does an extra key in a label
+    selector (EXACT_MAPS). Lists must match item by item. Quantities (container
+    requests/limits, emptyDir sizeLimit) compare by value, since the API server rewrites them
+    in canonical form."""
     if isinstance(desired, Mapping):
-        return isinstance(actual, Mapping) and all(
-            k in actual and covers(actual[k], v, quantity or k in QUANTITY_MAPS or k in QUANTITY_FIELDS)
+        return isinstance(actual, Mapping) and (not exact or set(actual) == set(desired)) and all(
+            k in actual and covers(actual[k], v, quantity or k in QUANTITY_MAPS or k in QUANTITY_FIELDS,
+                                   k in EXACT_MAPS)
             for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(actual, list) and len(actual) == len(desired)
                 and all(covers(a, d) for a, d in zip(actual, desired)))
     return same_quantity(actual, desired) if quantity else actual == desired
+
+
+def merge_patch(actual: Any, desired: Any) -> Any:
+    """desired as a JSON merge patch (RFC 7386) over actual: as desired, plus null for every key
+    of a label selector (EXACT_MAPS) that actual has and desired lacks, which removes it."""
+    if not isinstance(desired, Mapping):
+        return desired
+    base = actual if isinstance(actual, Mapping) else {}
+    patch = {k: merge_patch(base.get(k), v) for k, v in desired.items()}
+    for k, v in desired.items():
+        if k in EXACT_MAPS and isinstance(v, Mapping) and isinstance(base.get(k), Mapping):
+            patch[k] = {**{extra: None for extra in base[k] if extra not in v}, **patch[k]}
+    return patch
 
 
 def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,
@@ -140,7 +160,7 @@ async def ensure_child(kube: AsyncKubeClient, desired: dict[str, Any],
         raise kopf.TemporaryError(f"{desired['kind']} {desired['metadata']['name']} is being deleted", delay=2)
     if covers(actual, desired):
         return "unchanged", actual
-    patch = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
+    patch = merge_patch(actual, {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")})
     return "updated", await kube.patch(path, patch)
 
 

@@ -201,3 +201,26 @@ def test_group_conditions_say_how_many_groups_are_ready_and_why_one_restarts(rea
     assert by_type["Degraded"]["status"] == degraded and (replicas, ready_count) == (1, ready)
     if degraded == "True":
         assert "m-0-1 restarted" in by_type["Degraded"]["message"]
+
+
+def test_a_selector_with_a_key_too_many_is_drift_and_the_patch_removes_it():
+    from kvpilot.operator.reconcile import covers, merge_patch
+    group = build_service("m", "ns", spec(nnodes=2))
+    one = build_service("m", "ns", spec(nnodes=1, pipelineParallelSize=1))
+    actual = {**group, "metadata": {**group["metadata"], "uid": "x"}, "spec": {**group["spec"], "clusterIP": "10.0.0.9"}}
+    assert covers(actual, group) and not covers(actual, one)
+    patch = merge_patch(actual, one)
+    assert patch["spec"]["selector"] == {**one["spec"]["selector"], "kvpilot.dev/role": None}
+    assert "clusterIP" not in patch["spec"]  # only selectors are exact; defaults stay
+
+
+@pytest.mark.parametrize("runtime, args", [("kvpilot", ["--nnodes", "2"]), ("kvpilot", ["--node-rank=1"]),
+                                           ("kvpilot", ["--master-addr", "evil"]), ("vllm", ["--master-port=1"]),
+                                           ("vllm", ["--headless"]), ("vllm", ["--node-rank", "0"])])
+def test_extra_args_cannot_move_a_pod_in_its_group(runtime, args):
+    from kvpilot.operator.validation import InvalidSpec, validate
+    source = "/models/llama" if runtime == "vllm" else SMOLLM["source"]
+    s = InferenceServiceSpec.from_dict({"model": {"source": source}, "engine": {"runtime": runtime, "extraArgs": args}})
+    with pytest.raises(InvalidSpec) as refused:
+        validate(s)
+    assert refused.value.reason == "ConflictingArgs"
