@@ -144,7 +144,7 @@ def _mounts_and_volumes(name: str, spec: InferenceServiceSpec) -> tuple[list[dic
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
         # NCCL and torch's shared-memory tensors need /dev/shm; it grows with the ranks.
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(engine.world_size)}Gi"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(spec.ranks_per_pod)}Gi"}},
         {"name": "config", "configMap": {"name": configmap_name(name)}},
     ]
     if engine.profiling:  # traces go to a size-capped volume, not the pod's disk
@@ -164,7 +164,7 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     limits: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
     requests = dict(limits)
     if res.gpu:
-        limits[res.gpuResourceName] = requests[res.gpuResourceName] = engine.world_size
+        limits[res.gpuResourceName] = requests[res.gpuResourceName] = spec.ranks_per_pod  # this pod's ranks
     else:
         requests["cpu"], limits["cpu"] = cpu_request_and_limit(res.cpu)
     env = _engine_env(name, engine)

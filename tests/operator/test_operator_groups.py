@@ -224,3 +224,15 @@ def test_extra_args_cannot_move_a_pod_in_its_group(runtime, args):
     with pytest.raises(InvalidSpec) as refused:
         validate(s)
     assert refused.value.reason == "ConflictingArgs"
+
+
+def test_each_pod_of_a_group_asks_for_the_accelerators_and_shared_memory_of_its_own_ranks():
+    s = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "parallelism": {"nnodes": 2},
+                                        "engine": {"runtime": "vllm", "tensorParallelSize": 4, "pipelineParallelSize": 2},
+                                        "resources": {"gpu": True}})
+    for child in build_group_children("m", "ns", s):
+        if child["kind"] == "StatefulSet":
+            pod = child["spec"]["template"]["spec"]
+            assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4  # 8 ranks over 2 pods
+            shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+            assert shm["emptyDir"]["sizeLimit"] == "7Gi"  # shm_gib(4)
