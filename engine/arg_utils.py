@@ -17,6 +17,7 @@ from kvpilot.engine import settings
 from kvpilot.engine.config import (
     CacheConfig,
     EngineConfig,
+    ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     resolve_dtype,
@@ -30,6 +31,20 @@ logger = logging.getLogger("kvpilot.engine")
 
 def _default(name: str):
     return settings.BY_NAME[name].default
+
+
+def check_parallel(parallel: ParallelConfig, model: ModelConfig, device: str) -> None:
+    """Raises ValueError when the layout does not fit the model (ParallelConfig.check_model)
+    or, on CUDA, when a node runs more ranks than it sees GPUs (one GPU per rank, its local rank)."""
+    parallel.check_model(model)
+    if device.startswith("cuda"):
+        import torch
+
+        visible = torch.cuda.device_count()
+        if parallel.ranks_per_node > visible:
+            raise ValueError(
+                f"each node runs tensor_parallel_size x pipeline_parallel_size / nnodes = {parallel.ranks_per_node} "
+                f"ranks, one GPU each, but this node sees {visible} GPU(s): raise --nnodes or lower the parallel sizes")
 
 
 @dataclass
@@ -97,7 +112,7 @@ class EngineArgs:
         auto_len = self.max_model_len == settings.AUTO_MAX_MODEL_LEN  # sized down once the KV cache is
         model = load_model_config(path, None if auto_len else self.max_model_len, dtype)
         parallel = ParallelConfig(**{f.name: getattr(self, f.name) for f in fields(ParallelConfig)})
-        parallel.check_model(model)
+        check_parallel(parallel, model, device)
         cache = CacheConfig(
             block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization,

@@ -138,3 +138,16 @@ def test_the_headless_node_exits_0_when_node_0_shuts_down(tmp_path):
         pytest.fail("node 1 did not exit after node 0's shutdown")
     finally:
         group.stop()
+
+
+def test_more_ranks_per_node_than_visible_gpus_is_refused(monkeypatch, model_path):
+    import torch
+
+    from kvpilot.engine.arg_utils import EngineArgs
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = EngineArgs(str(model_path), device="cuda", dtype="float32", pipeline_parallel_size=2, nnodes=1)
+    with pytest.raises(ValueError, match=r"each node runs .* = 2 ranks, one GPU each, but this node sees 1 GPU"):
+        args.create_engine_config()
+    args.nnodes = 2  # one rank per node: fits
+    assert args.create_engine_config().parallel.ranks_per_node == 1
