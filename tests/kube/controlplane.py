@@ -15,6 +15,7 @@ import json
 import pathlib
 import ssl
 import subprocess
+import time
 import urllib.request
 from typing import Any
 
@@ -57,18 +58,24 @@ class ControlPlane(Started):
     /version. Leaving the block stops every process it started."""
 
     def __init__(self, workdir: pathlib.Path, binary: pathlib.Path | None = None, kwok: bool = True,
-                 audit: bool = False, address: str = "127.0.0.1", service_cidr: str = SERVICE_CIDR):
+                 audit: bool = False, address: str = "127.0.0.1", service_cidr: str = SERVICE_CIDR,
+                 disable_qps_limits: bool = False):
         """kwok: run kwok and one fake node (pods become Running and Ready with no container);
         audit: write one audit event per request to `audit_log` (the operator benchmark's count);
         address: where the API server listens and what it advertises (the `kubernetes`
         Service's endpoint): loopback, unless pods of a real node (tests/kube/node.py) must
         reach it. service_cidr: the Services' ClusterIP range (a /24 holds 254 Services; the
-        1,000-InferenceService benchmark needs a /20: "failed to allocate a serviceIP: range is full")."""
+        1,000-InferenceService benchmark needs a /20: "failed to allocate a serviceIP: range is full").
+        disable_qps_limits: the controller manager's and the scheduler's clients unthrottled, as
+        `kwokctl create cluster --disable-qps-limits` runs them for scale tests (--kube-api-qps
+        5000, --kube-api-burst 10000; their defaults are 20/30 and 50/100 requests per second,
+        which pace the rollouts of 1,000 Deployments; kwok's own client has no limit)."""
         self.workdir = pathlib.Path(workdir)
         self.service_cidr = service_cidr
         self.address = address
         self.binary = binary
         self.with_kwok = kwok
+        self.client_limits = ["--kube-api-qps=5000", "--kube-api-burst=10000"] if disable_qps_limits else []
         self.audit_log = self.workdir / "audit.log" if audit else None
         self.processes: list[Process] = []
         self.port = free_port()
@@ -144,11 +151,27 @@ class ControlPlane(Started):
             f"--service-account-key-file={service_account.cert}",
             f"--service-account-signing-key-file={service_account.key}", *self._audit_flags())
 
+        self._wait_ready(process)
+        self.version = json.loads(self.get("/version"))
+
+    def _wait_ready(self, process: Process) -> None:
         def ready() -> bool:
             process.check()
             return self.get("/readyz", quiet=True) == "ok"
         wait_for(ready, START_TIMEOUT_S, what="the API server's /readyz")
-        self.version = json.loads(self.get("/version"))
+
+    def restart_apiserver(self) -> float:
+        """Stops kube-apiserver (SIGTERM: it drains and exits, as when its static pod is
+        replaced) and starts it again with the same flags, port and certificates; returns
+        when its /readyz answers ok, with the seconds it did not serve. Every client (the
+        controllers, kwok, an operator) sees its connections and watches closed and reconnects."""
+        old = next(p for p in self.processes if p.name == "kube-apiserver")
+        start = time.monotonic()
+        old.stop()
+        new = Process(old.name, old.argv, old.log)
+        self.processes[self.processes.index(old)] = new
+        self._wait_ready(new)
+        return time.monotonic() - start
 
     def _audit_flags(self) -> list[str]:
         if self.audit_log is None:
@@ -165,13 +188,13 @@ class ControlPlane(Started):
                   f"--secure-port={free_port()}", f"--cert-dir={self.workdir / 'controller-manager'}",
                   "--leader-elect=false", "--use-service-account-credentials=true",
                   f"--service-account-private-key-file={service_account.key}", f"--root-ca-file={self.ca.cert}",
-                  f"--service-cluster-ip-range={self.service_cidr}", "--controllers=*,-nodeipam")
+                  f"--service-cluster-ip-range={self.service_cidr}", "--controllers=*,-nodeipam", *self.client_limits)
 
     def _start_scheduler(self, ca: Authority) -> None:
         config = self._write_kubeconfig("scheduler", ca.issue("scheduler", "system:kube-scheduler"))
         self._run("kube-scheduler", f"--kubeconfig={config}", f"--authentication-kubeconfig={config}",
                   f"--authorization-kubeconfig={config}", "--bind-address=127.0.0.1",
-                  f"--secure-port={free_port()}", "--leader-elect=false")
+                  f"--secure-port={free_port()}", "--leader-elect=false", *self.client_limits)
 
     def get(self, path: str, quiet: bool = False) -> str:
         """GET path from the API server as the admin; with quiet, '' when it fails."""
@@ -183,14 +206,15 @@ class ControlPlane(Started):
             raise
 
     def api(self, method: str, path: str, body: dict[str, Any] | None = None,
-            content_type: str = "application/json") -> str:
-        """One request to the API server as the admin; the response body.
+            content_type: str = "application/json", accept: str = "application/json") -> str:
+        """One request to the API server as the admin; the response body (accept: e.g. metadata
+        only, "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1").
         Raises urllib.error.HTTPError (an OSError) on an error status."""
         context = ssl.create_default_context(cafile=str(self.ca.cert))
         context.load_cert_chain(str(self.admin.cert), str(self.admin.key))
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": content_type})
+                                         headers={"Content-Type": content_type, "Accept": accept})
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
             return response.read().decode()
 

@@ -103,6 +103,7 @@ class Operator:
                     "KVPILOT_OPERATOR_NAMESPACE": namespace}
         self.log = log
         self.proc: subprocess.Popen | None = None
+        self.cgroup: pathlib.Path | None = None  # a cgroup v2 group to start in, as a pod's (tests/kube/netcut.py)
         self.liveness_port = free_port()
         command = chart_operator_command(namespace, release)
         assert command[:2] == ["kvpilot", "operator"], command
@@ -114,8 +115,10 @@ class Operator:
         """Start it and wait, as the kubelet's readiness probe would, until its /readyz answers
         200: the leader once Kopf runs, a standby once it reads the Lease (with the tuner
         loaded, imports take seconds; a loaded machine makes it tens)."""
+        procs = self.cgroup / "cgroup.procs" if self.cgroup else None
         self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *self.args],
-                                     env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+                                     env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
         import urllib.request
 
         def alive() -> bool:
