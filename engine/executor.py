@@ -226,6 +226,8 @@ class MultiprocExecutor:
             return
         graceful = self._error is None and self._dead_worker() is None and hasattr(self, "runner")
         if graceful:
+            if self._monitor is not None:  # the ranks stop beating as they leave
+                self._monitor.stop()
             try:
                 dist.broadcast_object_list([("shutdown", None)], src=0, group=self._control)
             except Exception:  # a worker died meanwhile: terminate below
