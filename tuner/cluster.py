@@ -4,8 +4,8 @@ Per trial: merge-patch the trial's settings into `spec.engine` and its pod count
 `spec.parallelism.nnodes`, in one patch (the API server's CRD rules may refuse them: a
 rejected trial), wait until the operator reports the rollout done
 (`status.observedGeneration` >= the new generation, `Ready` True, and
-`status.appliedEngineArgs` carrying the trial's flags; with nnodes > 1 Ready means every pod
-of every group is ready), then measure a window. Progress goes
+`status.appliedEngineArgs` carrying the trial's flags; with nnodes > 1 `status.groupSize` is
+nnodes and Ready means every pod of every group is ready), then measure a window. Progress goes
 into `status.tuning` (phase, trial, bestTrial, bestObjective, bestEngine, a short history)
 through the status subresource, which the operator's own status writes leave alone.
 `finish` writes the best settings into `spec.engine`, so the pods' flags match what runs.
@@ -118,9 +118,10 @@ class KubernetesRunner:
         return int(obj["metadata"].get("generation") or 0)
 
     def wait_rollout(self, generation: int, settings: EngineSettings) -> dict[str, Any]:
-        """Blocks until the operator reports `generation` rolled out with `settings`.
-        Raises TrialFailed: rejected when the operator marks the spec Failed, transient
-        when the rollout stalls (Degraded by a progress deadline) or times out."""
+        """Blocks until the operator reports `generation` rolled out with `settings` (and its
+        pods per group: status.groupSize, absent for one pod). Raises TrialFailed: rejected
+        when the operator marks the spec Failed, transient when the rollout stalls (Degraded
+        by a progress deadline) or times out."""
         deadline = time.monotonic() + self.rollout_timeout_s
         last = "no status yet"
         while time.monotonic() < deadline:
@@ -133,6 +134,8 @@ class KubernetesRunner:
                 if degraded.get("reason") == "ProgressDeadlineExceeded":
                     raise TrialFailed(TRANSIENT, f"the rollout stalled: {degraded.get('message')}")
                 wrong = config_mismatches(flag_values(status.get("appliedEngineArgs") or []), settings.as_dict())
+                if int(status.get("groupSize") or 1) != settings.nnodes:
+                    wrong["nnodes"] = (str(settings.nnodes), str(status.get("groupSize") or 1))
                 if ready.get("status") == "True" and not wrong:
                     return obj
                 last = f"Ready={ready.get('status')} ({ready.get('message')}), differing args {wrong}"

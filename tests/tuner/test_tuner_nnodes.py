@@ -126,8 +126,9 @@ class GroupKube:
     leave True (as the operator reports a group that lost a pod) or come back with a later
     transition time."""
 
-    def __init__(self):
+    def __init__(self, group_lag: int = 0):
         self.patches, self.generation = [], 1
+        self.group_lag = group_lag  # polls that still report the previous group size
         self.ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
         self.degraded = {"type": "Degraded", "status": "False"}
 
@@ -138,8 +139,11 @@ class GroupKube:
 
     def get_isvc(self, namespace, name):
         engine = EngineSettings.from_engine_spec(self.patches[-1]["spec"]["engine"])
+        nnodes = self.patches[-1]["spec"]["parallelism"]["nnodes"]
+        self.group_lag -= 1
         return {"metadata": {"generation": self.generation},
-                "status": {"observedGeneration": self.generation,
+                "status": {"observedGeneration": self.generation, "groupSize": None if nnodes == 1 or
+                           self.group_lag >= 0 else nnodes,
                            "appliedEngineArgs": ["kvpilot", "serve", "m", *engine.to_flags()],
                            "conditions": [dict(self.ready), dict(self.degraded)]}}
 
@@ -161,14 +165,14 @@ def runner(kube, measure):
 
 
 def test_a_two_pod_trial_patches_engine_and_parallelism_in_one_generation():
-    kube = GroupKube()
+    kube = GroupKube(group_lag=3)  # the operator reports the groups three polls later
     trial = EngineSettings(max_num_seqs=8, pipeline_parallel_size=2, nnodes=2)
     m = runner(kube, lambda n, s: Measurement(duration_s=10.0, completed=4)).run_trial(1, trial)
     (patch,) = kube.patches
     assert patch["spec"]["parallelism"] == {"nnodes": 2}
     assert patch["spec"]["engine"]["pipelineParallelSize"] == 2 and "nnodes" not in patch["spec"]["engine"]
     assert EngineSettings.from_spec(patch["spec"]) == trial
-    assert m.extra["generation"] == 2
+    assert m.extra["generation"] == 2 and kube.group_lag < 0
 
 
 @pytest.mark.parametrize("fails", [False, True])
