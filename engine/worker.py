@@ -90,7 +90,11 @@ def init_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy)
     control = dist.new_group(list(range(world)), backend="gloo", timeout=CONTROL_TIMEOUT)
     position = RankPosition.of(rank, parallel)
     parallel_state.init_model_parallel(position)
-    return JoinedRank(StageRunner(_rank_config(config, rank), position, micro_batching), control, store, heartbeat)
+    runner = StageRunner(_rank_config(config, rank), position, micro_batching)
+    # every rank has loaded before the first collective with the bounded timeout (a pod whose
+    # weights load slower than the others' would otherwise time out the driver's profiling step)
+    dist.barrier(group=control)
+    return JoinedRank(runner, control, store, heartbeat)
 
 
 def gather_to_driver(value, control: dist.ProcessGroup, world_size: int) -> list | None:
