@@ -75,8 +75,9 @@ def run_headless(config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
     own = _OwnRank(config, ranks[0], micro_batching)
-    logger.info("node %d of %d, headless: ranks %d-%d (%d in this process, pid %d); driver at %s:%d", parallel.node_rank,
-                parallel.nnodes, ranks[0], ranks[-1], ranks[0], os.getpid(), parallel.master_addr, parallel.master_port)
+    logger.info("node %d of %d, headless: ranks %d-%d (%d in this process, pid %d); driver at %s:%d",
+                parallel.node_rank, parallel.nnodes, ranks[0], ranks[-1], ranks[0], os.getpid(), parallel.master_addr,
+                parallel.master_port)
     own.start()
     while own.is_alive():
         own.join(0.5)  # returns to the interpreter, so the signal handlers run

@@ -32,7 +32,7 @@ from kvpilot.engine.cpu_threads import configure_cpu_threads
 from kvpilot.engine.exit_codes import EXIT_ENGINE_DIED, report_failure
 from kvpilot.engine.parallel_layout import RankPosition
 from kvpilot.engine.pipeline import MicroBatchPolicy
-from kvpilot.engine.rendezvous import Heartbeat, Rendezvous, abort_reason, describe_rank
+from kvpilot.engine.rendezvous import Heartbeat, Rendezvous, abort_reason, describe_rank, rendezvous_timeout_s
 from kvpilot.engine.stage_runner import StageRunner
 
 CONTROL_TIMEOUT = timedelta(days=7)  # an idle server sends no command for as long as it likes
@@ -92,8 +92,9 @@ def init_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy)
     parallel_state.init_model_parallel(position)
     runner = StageRunner(_rank_config(config, rank), position, micro_batching)
     # every rank has loaded before the first collective with the bounded timeout (a pod whose
-    # weights load slower than the others' would otherwise time out the driver's profiling step)
-    dist.barrier(group=control)
+    # weights load slower than the others' would otherwise time out the driver's profiling
+    # step); bounded by the rendezvous timeout, naming the ranks that never got there
+    dist.monitored_barrier(group=control, timeout=timedelta(seconds=rendezvous_timeout_s()), wait_all_ranks=True)
     return JoinedRank(runner, control, store, heartbeat)
 
 
