@@ -4,7 +4,8 @@ each): greedy output equals one process for pipeline parallel (SmolLM2, stage 1 
 tensor parallel (a 4-head Llama: SmolLM2's 9 heads do not split in 2) across the processes;
 killing node 1 fails node 0's request with an error and its /health within seconds (then
 node 0 exits 5 naming the node); killing node 0 ends node 1 with exit 5 and the reason; node 0's
-shutdown ends node 1 with 0; bad flags exit 2 saying what to change. The rendezvous itself
+shutdown ends node 1 with 0; a node that finds no node 0 exits 1 saying where it looked; bad
+flags exit 2 saying what to change. The rendezvous itself
 (late nodes, missing ones, a rank claimed twice): test_rendezvous.py."""
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import time
 
 import httpx
 import pytest
+import torch
 
-from kvpilot.bench.harness.node_group import NodeGroup
+from kvpilot.bench.harness.node_group import HeadlessNode, NodeGroup, node_flags
+from kvpilot.bench.harness.server_process import KVPILOT_SERVE, free_port
 from kvpilot.engine import LLM, SamplingParams
+from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.entrypoints import serve
 from kvpilot.engine.exit_codes import EXIT_BAD_ARGS, EXIT_ENGINE_DIED, parse_failure
 from kvpilot.engine.settings import to_flags
@@ -141,13 +145,19 @@ def test_the_headless_node_exits_0_when_node_0_shuts_down(tmp_path):
 
 
 def test_more_ranks_per_node_than_visible_gpus_is_refused(monkeypatch, model_path):
-    import torch
-
-    from kvpilot.engine.arg_utils import EngineArgs
-
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     args = EngineArgs(str(model_path), device="cuda", dtype="float32", pipeline_parallel_size=2, nnodes=1)
     with pytest.raises(ValueError, match=r"each node runs .* = 2 ranks, one GPU each, but this node sees 1 GPU"):
         args.create_engine_config()
     args.nnodes = 2  # one rank per node: fits
     assert args.create_engine_config().parallel.ranks_per_node == 1
+
+
+def test_a_headless_node_without_node_0_exits_1_saying_where_it_looked(tmp_path):
+    node = HeadlessNode([*KVPILOT_SERVE, "smollm2-135m-instruct", *to_flags({"pipeline_parallel_size": 2}),
+                         *node_flags(2, 1, free_port())], tmp_path / "node1.log",
+                        {**ENV, "KVPILOT_RENDEZVOUS_TIMEOUT_S": "2"})
+    assert node.wait(60) == 1
+    failure = parse_failure(node.log())
+    assert failure["kind"] == "failed"
+    assert "rank 1 on node 1 could not reach node 0's rendezvous store at 127.0.0.1:" in failure["message"]
