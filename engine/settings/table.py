@@ -92,7 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
     # renders them per pod from spec.parallelism.
     S("nnodes", "--nnodes", int, 1, "nodes (pods) the tensor_parallel_size x pipeline_parallel_size ranks are "
       "spread over, the same number on each; must divide tp x pp. Pipeline stages cross nodes first (rank = "
-      "pp_rank x tp + tp_rank, node = rank / (tp x pp / nnodes))", minimum=1, maximum=4096),
+      "pp_rank x tp + tp_rank, node = rank / (tp x pp / nnodes)). Every node waits up to "
+      "$KVPILOT_RENDEZVOUS_TIMEOUT_S (600) for the others to join; a node silent for $KVPILOT_NODE_TIMEOUT_S (5) is "
+      "gone: node 0 fails its requests and exits 5", minimum=1, maximum=4096),
     S("node_rank", "--node-rank", int, 0, "this node's rank in [0, nnodes): node 0 runs the scheduler and the "
       "HTTP server; every other node runs its ranks headless (with or without --headless; vLLM needs the flag "
       "there), so one pod template with --node-rank <pod index> serves all nodes", minimum=0, maximum=4095),
