@@ -81,8 +81,21 @@ async def seen(type: str | None, namespace: str, name: str, body: kopf.Body, mem
             memo.ctx.known.pop((namespace, name), None)
             memo.ctx.reconciled_at.pop((namespace, name), None)
         else:
-            memo.ctx.known[(namespace, name)] = body
+            memo.ctx.known[(namespace, name)] = reconciled_fields(body)
     metrics.observe(namespace, name, None if type == "DELETED" else body)
+
+
+KEPT_METADATA = ("name", "namespace", "uid", "generation", "labels", "deletionTimestamp", "resourceVersion")
+
+
+def reconciled_fields(body: kopf.Body) -> dict[str, Any]:
+    """What the reconciler reads of a resource (identity, spec, status), without what the
+    watch event also carries: managedFields and Kopf's last-handled-configuration annotation
+    (a second copy of the spec) would make the copy per resource several times larger."""
+    metadata = body.get("metadata") or {}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
+            "spec": body.get("spec") or {}, "status": body.get("status") or {}}
 
 
 async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
