@@ -11,6 +11,7 @@ flags exit 2 saying what to change. The rendezvous itself
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
@@ -153,10 +154,25 @@ def test_more_ranks_per_node_than_visible_gpus_is_refused(monkeypatch, model_pat
     assert args.create_engine_config().parallel.ranks_per_node == 1
 
 
-def test_a_headless_node_without_node_0_exits_1_saying_where_it_looked(tmp_path):
-    node = HeadlessNode([*KVPILOT_SERVE, "smollm2-135m-instruct", *to_flags({"pipeline_parallel_size": 2}),
+def _lonely_node(tmp_path, rendezvous_timeout_s: str) -> HeadlessNode:
+    """Node 1 of a PP2 engine whose node 0 never comes."""
+    return HeadlessNode([*KVPILOT_SERVE, "smollm2-135m-instruct", *to_flags({"pipeline_parallel_size": 2}),
                          *node_flags(2, 1, free_port())], tmp_path / "node1.log",
-                        {**ENV, "KVPILOT_RENDEZVOUS_TIMEOUT_S": "2"})
+                        {**ENV, "KVPILOT_RENDEZVOUS_TIMEOUT_S": rendezvous_timeout_s})
+
+
+def test_sigterm_ends_a_waiting_headless_node_with_0(tmp_path):
+    node = _lonely_node(tmp_path, "120")
+    deadline = time.monotonic() + 60
+    while "joining the driver" not in node.log():  # the rank waits in torch's connect, off the main thread
+        assert time.monotonic() < deadline and node.proc.poll() is None, node.log()[-2000:]
+        time.sleep(0.2)
+    node.kill(signal.SIGTERM)
+    assert node.wait(10) == 0
+
+
+def test_a_headless_node_without_node_0_exits_1_saying_where_it_looked(tmp_path):
+    node = _lonely_node(tmp_path, "2")
     assert node.wait(60) == 1
     failure = parse_failure(node.log())
     assert failure["kind"] == "failed"
