@@ -245,6 +245,14 @@ class PeerMonitor(threading.Thread):
         self._stopped.set()
 
     def run(self) -> None:
+        try:
+            self._watch()
+        except Exception as exc:  # the store itself broke: no rank can be vouched for
+            if not self._stopped.is_set():
+                self.on_dead(RuntimeError(f"the rendezvous store stopped answering ({type(exc).__name__}: {exc}); "
+                                          "the engine cannot tell whether its ranks live"))
+
+    def _watch(self) -> None:
         ranks = range(1, self.parallel.world_size)
         seen = {r: (-1, time.monotonic()) for r in ranks}
         while not self._stopped.wait(HEARTBEAT_INTERVAL_S / 2):
