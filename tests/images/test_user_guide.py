@@ -128,7 +128,8 @@ def test_every_command_of_the_user_guide_works(node, tmp_path):
     assert python_out.strip(), "the openai client got no text back"
     ran = " ".join(out)
     for step in ("helm install", "kubectl get isvc", "kubectl describe isvc smollm2", "port-forward",
-                 "/v1/chat/completions", "status.tuning", "qwen-vllm", "kvpilot-dashboard", "helm uninstall"):
+                 "/v1/chat/completions", "status.tuning", "qwen-vllm", "smollm2-pipeline", "kvpilot-dashboard",
+                 "helm uninstall"):
         assert step in ran, step
 
 
@@ -148,9 +149,21 @@ def check_after(guide: Guide, line: str) -> None:
         assert pod["spec"]["containers"][0]["image"].startswith("kvpilot/operator:")
         assert pod["status"]["podIP"].startswith("10.245.0."), "a pod on the real node's bridge"
     elif line.startswith("kubectl apply -f examples/"):  # the operator creates its Deployment a moment later
-        name = yaml.safe_load((ROOT / line.split()[-1]).read_text())["metadata"]["name"]
-        wait_for(lambda: kubectl("get", "deployment", name, check=False).returncode == 0, 60,
-                 what=f"the operator's Deployment {name}")
+        doc = yaml.safe_load((ROOT / line.split()[-1]).read_text())
+        name = doc["metadata"]["name"]
+        kind = "statefulset" if doc["spec"].get("parallelism", {}).get("nnodes", 1) > 1 else "deployment"
+        wait_for(lambda: kubectl("get", kind, name, check=False).returncode == 0, 60,
+                 what=f"the operator's {kind} {name}")
+    elif line == "kubectl get isvc smollm2-pipeline":  # one engine over two pods: Ready once both joined
+        obj = wait_for(lambda: (o := kubectl.json("get", "isvc", "smollm2-pipeline")).get("status", {}).get(
+            "readyReplicas") == 1 and o, POD_START_TIMEOUT_S, what="smollm2-pipeline's group Ready")
+        assert obj["status"]["groupSize"] == 2 and obj["status"]["replicaSummary"] == "1/1"
+        endpoints = kubectl.json("get", "endpoints", "smollm2-pipeline")
+        assert [a["targetRef"]["name"] for s in endpoints["subsets"] for a in s["addresses"]] == ["smollm2-pipeline-0"]
+        log = kubectl("logs", "smollm2-pipeline-0-1").stdout  # node 1 joined node 0 as a headless node
+        assert log.strip(), "node 1 logged nothing"
+    elif line.startswith("kubectl get pods -l kvpilot.dev/inferenceservice=smollm2-pipeline"):
+        assert "smollm2-pipeline-0 " in out and "smollm2-pipeline-0-1 " in out, out
     elif line == "kubectl get isvc":
         wait_for(lambda: "True" in kubectl("get", "isvc", "smollm2").stdout, POD_START_TIMEOUT_S,
                  what="smollm2 Ready (its engine pod answering the readiness probe)")
