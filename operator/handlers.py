@@ -31,7 +31,7 @@ from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
 from . import metrics
-from .builders import ISVC_LABEL, ROLE_LABEL
+from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
@@ -98,6 +98,17 @@ def reconciled_fields(body: kopf.Body) -> dict[str, Any]:
             "spec": body.get("spec") or {}, "status": body.get("status") or {}}
 
 
+def status_fields(deployment: kopf.Body) -> dict[str, Any]:
+    """What an InferenceService's status is computed from (operator.status.deployment_conditions):
+    the Deployment's generation, its template's configuration hash, its status."""
+    template = (deployment.get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    return {"metadata": {"generation": (deployment.get("metadata") or {}).get("generation")},
+            "spec": {"template": {"metadata": {"annotations": {
+                k: v for k, v in annotations.items() if k == HASH_ANNOTATION}}}},
+            "status": deployment.get("status") or {}}
+
+
 async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
     """Level-based repair every resync interval: recreate deleted children, restore hand-edited
     ones, refresh status. Each resource as the watch last delivered it (no GET: the watch
@@ -151,7 +162,13 @@ async def _owner(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any] | None:
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A child Deployment changed: carry its readiness into the owner's status at once."""
+    """A child Deployment changed: carry its readiness into the owner's status at once, and
+    keep what the status is computed from for the reconciles (Context.deployments)."""
+    key = (body.metadata.namespace, body.metadata.labels.get(ISVC_LABEL))
+    if type == "DELETED":
+        memo.ctx.deployments.pop(key, None)
+    elif key[1]:
+        memo.ctx.deployments[key] = status_fields(body)
     isvc = None if type == "DELETED" else await _owner(body, memo)
     if isvc is not None:
         with metrics.reconcile_timer("deployment"):

@@ -63,6 +63,10 @@ class Context:
     # (namespace, name) -> time.monotonic() of its last complete reconcile (the resync skips
     # a resource reconciled within its interval)
     reconciled_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (namespace, name) -> the child Deployment as its watch last delivered it: the freshest
+    # state the status can be computed from (a reconcile's own read or write of it may be
+    # overtaken by the rollout while the reconcile's other requests wait)
+    deployments: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     _podmonitors: bool | None = None
     _podmonitors_at: float = 0.0
 
@@ -250,7 +254,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             stale.append(f"deployments/{name}")
         for child in stale:
             await announce(ctx.kube, body, cause != "resync", "Normal", "Deleted", f"deleted {child}")
-    await refresh_status(ctx, body, spec, deployment)
+    await refresh_status(ctx, body, spec, ctx.deployments.get((namespace, name)) or deployment)
     ctx.reconciled_at[(namespace, name)] = time.monotonic()
 
 
@@ -281,6 +285,7 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
         if deployment is None:
             deployment = await ctx.kube.get(object_path("apps/v1", "deployments", namespace, name))
         conditions, replicas, ready = deployment_conditions(deployment, spec.replicas, desired_hash, generation)
+    body = ctx.known.get((namespace, name)) or body  # the status as the watch last showed it
     old = body.get("status") or {}
     status = {
         "observedGeneration": generation, "replicas": replicas, "readyReplicas": ready,
