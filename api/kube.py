@@ -142,11 +142,14 @@ class KubeClient:
         it (409 Conflict) when the object changed since that version was read."""
         return self.request("PUT", path, obj)
 
-    def delete(self, path: str, propagation: str = "Background") -> bool:
-        """True when deleted, False when it was already gone."""
+    def delete(self, path: str, propagation: str = "Background", grace_period_s: int | None = None) -> bool:
+        """True when deleted, False when it was already gone. grace_period_s: the pod's
+        termination grace instead of its own terminationGracePeriodSeconds (None: its own)."""
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
         try:
-            self.request("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1",
-                                          "propagationPolicy": propagation})
+            self.request("DELETE", path, options)
             return True
         except ApiError as e:
             if e.status == 404:
@@ -224,8 +227,8 @@ class AsyncKubeClient:
     async def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
         return await self._call(self.client.replace, path, obj)
 
-    async def delete(self, path: str, propagation: str = "Background") -> bool:
-        return await self._call(self.client.delete, path, propagation)
+    async def delete(self, path: str, propagation: str = "Background", grace_period_s: int | None = None) -> bool:
+        return await self._call(self.client.delete, path, propagation, grace_period_s)
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:
         return await self._call(self.client.has_resource, group, version, plural)

@@ -36,6 +36,14 @@ from .group_builders import GROUP_LABEL, POD_INDEX_LABEL, headless_service_name,
 
 
 OLD_CONFIGURATION = "run an old configuration"  # the end of a rollout's restart reason
+# A broken group's pods get this termination grace instead of their 30 s: its engine cannot
+# serve without the lost node, so there is nothing to drain, and node 0, which may not have
+# noticed the loss yet, would otherwise wait out its grace draining into a dead peer (with 30 s,
+# a SIGKILLed worker's group took 33 s to serve again on the real node, the operator's part
+# 2 s; benchmarks/results/groups). Not 0: the kubelet still stops the containers before the
+# StatefulSet creates a pod of the same name (at most one pod per identity). A rollout's groups
+# keep their grace (they drain).
+BROKEN_GROUP_GRACE_S = 1
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,10 @@ async def sync_groups(kube: AsyncKubeClient, namespace: str, name: str, replicas
     pods = await kube.list_objects(pods_path(namespace), f"{ISVC_LABEL}={name},{ROLE_LABEL}")
     plan = plan_groups(pods, replicas, nnodes, digest)
     for pod in pods:
-        if group_index(pod) in plan.restart and not pod["metadata"].get("deletionTimestamp"):
-            await kube.delete(object_path("v1", "pods", namespace, pod["metadata"]["name"]))
+        group = group_index(pod)
+        if group in plan.restart and not pod["metadata"].get("deletionTimestamp"):
+            grace = None if plan.restart[group].endswith(OLD_CONFIGURATION) else BROKEN_GROUP_GRACE_S
+            await kube.delete(object_path("v1", "pods", namespace, pod["metadata"]["name"]), grace_period_s=grace)
     return plan
 
 

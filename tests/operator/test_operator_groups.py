@@ -236,3 +236,30 @@ def test_each_pod_of_a_group_asks_for_the_accelerators_and_shared_memory_of_its_
             assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4  # 8 ranks over 2 pods
             shm = next(v for v in pod["volumes"] if v["name"] == "shm")
             assert shm["emptyDir"]["sizeLimit"] == "7Gi"  # shm_gib(4)
+
+
+def test_sync_deletes_a_broken_groups_pods_at_once_and_an_outdated_ones_with_their_grace():
+    import asyncio
+
+    from kvpilot.operator.groups import BROKEN_GROUP_GRACE_S, sync_groups
+
+    class Kube:
+        def __init__(self, pods):
+            self.pods, self.deleted = pods, []
+
+        async def list_objects(self, path, selector):
+            assert path == "/api/v1/namespaces/ns/pods" and selector == "kvpilot.dev/inferenceservice=m,kvpilot.dev/role"
+            return self.pods
+
+        async def delete(self, path, propagation="Background", grace_period_s=None):
+            self.deleted.append((path.rsplit("/", 1)[1], grace_period_s))
+            return True
+
+    pods = groups(2)
+    pods[1] = pod("m-0-1", 0, "worker", restarts=2)
+    kube = Kube(pods)
+    plan = asyncio.run(sync_groups(kube, "ns", "m", 2, 2, "h"))
+    assert list(plan.restart) == [0] and kube.deleted == [("m-0", BROKEN_GROUP_GRACE_S), ("m-0-1", BROKEN_GROUP_GRACE_S)]
+    kube = Kube(groups(2))
+    asyncio.run(sync_groups(kube, "ns", "m", 2, 2, "new"))
+    assert kube.deleted == [("m-0", None), ("m-0-1", None)]  # a rollout: one group, drained
