@@ -79,6 +79,7 @@ async def seen(type: str | None, namespace: str, name: str, body: kopf.Body, mem
     if "ctx" in memo:
         if type == "DELETED":
             memo.ctx.known.pop((namespace, name), None)
+            memo.ctx.status_locks.pop((namespace, name), None)
             memo.ctx.reconciled_at.pop((namespace, name), None)
         else:
             memo.ctx.known[(namespace, name)] = reconciled_fields(body)

@@ -5,9 +5,11 @@ call, or a restarted operator, converges on the same state without duplicates.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import time
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +69,9 @@ class Context:
     # state the status can be computed from (a reconcile's own read or write of it may be
     # overtaken by the rollout while the reconcile's other requests wait)
     deployments: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # one status computation and write at a time per resource: the last writer then computes
+    # from the freshest state, instead of an older computation landing after a newer one
+    status_locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _podmonitors: bool | None = None
     _podmonitors_at: float = 0.0
 
@@ -254,12 +259,19 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: A
             stale.append(f"deployments/{name}")
         for child in stale:
             await announce(ctx.kube, body, cause != "resync", "Normal", "Deleted", f"deleted {child}")
-    await refresh_status(ctx, body, spec, ctx.deployments.get((namespace, name)) or deployment)
+    await refresh_status(ctx, body, spec, deployment)
     ctx.reconciled_at[(namespace, name)] = time.monotonic()
 
 
 async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec | None = None,
                          deployment: Mapping[str, Any] | None = None) -> None:
+    """_refresh_status under the resource's status lock (Context.status_locks)."""
+    async with ctx.status_locks[(body["metadata"]["namespace"], body["metadata"]["name"])]:
+        await _refresh_status(ctx, body, spec, deployment)
+
+
+async def _refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec | None,
+                          deployment: Mapping[str, Any] | None) -> None:
     """Write observedGeneration, replicas, url, applied args and conditions from the Deployment,
     or with parallelism.nnodes > 1 from the groups' pods (recreating a group that lost a member
     and replacing outdated groups one at a time: operator/groups.py)."""
@@ -282,6 +294,7 @@ async def refresh_status(ctx: Context, body: Mapping[str, Any], spec: InferenceS
     else:
         desired = build_deployment(name, namespace, spec, ctx.config.images)
         desired_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
+        deployment = ctx.deployments.get((namespace, name)) or deployment  # the watch's is the freshest
         if deployment is None:
             deployment = await ctx.kube.get(object_path("apps/v1", "deployments", namespace, name))
         conditions, replicas, ready = deployment_conditions(deployment, spec.replicas, desired_hash, generation)
