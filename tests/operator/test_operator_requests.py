@@ -2,7 +2,9 @@
 at 1,000 InferenceServices it sent 72 per resource, and the resync's reads of every resource
 every 30 s competed with the creates). The reconciler runs in this process with a client that
 records each request: an unchanged resource costs one GET per child and no write; the resync
-loop reads no resource (the watch delivered it) and skips one reconciled within its interval."""
+loop reads no resource (the watch delivered it) and skips one reconciled within its interval.
+And a status written late (a create handler queued behind its requests) is computed from the
+Deployment as its watch last delivered it, not from the older copy the handler read."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +19,7 @@ from kube.tools import ROOT, Kubectl, wait_for
 
 from kvpilot.api.kube import AsyncKubeClient, KubeClient, load_configuration
 from kvpilot.operator import handlers
-from kvpilot.operator.reconcile import Context, OperatorConfig, reconcile
+from kvpilot.operator.reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 LOGGER = logging.getLogger("test")
 CHILD_KINDS = ("secrets", "configmaps", "deployments", "services", "networkpolicies")
@@ -98,3 +100,22 @@ def test_the_resync_reads_no_resource_and_skips_one_reconciled_within_its_interv
     assert run(cluster, lambda ctx: one_pass(ctx, True)) == []
     sent = run(cluster, lambda ctx: one_pass(ctx, False))
     assert sent and {m for m, _ in sent} == {"GET"} and not any("inferenceservices" in p for _, p in sent)
+
+
+def test_a_late_status_write_takes_the_deployment_from_the_watch_not_the_handlers_older_copy(cluster, isvc):
+    """The create handler's Deployment is the one it POSTed (no status yet); if the rollout
+    finished meanwhile and a Deployment event wrote Ready, the handler's last write must not
+    undo it (at 200 InferenceServices it did, until the next resync)."""
+    name = isvc["metadata"]["name"]
+    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/{name}"
+    deployment = wait_for(lambda: (d := json.loads(cluster.control_plane.get(path)))["status"].get("readyReplicas")
+                          and d, timeout=60, what="the Deployment rolled out (kwok)")
+    body = steady(cluster, name)
+
+    async def late_write(ctx: Context) -> None:
+        ctx.deployments[(cluster.namespace, name)] = handlers.status_fields(deployment)  # the watch's
+        await refresh_status(ctx, {**body, "status": {}}, None, {**deployment, "status": {}})
+    run(cluster, late_write)
+    after = json.loads(cluster.control_plane.get(
+        f"/apis/kvpilot.dev/v1alpha1/namespaces/{cluster.namespace}/inferenceservices/{name}"))
+    assert {c["type"]: c["status"] for c in after["status"]["conditions"]}["Ready"] == "True"
