@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 RENEW_DEADLINE_S, LEASE_DURATION_S, RETRY_PERIOD_S = 10, 15, 2  # the chart's values
 CUT_S = 30  # the issue's
 ONE_EACH = {"deployments": 1, "services": 1, "configmaps": 1, "secrets": 1, "networkpolicies": 1}
+pytestmark = pytest.mark.slow  # about 80 s: an API server restart and a 30 s cut
 
 
 def handler_reconciles(operator: Operator, handler: str) -> float:
