@@ -257,7 +257,7 @@ def test_every_library_cache_points_into_the_writable_cache_volume():
 
 def test_drift_compares_quantities_by_value():
     """The API server stores cpu "0.5" as "500m" and a GPU count 6 as "6": not drift."""
-    from kvpilot.operator.reconcile import covers
+    from kvpilot.operator.drift import covers
 
     desired = {"resources": {"limits": {"cpu": "0.5", "memory": "1.5Gi", "nvidia.com/gpu": 6}},
                "volumes": [{"emptyDir": {"sizeLimit": "1024Mi"}}], "replicas": 1}

@@ -204,7 +204,7 @@ def test_group_conditions_say_how_many_groups_are_ready_and_why_one_restarts(rea
 
 
 def test_a_selector_with_a_key_too_many_is_drift_and_the_patch_removes_it():
-    from kvpilot.operator.reconcile import covers, merge_patch
+    from kvpilot.operator.drift import covers, merge_patch
     group = build_service("m", "ns", spec(nnodes=2))
     one = build_service("m", "ns", spec(nnodes=1, pipelineParallelSize=1))
     actual = {**group, "metadata": {**group["metadata"], "uid": "x"}, "spec": {**group["spec"], "clusterIP": "10.0.0.9"}}
