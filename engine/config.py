@@ -186,6 +186,22 @@ def _divisors_text(n: int) -> str:
     return divisors[0] if len(divisors) == 1 else ", ".join(divisors[:-1]) + " or " + divisors[-1]
 
 
+def node_ranks(world_size: int, nnodes: int, node_rank: int) -> range:
+    """The global ranks node (pod) `node_rank` of `nnodes` runs: world_size / nnodes
+    contiguous ranks, [node_rank x k, (node_rank + 1) x k). E.g. tp=2, pp=2 over 2 nodes:
+    node 0 runs ranks 0-1 (stage 0), node 1 ranks 2-3 (stage 1), so pipeline stages, not
+    tensor-parallel groups, cross nodes when tp divides k. Raises ValueError when nnodes does
+    not divide world_size or node_rank is out of range. Source: vLLM's multi-node
+    executor (global rank = node_rank x local world size + local rank)."""
+    if nnodes < 1 or world_size % nnodes:
+        raise ValueError(f"nnodes {nnodes} must divide tensor_parallel_size x pipeline_parallel_size = "
+                         f"{world_size} (each node runs the same number of ranks)")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank {node_rank} is not in [0, {nnodes})")
+    per_node = world_size // nnodes
+    return range(node_rank * per_node, (node_rank + 1) * per_node)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Tensor and pipeline parallel sizes (world size = tp x pp), and the nodes the ranks run
@@ -232,8 +248,11 @@ class ParallelConfig:
     @property
     def local_ranks(self) -> range:
         """The global ranks this node runs: [node_rank x k, (node_rank + 1) x k), k = ranks_per_node."""
-        k = self.ranks_per_node
-        return range(self.node_rank * k, (self.node_rank + 1) * k)
+        return node_ranks(self.world_size, self.nnodes, self.node_rank)
+
+    def local_rank(self, rank: int) -> int:
+        """Global rank `rank`'s index on its node (its CUDA device; its share of the CPU threads)."""
+        return rank % self.ranks_per_node
 
     def check_model(self, model: ModelConfig) -> None:
         """Raises ValueError when tensor_parallel_size does not divide the model's heads,

@@ -47,7 +47,7 @@ class _OwnRank(threading.Thread):
     def run(self) -> None:
         if self.config.device == "cpu":  # the thread that runs the steps gets the rank's threads
             parallel = self.config.parallel
-            configure_cpu_threads(parallel.ranks_per_node, self.rank % parallel.ranks_per_node)
+            configure_cpu_threads(parallel.ranks_per_node, parallel.local_rank(self.rank))
         try:
             run_rank(self.config, self.rank, self.micro_batching, self.joined)
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpilot.engine.config import ModelConfig, element_bytes
+from kvpilot.engine.config import ModelConfig, element_bytes, node_ranks
 
 from kvpilot.engine.exit_codes import KVCacheTooSmallError
-from kvpilot.engine.parallel_layout import node_ranks
 
 if TYPE_CHECKING:  # torch loads only where a device is measured: the tuner sizes without it
     import torch
@@ -204,7 +203,7 @@ class KVCachePlan:
     """How many KV blocks every rank holds. shared_memory (CPU): one KVCacheBudget per
     machine (node, pod) with the weights, activations and block bytes of the ranks it runs
     summed (nnodes machines each run world / nnodes contiguous ranks,
-    `parallel_layout.node_ranks`). Otherwise (one device per rank): one KVCacheBudget per
+    `config.node_ranks`). Otherwise (one device per rank): one KVCacheBudget per
     rank. The smallest count wins. Source: vLLM `Executor.determine_num_available_blocks`
     (minimum over workers)."""
 

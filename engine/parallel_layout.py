@@ -82,22 +82,6 @@ class RankPosition:
         return f"rank {self.rank} (pipeline stage {self.pp_rank}, tensor-parallel rank {self.tp_rank})"
 
 
-def node_ranks(world_size: int, nnodes: int, node_rank: int) -> range:
-    """The global ranks node (pod) `node_rank` of `nnodes` runs: world_size / nnodes
-    contiguous ranks, [node_rank x k, (node_rank + 1) x k). E.g. tp=2, pp=2 over 2 nodes:
-    node 0 runs ranks 0-1 (stage 0), node 1 ranks 2-3 (stage 1), so pipeline stages, not
-    tensor-parallel groups, cross nodes when tp divides k. Raises ValueError when nnodes does
-    not divide world_size or node_rank is out of range. Source: vLLM's multi-node
-    executor (global rank = node_rank x local world size + local rank)."""
-    if nnodes < 1 or world_size % nnodes:
-        raise ValueError(f"nnodes {nnodes} must divide tensor_parallel_size x pipeline_parallel_size = "
-                         f"{world_size} (each node runs the same number of ranks)")
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank {node_rank} is not in [0, {nnodes})")
-    per_node = world_size // nnodes
-    return range(node_rank * per_node, (node_rank + 1) * per_node)
-
-
 def rank_kv_bytes_per_token(model: ModelConfig, parallel: ParallelConfig, rank: int,
                             dtype_bytes: int | None = None) -> int:
     """KV-cache bytes one token takes on `rank`: 2 (K and V) x its stage's layers x

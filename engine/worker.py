@@ -46,7 +46,7 @@ def collective_timeout() -> timedelta:
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
     """One device per rank on CUDA (cuda:<local rank>: its index on its node); CPU ranks share the host."""
     if config.device.startswith("cuda"):
-        local_rank = rank % config.parallel.ranks_per_node
+        local_rank = config.parallel.local_rank(rank)
         torch.cuda.set_device(local_rank)
         return dataclasses.replace(config, device=f"cuda:{local_rank}")
     return config
@@ -117,7 +117,7 @@ def worker_main(config: EngineConfig, rank: int, parent_pid: int, micro_batching
     """Entry point of a spawned rank (multiprocessing 'spawn' target)."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     if config.device == "cpu":  # the process's CPUs (cpuset, quota) shared by this node's ranks
-        configure_cpu_threads(config.parallel.ranks_per_node, rank % config.parallel.ranks_per_node)
+        configure_cpu_threads(config.parallel.ranks_per_node, config.parallel.local_rank(rank))
     try:
         run_rank(config, rank, micro_batching)
     except Exception as exc:  # a failed collective, usually a dead peer: the driver reports

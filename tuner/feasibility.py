@@ -20,7 +20,7 @@ chunked prefill, parallel sizes that do not divide the heads), and the KV-cache 
                   and at most min over r of cpu_kvcache_space // block_bytes_r (VLLM_CPU_KVCACHE_SPACE
                   GiB per rank, 4 GiB when unset, as the engine reads it)
     over nnodes pods (spec.parallelism.nnodes, vLLM's --nnodes): nnodes must divide tp x pp;
-                  each pod runs world / nnodes contiguous ranks (`parallel_layout.node_ranks`)
+                  each pod runs world / nnodes contiguous ranks (`engine.config.node_ranks`)
                   under its own resources (resources are per pod): at most num_devices ranks
                   and, on CPU, at most ceil(cpus) ranks per pod; on CPU the sums above run
                   over one pod's ranks and the pod with the fewest blocks decides

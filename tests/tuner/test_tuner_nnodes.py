@@ -11,7 +11,7 @@ import torch
 
 from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
-from kvpilot.engine.parallel_layout import node_ranks
+from kvpilot.engine.config import node_ranks
 from kvpilot.tuner import cli
 from kvpilot.tuner.cluster import KubernetesRunner
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
