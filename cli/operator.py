@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     election.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS",
                           help="between renewals and between a standby's tries (default 2)")
     parser.add_argument("--resync-seconds", type=float, default=None,
-                        help="interval of the drift-repair timer (default 30, or KVPILOT_RESYNC_SECONDS)")
+                        help="seconds over which the drift-repair resync visits every resource once (default 300, or KVPILOT_RESYNC_SECONDS); the children's own watches repair edits at once")
     parser.add_argument("--tuner", action=argparse.BooleanOptionalAction,
                         default=os.environ.get("KVPILOT_TUNER", "") == "1",
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "

@@ -30,12 +30,18 @@ import kopf
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
-from . import metrics
+from . import child_watch, metrics
 from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "kvpilot-operator"}
+MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+# Children whose own watch repairs drift (operator/child_watch.py; the Deployment's is
+# deployment_changed). The NetworkPolicy only when the operator makes them (else the chart
+# grants no list/watch on them).
+WATCHED_CHILDREN = (("v1", "configmaps"), ("v1", "services"),
+                    *((("networking.k8s.io/v1", "networkpolicies"),) if CONFIG.network.enabled else ()))
 
 
 @kopf.on.startup()
@@ -51,13 +57,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.client_timeout = CONFIG.watch_timeout_seconds + 30
     settings.execution.max_workers = 16
+    # After its own PATCH, Kopf holds a resource's change handlers until the watch shows that
+    # resourceVersion, for at most this long, then runs them on the older body it has: with the
+    # default 5 s a loaded API server's watch lagged past it and 472 of 1,000 create handlers ran
+    # twice (issue 42's benchmark). A newer event still wakes the wait at once.
+    settings.persistence.consistency_timeout = 60
     # The Deployment watch (deployment_changed) asks the API server for our children only: the
     # handler's labels= filters on the client, after Kopf has listed and streamed every Deployment
     # of the watched namespaces; this labelSelector on the list and the watch means the operator
     # never receives the others (issue 42: memory follows InferenceServices, not the cluster).
-    settings.watching.label_selectors["apps", "v1", "deployments"] = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    settings.watching.label_selectors["apps", "v1", "deployments"] = MANAGED_SELECTOR
     # The pods of multi-pod groups (group_pod_changed), likewise: only ours, and only group members.
     settings.watching.label_selectors["v1", "pods"] = ",".join([*(f"{k}={v}" for k, v in MANAGED.items()), ROLE_LABEL])
+    for group_version, plural in WATCHED_CHILDREN:  # child_changed: ours only
+        settings.watching.label_selectors[(*group_version.split("/"), plural)] = MANAGED_SELECTOR
     memo.ctx = Context(kube=AsyncKubeClient.from_environment(user_agent="kvpilot-operator"), config=CONFIG)
     memo.resync_task = asyncio.create_task(resync_forever(memo.ctx, logging.getLogger("kvpilot.operator")))
 
@@ -81,6 +94,8 @@ async def seen(type: str | None, namespace: str, name: str, body: kopf.Body, mem
             memo.ctx.known.pop((namespace, name), None)
             memo.ctx.status_locks.pop((namespace, name), None)
             memo.ctx.reconciled_at.pop((namespace, name), None)
+            memo.ctx.reconciled_generation.pop((namespace, name), None)
+            memo.ctx.status_waiting.pop((namespace, name), None)
         else:
             memo.ctx.known[(namespace, name)] = reconciled_fields(body)
     metrics.observe(namespace, name, None if type == "DELETED" else body)
@@ -111,16 +126,24 @@ def status_fields(deployment: kopf.Body) -> dict[str, Any]:
 
 
 async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
-    """Level-based repair every resync interval: recreate deleted children, restore hand-edited
-    ones, refresh status. Each resource as the watch last delivered it (no GET: the watch
-    sends every change), and only one not reconciled within the interval (a create, update
-    or resume just did the same work), so a child deleted by hand comes back within two
-    intervals. Errors are logged and retried on the next pass."""
+    """Level-based repair, each resource once per resync interval, spread evenly over it (a
+    burst of every resource's GETs at once would compete with the creates: issue 42):
+    recreate deleted children, restore hand-edited ones, refresh status. The net under the
+    children's own watches (operator/child_watch.py), and the only repair of what no watch
+    shows (the admin-token Secret, the PodMonitor). Each resource as the watch last delivered
+    it (no GET: the watch sends every change), and only one not reconciled within the interval
+    (a create, update, resume or drift repair just did the same work), so a child deleted by
+    hand comes back within two intervals at most. Errors are logged and retried on the next pass."""
     while True:
-        await asyncio.sleep(ctx.config.resync_seconds)
-        for (namespace, name), body in sorted(ctx.known.items()):
-            last = ctx.reconciled_at.get((namespace, name))
-            if last is not None and time.monotonic() - last < ctx.config.resync_seconds:
+        keys = sorted(ctx.known)
+        if not keys:
+            await asyncio.sleep(ctx.config.resync_seconds)
+            continue
+        pause_s = ctx.config.resync_seconds / len(keys)
+        for key in keys:
+            await asyncio.sleep(pause_s)
+            body, last = ctx.known.get(key), ctx.reconciled_at.get(key)
+            if body is None or (last is not None and time.monotonic() - last < ctx.config.resync_seconds):
                 continue
             try:
                 if not body["metadata"].get("deletionTimestamp"):
@@ -129,7 +152,7 @@ async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
             except kopf.PermanentError:
                 pass  # recorded in status already; the next pass checks again
             except Exception as e:  # noqa: BLE001  (one resource's trouble must not stop the loop)
-                logger.warning(f"resync of {namespace}/{name} failed: {e}")
+                logger.warning(f"resync of {key[0]}/{key[1]} failed: {e}")
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
@@ -161,15 +184,44 @@ async def _owner(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any] | None:
     return None if isvc is None or isvc["metadata"].get("deletionTimestamp") else isvc
 
 
+def _register_child_watches() -> None:
+    for group_version, plural in WATCHED_CHILDREN:
+        kopf.on.event(*group_version.split("/"), plural, labels=MANAGED)(child_changed)
+
+
+async def child_changed(event: kopf.RawEvent, type: str | None, memo: kopf.Memo, logger: kopf.Logger,
+                        **_: Any) -> None:
+    """A ConfigMap, Service or NetworkPolicy of ours was edited or deleted: its owner is
+    reconciled at once if it drifted (operator/child_watch.py)."""
+    await _repair(memo.ctx, type, event["object"], logger)
+
+
+async def _repair(ctx: Context, type_: str | None, child: dict[str, Any], logger: Any) -> bool:
+    """Reconciles the child's owner if the child drifted or was deleted; True when it did."""
+    isvc = await child_watch.owner_to_repair(ctx, type_, child)
+    if isvc is None:
+        return False
+    with metrics.reconcile_timer("drift"):
+        await reconcile(ctx, isvc, "drift", logger)
+    return True
+
+
+_register_child_watches()
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def deployment_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A child Deployment changed: carry its readiness into the owner's status at once, and
-    keep what the status is computed from for the reconciles (Context.deployments)."""
+async def deployment_changed(body: kopf.Body, event: kopf.RawEvent, type: str | None, memo: kopf.Memo,
+                             logger: kopf.Logger, **_: Any) -> None:
+    """A child Deployment changed: carry its readiness into the owner's status at once, keep
+    what the status is computed from for the reconciles (Context.deployments), and repair it
+    if it was edited away from the spec or deleted (operator/child_watch.py)."""
     key = (body.metadata.namespace, body.metadata.labels.get(ISVC_LABEL))
     if type == "DELETED":
         memo.ctx.deployments.pop(key, None)
     elif key[1]:
         memo.ctx.deployments[key] = status_fields(body)
+    if await _repair(memo.ctx, type, event["object"], logger):
+        return  # the reconcile refreshed the status too
     isvc = None if type == "DELETED" else await _owner(body, memo)
     if isvc is not None:
         with metrics.reconcile_timer("deployment"):

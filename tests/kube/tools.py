@@ -104,6 +104,7 @@ class Operator:
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.cgroup: pathlib.Path | None = None  # a cgroup v2 group to start in, as a pod's (tests/kube/netcut.py)
+        self.python = [sys.executable]  # the interpreter's command (a benchmark may wrap it in a profiler)
         self.liveness_port = free_port()
         command = chart_operator_command(namespace, release)
         assert command[:2] == ["kvpilot", "operator"], command
@@ -116,7 +117,7 @@ class Operator:
         200: the leader once Kopf runs, a standby once it reads the Lease (with the tuner
         loaded, imports take seconds; a loaded machine makes it tens)."""
         procs = self.cgroup / "cgroup.procs" if self.cgroup else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvpilot.cli.operator", *self.args],
+        self.proc = subprocess.Popen([*self.python, "-m", "kvpilot.cli.operator", *self.args],
                                      env=self.env, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
                                      preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
         import urllib.request

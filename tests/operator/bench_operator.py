@@ -169,9 +169,23 @@ def apply_many(cluster: Cluster, kubectl: Kubectl, operator: Operator, count: in
     waits = [created_to_ready_s(o) for o in items if fresh_ready(o)]
     return {"count": count, "parallel_creates": parallel, "kubectl_apply_s": round(applied_s, 2),
             "operator_exit_code": operator.proc.poll(), "ready": sum(fresh_ready(o) for o in items),
+            "not_ready": not_ready(cluster, [o for o in items if not fresh_ready(o)][:10]),
             "all_children_s": children_s and round(children_s, 2), "all_ready_s": ready_s and round(ready_s, 2),
             "created_to_ready_p50_s": round(percentile(waits, 0.5), 1),
             "created_to_ready_p99_s": round(percentile(waits, 0.99), 1)}
+
+
+def not_ready(cluster: Cluster, items: list[dict]) -> list[dict]:
+    """What a resource that did not turn Ready shows: its status and its Deployment's."""
+    out = []
+    for obj in items:
+        name = obj["metadata"]["name"]
+        deployment = json.loads(cluster.control_plane.get(
+            f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/{name}", quiet=True) or "{}")
+        out.append({"name": name, "generation": obj["metadata"].get("generation"), "status": obj.get("status"),
+                    "deployment_generation": (deployment.get("metadata") or {}).get("generation"),
+                    "deployment_status": deployment.get("status")})
+    return out
 
 
 def stamp(text: str) -> float:
@@ -311,6 +325,9 @@ def main() -> int:
     parser.add_argument("--disable-qps-limits", action="store_true",
                         help="kube-controller-manager and kube-scheduler without their client rate limits "
                              "(kwokctl's --disable-qps-limits: 5000 QPS, burst 10000)")
+    parser.add_argument("--memray", type=pathlib.Path,
+                        help="run the operator under memray (pip install memray) and write its capture here: "
+                             "where the peak memory was allocated (memray tree / flamegraph FILE)")
     parser.add_argument("--json", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "operator" / "scale.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, standalone(pathlib.Path(tmp), "bench", audit=True,
@@ -320,9 +337,11 @@ def main() -> int:
         release = Release(cluster, "kv").install()
         operator = Operator(release.operator_kubeconfig(pathlib.Path(tmp) / "sa.kubeconfig"),
                             pathlib.Path(tmp) / "operator.log", cluster.namespace, release.name)
-        operator.env["KVPILOT_RESYNC_SECONDS"] = "30"  # the chart's default
+        operator.env["KVPILOT_RESYNC_SECONDS"] = "300"  # the chart's default
         if args.no_leader_elect:
             operator.args.append("--no-leader-elect")
+        if args.memray:
+            operator.python = [sys.executable, "-m", "memray", "run", "--aggregate", "--force", "-o", str(args.memray)]
         operator.start()
         meter = Meter(operator, cluster, release.username)
         load_before = os.getloadavg()

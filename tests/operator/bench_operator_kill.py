@@ -59,7 +59,7 @@ def wait_new_pod(cluster: Cluster, taken: set[str], timeout: float = 60) -> str:
 def start(release: Release, cluster: Cluster, workdir: pathlib.Path, pod: str) -> Operator:
     operator = Operator(release.operator_kubeconfig(workdir / "sa.kubeconfig"), workdir / f"{pod}.log",
                         cluster.namespace, release.name, pod=pod)
-    operator.env["KVPILOT_RESYNC_SECONDS"] = "30"  # the chart's default
+    operator.env["KVPILOT_RESYNC_SECONDS"] = "300"  # the chart's default
     operator.start()
     return operator
 

@@ -51,14 +51,16 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
+# services, configmaps, networkpolicies: list and watch, by the operator's label, so that a
+# child edited or deleted by hand is repaired at once (operator/child_watch.py)
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # configmaps: the engine config (operator: get/create/patch/delete) and the tuner's study
 # journal (get, create, and update: its appends are PUTs guarded by resourceVersion).
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, update, patch, delete]
+  verbs: [get, list, watch, create, update, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
@@ -78,5 +80,5 @@ app.kubernetes.io/component: operator
   verbs: [get, create]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end -}}

@@ -1,0 +1,75 @@
+"""The operator's per-process state: what its environment tells it (OperatorConfig, set by the
+Helm chart) and what its handlers share (Context, kept in Kopf's memo)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpilot.api.kube import AsyncKubeClient
+
+from .builders import Images
+from .network import NetworkPolicyConfig
+from .policy import Policy
+
+
+@dataclass
+class OperatorConfig:
+    """What the operator is told by its environment (the Helm chart sets these)."""
+
+    images: Images = field(default_factory=Images)
+    resync_seconds: float = 300.0
+    watch_timeout_seconds: int = 300  # the API server's ?timeoutSeconds= takes an integer only
+    podmonitor_check_seconds: float = 300.0
+    network: NetworkPolicyConfig = field(default_factory=NetworkPolicyConfig)
+    policy: Policy = field(default_factory=Policy)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorConfig":
+        images = Images(kvpilot=env.get("KVPILOT_ENGINE_IMAGE", Images.kvpilot),
+                        vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
+        return cls(images=images,
+                   resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 300)),
+                   watch_timeout_seconds=int(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
+                   network=NetworkPolicyConfig.from_env(env), policy=Policy.from_env(env))
+
+
+@dataclass
+class Context:
+    """Per-process state shared by the handlers (kept in Kopf's memo)."""
+
+    kube: AsyncKubeClient
+    config: OperatorConfig
+    # (namespace, name) -> the resource as the watch last delivered it: the resync loop's
+    # scope, and the owner a child Deployment's event refreshes, without a GET of each
+    known: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # (namespace, name) -> time.monotonic() of its last complete reconcile (the resync skips
+    # a resource reconciled within its interval)
+    reconciled_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (namespace, name) -> metadata.generation its last complete reconcile acted on (a child's
+    # watch repairs drift only once the current generation is reconciled: operator/child_watch.py)
+    reconciled_generation: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # (namespace, name) -> the child Deployment as its watch last delivered it: the freshest
+    # state the status can be computed from (a reconcile's own read or write of it may be
+    # overtaken by the rollout while the reconcile's other requests wait)
+    deployments: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # one status computation and write at a time per resource: the last writer then computes
+    # from the freshest state, instead of an older computation landing after a newer one
+    status_locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    # (namespace, name) -> the newest generation a status refresh waits for its lock with
+    # (refresh_status coalesces on it)
+    status_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
+    _podmonitors: bool | None = None
+    _podmonitors_at: float = 0.0
+
+    async def podmonitors_available(self) -> bool:
+        """Whether the monitoring.coreos.com PodMonitor CRD exists (re-checked now and then)."""
+        now = time.monotonic()
+        if self._podmonitors is None or now - self._podmonitors_at > self.config.podmonitor_check_seconds:
+            self._podmonitors = await self.kube.has_resource("monitoring.coreos.com", "v1", "podmonitors")
+            self._podmonitors_at = now
+        return self._podmonitors
