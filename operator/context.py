@@ -17,6 +17,9 @@ from .network import NetworkPolicyConfig
 from .policy import Policy
 
 
+RECONCILE_SLOTS = 64  # twice the API client's threads (kvpilot.api.kube.WORKERS), so they stay busy
+
+
 @dataclass
 class OperatorConfig:
     """What the operator is told by its environment (the Helm chart sets these)."""
@@ -59,6 +62,11 @@ class Context:
     deployments: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     # one status computation and write at a time per resource: the last writer then computes
     # from the freshest state, instead of an older computation landing after a newer one
+    # reconciles running at once (the rest wait their turn): at 1,000 InferenceServices created
+    # together, a thousand reconciles each holding its resource, rendered children and
+    # responses made most of the operator's peak memory, and more of them in flight than the
+    # API client has threads only queue their requests (issue 42)
+    reconcile_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RECONCILE_SLOTS))
     status_locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     # (namespace, name) -> the newest generation a status refresh waits for its lock with
     # (refresh_status coalesces on it)

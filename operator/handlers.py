@@ -30,7 +30,7 @@ import kopf
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
-from . import child_watch, metrics
+from . import child_watch, kopf_session, metrics  # noqa: F401  (kopf_session: registers Kopf's login)
 from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 

@@ -106,10 +106,16 @@ async def delete_children(kube: AsyncKubeClient, namespace: str, name: str) -> l
 
 
 async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: Any) -> None:
-    """Bring one InferenceService's children and status in line with its spec.
+    """Bring one InferenceService's children and status in line with its spec, once one of
+    the Context's reconcile slots is free.
 
     Raises kopf.PermanentError for a spec that cannot run (after recording it in status
     and removing any children), kopf.TemporaryError when it should be retried soon."""
+    async with ctx.reconcile_slots:
+        await _reconcile(ctx, body, cause, logger)
+
+
+async def _reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: Any) -> None:
     meta = body["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
     old_status = body.get("status") or {}
