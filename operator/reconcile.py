@@ -142,11 +142,11 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: 
     if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec, create_first):
         done["Created"].append(f"created Secret {admin_secret_name(name)}")
     podmonitor = await ctx.podmonitors_available()
-    deployment = None
+    deployment, deployment_posted = None, False
     for child in desired_children(body, spec, ctx.config, podmonitor):
         action, actual = await ensure_child(ctx.kube, child, create_first)
         if child["kind"] == "Deployment":
-            deployment = actual
+            deployment, deployment_posted = actual, action == "created"
         if action != "unchanged":
             kind, child_name = child["kind"], child["metadata"]["name"]
             reason = "Created" if action == "created" else ("DriftRepaired" if cause in DRIFT_CAUSES else "Updated")
@@ -162,6 +162,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: 
         done["Deleted"].extend(f"deleted {child}" for child in stale)
     for reason, messages in done.items():  # one Event per reason, not per child: a create is one POST, not five
         await announce(ctx.kube, body, cause != "resync", "Normal", reason, "; ".join(messages))
-    await refresh_status(ctx, body, spec, deployment)
+    if not deployment_posted:
+        await refresh_status(ctx, body, spec, deployment)
+    # else the Deployment was just POSTed: its watch's ADDED event refreshes the status
+    # (deployment_changed), from a state at least as fresh as this one; one write, not two
     ctx.reconciled_at[(namespace, name)] = time.monotonic()
     ctx.reconciled_generation[(namespace, name)] = meta.get("generation")
