@@ -3,7 +3,8 @@
 kvpilot_tuning_* families. Labels `namespace` and `inferenceservice`, as the tuner's.
 
     kvpilot_operator_reconcile_duration_seconds   histogram by handler (create, update, resume,
-                                                  resync, deployment): one reconcile's wall time
+                                                  resync, deployment, drift, group): one
+                                                  reconcile's wall time
     kvpilot_operator_reconciles_total             by handler and result (success, retry, failed, error)
     kvpilot_operator_inferenceservice_condition   1 on the condition's current status, 0 on the
                                                   others (status true/false/unknown), as
