@@ -35,10 +35,6 @@ from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
 from .reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
-# A resource's handlers for one change (create: `created` and the tuner's field handler) run in
-# one reaction and cost one PATCH of Kopf's progress; Kopf's default (asap) runs one per cycle,
-# a PATCH and a watch round trip each: 2,000 patches for 1,000 creates (issue 42's benchmark).
-kopf.set_default_lifecycle(kopf.lifecycles.all_at_once)
 MANAGED = {"app.kubernetes.io/managed-by": "kvpilot-operator"}
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED.items())
 # Children whose own watch repairs drift (operator/child_watch.py; the Deployment's is
@@ -72,7 +68,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # never receives the others (issue 42: memory follows InferenceServices, not the cluster).
     settings.watching.label_selectors["apps", "v1", "deployments"] = MANAGED_SELECTOR
     # The pods of multi-pod groups (group_pod_changed), likewise: only ours, and only group members.
-    settings.watching.label_selectors["v1", "pods"] = ",".join([*(f"{k}={v}" for k, v in MANAGED.items()), ROLE_LABEL])
+    settings.watching.label_selectors["v1", "pods"] = f"{MANAGED_SELECTOR},{ROLE_LABEL}"
     for group_version, plural in WATCHED_CHILDREN:  # child_changed: ours only
         settings.watching.label_selectors[(*group_version.split("/"), plural)] = MANAGED_SELECTOR
     memo.ctx = Context(kube=AsyncKubeClient.from_environment(user_agent="kvpilot-operator"), config=CONFIG)

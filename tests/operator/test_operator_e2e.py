@@ -235,6 +235,27 @@ def writes_to_children(cluster, release) -> list[tuple[str, str]]:
             and (e.get("objectRef") or {}).get("resource") in ("deployments", "services", "configmaps")]
 
 
+def test_a_create_costs_one_event_one_kopf_patch_and_one_status_write_per_state(cluster, kubectl, operator, release):
+    """What creating one resource costs the operator in writes (issue 42: at 1,000 each one
+    counts): one POST per child, one Event for all of them, one PATCH of Kopf's progress (its
+    handlers for the create, ours and the tuner's, run in one reaction), and status writes
+    only from the Deployment's events (none of them twice for one state, on an idle server)."""
+    kubectl.apply(manifest("counted"))
+    wait_for(lambda: ready(kubectl, "counted"), what="counted Ready")
+    time.sleep(2)  # the last status write's followers, if any
+    isvc = [(e["verb"], ref.get("subresource", "")) for e in cluster.requests(release.username)
+            if (ref := e.get("objectRef") or {}).get("resource") == "inferenceservices"
+            and ref.get("name") == "counted" and e["verb"] in ("patch", "update")]
+    assert isvc.count(("patch", "")) == 1, isvc  # Kopf's progress and last-handled configuration
+    statuses = isvc.count(("patch", "status"))
+    assert 1 <= statuses <= 3, isvc  # the Deployment's states: created, rolled out, its pod Ready
+    events = [e for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=counted")["items"]
+              if e["reason"] == "Created"]
+    assert len(events) == 1 and all(f"created {kind}" in events[0]["message"]
+                                    for kind in ("ConfigMap", "Deployment", "Service", "Secret")), events
+    kubectl("delete", "isvc", "counted")
+
+
 def test_quantities_the_api_server_rewrites_are_not_drift(cluster, kubectl, operator, release):
     """The API server stores cpu "0.5" as "500m" and the GPU count 1 as "1" (canonical
     Quantity): three resyncs later the operator has patched nothing and posted no event."""
