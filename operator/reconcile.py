@@ -105,6 +105,40 @@ async def delete_children(kube: AsyncKubeClient, namespace: str, name: str) -> l
     return deleted + await delete_group_children(kube, namespace, name)
 
 
+async def ensure_children(ctx: Context, body: Mapping[str, Any], spec: InferenceServiceSpec, cause: str,
+                          done: dict[str, list[str]], logger: Any) -> tuple[Mapping[str, Any] | None, bool]:
+    """Create or restore every child the spec wants and remove the other shape's (groups vs one
+    Deployment), appending what it did to `done` by Event reason as it goes. Returns the
+    Deployment as the API server answered (None for groups) and whether it was just POSTed.
+    Raises what ensure_child raises."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    old_status = body.get("status") or {}
+    create_first = cause == "create"  # a new resource: its children most likely do not exist yet
+    if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec, create_first):
+        done["Created"].append(f"created Secret {admin_secret_name(name)}")
+    podmonitor = await ctx.podmonitors_available()
+    deployment, deployment_posted = None, False
+    for child in desired_children(body, spec, ctx.config, podmonitor):
+        action, actual = await ensure_child(ctx.kube, child, create_first)
+        if child["kind"] == "Deployment":
+            deployment, deployment_posted = actual, action == "created"
+        if action != "unchanged":
+            kind, child_name = child["kind"], child["metadata"]["name"]
+            reason = "Created" if action == "created" else ("DriftRepaired" if cause in DRIFT_CAUSES else "Updated")
+            message = f"{action} {kind} {child_name}"
+            if kind == "Deployment":
+                message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
+            done[reason].append(message)
+            logger.info(message)
+    if spec.nnodes > 1 or (old_status.get("groupSize") or 1) > 1:  # groups now, or before: remove the other shape
+        stale = await delete_group_children(ctx.kube, namespace, name, spec.replicas if spec.nnodes > 1 else None)
+        if spec.nnodes > 1 and await ctx.kube.delete(object_path("apps/v1", "deployments", namespace, name)):
+            stale.append(f"deployments/{name}")
+        done["Deleted"].extend(f"deleted {child}" for child in stale)
+    return deployment, deployment_posted
+
+
 async def reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: Any) -> None:
     """Bring one InferenceService's children and status in line with its spec, once one of
     the Context's reconcile slots is free.
@@ -137,31 +171,13 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: 
             await announce(ctx.kube, body, cause != "resync", "Warning", reason, str(e))
         raise kopf.PermanentError(f"{reason}: {e}")
 
-    create_first = cause == "create"  # a new resource: its children most likely do not exist yet
     done: dict[str, list[str]] = defaultdict(list)  # Event reason -> what this reconcile did
-    if spec.engine.runtime == "kvpilot" and await ensure_admin_secret(ctx.kube, body, spec, create_first):
-        done["Created"].append(f"created Secret {admin_secret_name(name)}")
-    podmonitor = await ctx.podmonitors_available()
-    deployment, deployment_posted = None, False
-    for child in desired_children(body, spec, ctx.config, podmonitor):
-        action, actual = await ensure_child(ctx.kube, child, create_first)
-        if child["kind"] == "Deployment":
-            deployment, deployment_posted = actual, action == "created"
-        if action != "unchanged":
-            kind, child_name = child["kind"], child["metadata"]["name"]
-            reason = "Created" if action == "created" else ("DriftRepaired" if cause in DRIFT_CAUSES else "Updated")
-            message = f"{action} {kind} {child_name}"
-            if kind == "Deployment":
-                message += f" with configuration {child['metadata']['annotations'][HASH_ANNOTATION]}"
-            done[reason].append(message)
-            logger.info(message)
-    if spec.nnodes > 1 or (old_status.get("groupSize") or 1) > 1:  # groups now, or before: remove the other shape
-        stale = await delete_group_children(ctx.kube, namespace, name, spec.replicas if spec.nnodes > 1 else None)
-        if spec.nnodes > 1 and await ctx.kube.delete(object_path("apps/v1", "deployments", namespace, name)):
-            stale.append(f"deployments/{name}")
-        done["Deleted"].extend(f"deleted {child}" for child in stale)
-    for reason, messages in done.items():  # one Event per reason, not per child: a create is one POST, not five
-        await announce(ctx.kube, body, cause != "resync", "Normal", reason, "; ".join(messages))
+    try:
+        deployment, deployment_posted = await ensure_children(ctx, body, spec, cause, done, logger)
+    finally:  # one Event per reason, not per child (a create is one POST, not five), said even
+        # when a later step failed: its retry finds those children done and says nothing of them
+        for reason, messages in done.items():
+            await announce(ctx.kube, body, cause != "resync", "Normal", reason, "; ".join(messages))
     if not deployment_posted:
         await refresh_status(ctx, body, spec, deployment)
     # else the Deployment was just POSTed: its watch's ADDED event refreshes the status

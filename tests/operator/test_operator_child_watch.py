@@ -123,3 +123,26 @@ def test_a_child_of_another_owner_or_of_a_spec_that_cannot_run_is_left_alone():
     edited["spec"]["ports"] = []
     body["spec"]["engine"]["tensorParallelSize"] = 7  # invalid: its Failed status says why, no children
     assert ask(ctx, "MODIFIED", edited) is None
+
+
+def test_what_a_failed_reconcile_did_is_still_announced(monkeypatch):
+    """One Event per reason for a reconcile, posted even when a later step fails: the retry finds
+    those children done and would say nothing of them."""
+    from kvpilot.api.kube import ApiError
+    from kvpilot.operator import reconcile as module
+
+    ctx, body, _ = setup()
+    posted: list[tuple[str, str]] = []
+
+    async def ensure_children(ctx, body, spec, cause, done, logger):
+        done["Created"].append("created ConfigMap smollm2-engine")
+        raise ApiError(500, "InternalError", "boom")
+
+    async def announce(kube, body, in_handler, type_, reason, message):
+        posted.append((reason, message))
+
+    monkeypatch.setattr(module, "ensure_children", ensure_children)
+    monkeypatch.setattr(module, "announce", announce)
+    with pytest.raises(ApiError):
+        asyncio.run(module.reconcile(ctx, body, "create", None))
+    assert posted == [("Created", "created ConfigMap smollm2-engine")]
