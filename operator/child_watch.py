@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.api.kube import isvc_path
-from kvpilot.api.spec import InferenceServiceSpec
 
 from .builders import ISVC_LABEL
 from .context import Context
 from .drift import covers
 from .reconcile import desired_children
-from .validation import InvalidSpec, validate
+from .validation import SPEC_ERRORS, runnable_spec
 
 
 def owner_if_settled(ctx: Context, child: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -47,10 +46,8 @@ def drifted(ctx: Context, isvc: Mapping[str, Any], child: Mapping[str, Any]) -> 
     """Whether `child` no longer covers what the reconciler wants for it (operator.drift.covers).
     A spec that cannot run has no children to compare with (its Failed status says why)."""
     try:
-        spec = InferenceServiceSpec.from_dict(isvc.get("spec") or {})
-        validate(spec)
-        ctx.config.policy.check(spec)
-    except (InvalidSpec, ValueError, TypeError):
+        spec = runnable_spec(isvc, ctx.config.policy)
+    except SPEC_ERRORS:
         return False
     kind, name = child.get("kind"), child["metadata"]["name"]
     for desired in desired_children(isvc, spec, ctx.config, podmonitor=False):

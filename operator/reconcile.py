@@ -25,7 +25,7 @@ from .groups import delete_group_children
 from .network import build_networkpolicy
 from .status import failed_conditions, merge_conditions
 from .status_refresh import now_iso, refresh_status, write_status
-from .validation import InvalidSpec, validate
+from .validation import SPEC_ERRORS, InvalidSpec, runnable_spec
 
 DRIFT_CAUSES = ("resync", "drift")  # the resync loop; a child's own watch (operator/child_watch.py)
 
@@ -154,10 +154,8 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], cause: str, logger: 
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
     old_status = body.get("status") or {}
     try:
-        spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
-        validate(spec)
-        ctx.config.policy.check(spec)
-    except (InvalidSpec, ValueError, TypeError) as e:
+        spec = runnable_spec(body, ctx.config.policy)
+    except SPEC_ERRORS as e:
         reason = e.reason if isinstance(e, InvalidSpec) else "InvalidSpec"
         deleted = await delete_children(ctx.kube, namespace, name)
         was_failed = any(c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == reason

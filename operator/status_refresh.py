@@ -19,7 +19,7 @@ from .events import announce
 from .group_builders import group_hash
 from .groups import OLD_CONFIGURATION, sync_groups
 from .status import deployment_conditions, group_conditions, merge_conditions
-from .validation import InvalidSpec, validate
+from .validation import SPEC_ERRORS, runnable_spec
 
 
 def now_iso() -> str:
@@ -63,10 +63,8 @@ async def _refresh_status(ctx: Context, body: Mapping[str, Any], spec: Inference
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
     if spec is None:
         try:
-            spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
-            validate(spec)
-            ctx.config.policy.check(spec)
-        except (InvalidSpec, ValueError, TypeError):
+            spec = runnable_spec(body, ctx.config.policy)
+        except SPEC_ERRORS:
             return  # the Failed status is the reconciler's to write
     if spec.nnodes > 1:
         desired_hash = group_hash(name, namespace, spec, ctx.config.images)

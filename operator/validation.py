@@ -7,6 +7,9 @@ Failed condition and creates no children.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kvpilot.api.models import BUILTIN_MODELS, builtin_model, is_builtin
 from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.engine import settings
@@ -23,6 +26,20 @@ class InvalidSpec(ValueError):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+# What parsing, validating or the admin's policy raise for a spec that cannot run
+SPEC_ERRORS = (InvalidSpec, ValueError, TypeError)
+
+
+def runnable_spec(body: Mapping[str, Any], policy: Any) -> InferenceServiceSpec:
+    """The resource's spec, parsed (InferenceServiceSpec.from_dict), validated and checked against
+    the cluster admin's policy (operator.policy.Policy.check). Raises one of SPEC_ERRORS when it
+    cannot run."""
+    spec = InferenceServiceSpec.from_dict(body.get("spec") or {})
+    validate(spec)
+    policy.check(spec)
+    return spec
 
 
 def validate(spec: InferenceServiceSpec) -> None:
