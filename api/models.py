@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BUILTIN_SCHEME = "builtin://"
+# Where the engine images bake the builtin models, converted to safetensors (images/Containerfile,
+# KVPILOT_BUILTIN_MODELS_DIR): `kvpilot serve` finds them by alias, `vllm serve` (runtime vllm on
+# the kvpilot vLLM CPU image) is given the directory.
+IMAGE_MODELS_DIR = "/opt/kvpilot/models"
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 
@@ -54,6 +58,11 @@ def is_gguf_source(source: str) -> bool:
     """Whether the engine loads `source` from a GGUF file: a builtin model (`builtin://NAME` or a
     bare builtin alias, each a GGUF shipped in a wheel) or a path ending in .gguf."""
     return is_builtin(source) or source in BUILTIN_MODELS or source.endswith(".gguf")
+
+
+def image_model_path(source: str) -> str:
+    """The directory a kvpilot engine image holds builtin model `source` in (IMAGE_MODELS_DIR/NAME)."""
+    return f"{IMAGE_MODELS_DIR}/{source.removeprefix(BUILTIN_SCHEME)}"
 
 
 def is_builtin(source: str) -> bool:

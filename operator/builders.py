@@ -16,8 +16,10 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
+from kvpilot.api.vllm import VLLM_CUDA_IMAGE
 
 from .engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_command, render_engine_args
+from .vllm_pod import CONFIG_DIR, VLLM_CPU_ENV_SET, vllm_cpu_config, vllm_cpu_env, vllm_cpu_program, vllm_on_cpu
 
 HASH_ANNOTATION = "kvpilot.dev/config-hash"
 ISVC_LABEL = "kvpilot.dev/inferenceservice"
@@ -44,18 +46,24 @@ CACHE_ENV = {
 # may not set them (operator/validation.py).
 PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 PROFILES_DIR = f"{HOME}/profiles"
-OPERATOR_ENV = frozenset({*CACHE_ENV, "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY", ADMIN_TOKEN_ENV, PROFILER_DIR_ENV})
+OPERATOR_ENV = frozenset({*CACHE_ENV, "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY", ADMIN_TOKEN_ENV, PROFILER_DIR_ENV,
+                          *VLLM_CPU_ENV_SET})
 ADMIN_TOKEN_KEY = "token"
 
 
 @dataclass(frozen=True)
 class Images:
-    """Default engine images per runtime; spec.engine.image overrides them."""
+    """Default engine images per runtime and device (spec.engine.image overrides them); runtime vllm:
+    kvpilot's vLLM CPU image on CPU nodes, the official one on GPUs (both at kvpilot.api.vllm's pin)."""
 
     kvpilot: str = "kvpilot/engine-cpu:0.1.0"  # make images; the chart sets engineImages.kvpilot
-    vllm: str = "vllm/vllm-openai:v0.11.0"
+    vllm: str = VLLM_CUDA_IMAGE                # the chart's engineImages.vllm
+    vllm_cpu: str = "kvpilot/engine-vllm-cpu:0.1.0"  # make images; the chart's engineImages.vllmCpu
 
-    def for_runtime(self, runtime: str) -> str:
+    def for_runtime(self, runtime: str, gpu: bool = False) -> str:
+        """The image for `runtime` on a GPU node (gpu) or a CPU node."""
+        if runtime == "vllm" and not gpu:
+            return self.vllm_cpu
         return getattr(self, runtime)
 
 
@@ -109,12 +117,15 @@ def build_admin_secret(name: str, namespace: str, spec: InferenceServiceSpec) ->
 def build_configmap(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     """The rendered engine configuration, for people and the tuner to read."""
     command = engine_command(spec)
-    return child_object("v1", "ConfigMap", name, namespace, spec, object_name=configmap_name(name), data={
+    data = {
         "model": spec.model.source,
         "runtime": spec.engine.runtime,
         "engine-args.json": json.dumps(render_engine_args(spec.engine)),
         "command": shlex.join(command),
-    })
+    }
+    if vllm_on_cpu(spec):
+        data.update(vllm_cpu_config())
+    return child_object("v1", "ConfigMap", name, namespace, spec, object_name=configmap_name(name), data=data)
 
 
 def _engine_env(name: str, engine: EngineSpec) -> list[dict[str, Any]]:
@@ -139,7 +150,7 @@ def _mounts_and_volumes(name: str, spec: InferenceServiceSpec) -> tuple[list[dic
     engine = spec.engine
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE},
               {"name": "shm", "mountPath": "/dev/shm"},
-              {"name": "config", "mountPath": "/etc/kvpilot", "readOnly": True}]
+              {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
@@ -168,19 +179,25 @@ def build_pod_template(name: str, spec: InferenceServiceSpec, images: Images) ->
     else:
         requests["cpu"], limits["cpu"] = cpu_request_and_limit(res.cpu)
     env = _engine_env(name, engine)
+    program, args = command[:2], command[2:]
+    if vllm_on_cpu(spec):  # the launcher sets vLLM's CPU variables, then execs `vllm serve ...`
+        env += vllm_cpu_env(spec)
+        program, args = vllm_cpu_program(), command
     mounts, volumes = _mounts_and_volumes(name, spec)
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
+    # Loading weights takes minutes, and vLLM compiles the model (inductor: ~100 s for SmolLM2 on 2
+    # CPUs): the startup probe holds the others off until then (kvpilot: 10 min, vLLM: 30 min).
+    startup_failures = 360 if engine.runtime == "vllm" else 120
     container = {
         "name": "engine",
-        "image": engine.image or images.for_runtime(engine.runtime),
+        "image": engine.image or images.for_runtime(engine.runtime, res.gpu),
         "imagePullPolicy": engine.imagePullPolicy,
-        "command": command[:2],
-        "args": command[2:],
+        "command": program,
+        "args": args,
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
-        # Loading weights can take minutes: the startup probe holds the others off until then.
-        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
+        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": startup_failures},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,

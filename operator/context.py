@@ -34,7 +34,8 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorConfig":
         images = Images(kvpilot=env.get("KVPILOT_ENGINE_IMAGE", Images.kvpilot),
-                        vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm))
+                        vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm),
+                        vllm_cpu=env.get("KVPILOT_VLLM_CPU_IMAGE", Images.vllm_cpu))
         return cls(images=images,
                    resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 300)),
                    watch_timeout_seconds=int(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvpilot.api.models import BUILTIN_MODELS, builtin_model, is_builtin
 from kvpilot.api.spec import InferenceServiceSpec
+from kvpilot.api.vllm import VLLM_VERSION
 from kvpilot.engine import settings
 
 from .builders import OPERATOR_ENV
@@ -48,6 +49,8 @@ def validate(spec: InferenceServiceSpec) -> None:
     problems = settings.problems(engine_settings(engine), spell=lambda name: settings.CRD_FIELDS.get(name, name))
     if problems:
         raise InvalidSpec("InvalidEngineArgs", problems[0])
+    if engine.runtime == "vllm":
+        _validate_vllm(spec)
     if spec.nnodes < 1 or engine.world_size % spec.nnodes:
         raise InvalidSpec("InvalidParallelism", (
             f"parallelism.nnodes {spec.nnodes} does not divide tensorParallelSize x pipelineParallelSize = "
@@ -65,10 +68,25 @@ def validate(spec: InferenceServiceSpec) -> None:
         raise InvalidSpec("ConflictingArgs", problem)
 
 
+def _validate_vllm(spec: InferenceServiceSpec) -> None:
+    """What the pinned upstream vLLM (kvpilot.api.vllm) cannot honour: a setting it no longer has,
+    set to anything but its default (the operator renders no flag for it), and a builtin:// model
+    on GPUs (only the kvpilot vLLM CPU image bakes it in)."""
+    values, defaults = engine_settings(spec.engine), settings.deploy_defaults()
+    for name, why in settings.NOT_IN_VLLM.items():
+        if values[name] != defaults[name]:
+            field = settings.CRD_FIELDS[name]
+            raise InvalidSpec("UnsupportedByVLLM", (
+                f"spec.engine.{field} {values[name]!r} cannot be honoured by runtime vllm "
+                f"(vLLM {VLLM_VERSION}): {why}; leave {field} at {defaults[name]!r} or use runtime kvpilot"))
+    if is_builtin(spec.model.source) and spec.resources.gpu:
+        raise InvalidSpec("UnsupportedModel", (
+            f"runtime vllm on GPUs cannot load {spec.model.source}: only the kvpilot vLLM CPU image bakes the "
+            "builtin models in; give a model path (model.volumeClaim) or use runtime kvpilot"))
+
+
 def _validate_builtin(spec: InferenceServiceSpec) -> None:
     engine = spec.engine
-    if engine.runtime == "vllm":
-        raise InvalidSpec("UnsupportedModel", "runtime vllm cannot load builtin:// models")
     shape = builtin_model(spec.model.source)
     if shape is None:
         known = ", ".join(f"builtin://{name}" for name in sorted(BUILTIN_MODELS))

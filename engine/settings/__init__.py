@@ -33,7 +33,9 @@ from kvpilot.engine.settings.table import (
     CRD_FIELDS,
     ENGINE_SETTINGS,
     LIVE_SETTINGS,
+    NOT_IN_VLLM,
     RULES,
+    RUNTIMES,
     SEARCH_RANGES,
     SETTINGS,
     Rule,
@@ -49,7 +51,7 @@ from kvpilot.engine.settings.table import (
 
 __all__ = [
     "ATTENTION_BACKENDS", "AUTO_MAX_MODEL_LEN", "BY_CRD", "BY_NAME", "CRD_FIELDS", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
-    "DEFAULT_MAX_NUM_SEQS", "ENGINE_SETTINGS", "LIVE_SETTINGS", "PERFORMANCE_MODES", "RULES", "SEARCH_RANGES",
+    "DEFAULT_MAX_NUM_SEQS", "ENGINE_SETTINGS", "LIVE_SETTINGS", "NOT_IN_VLLM", "PERFORMANCE_MODES", "RULES", "RUNTIMES", "SEARCH_RANGES",
     "SETTINGS", "STRUCTURED_OUTPUTS_KEYS", "Rule", "Setting", "check", "default_max_num_batched_tokens",
     "default_max_num_seqs", "deploy_defaults", "flag_value", "flag_words", "human_readable_int",
     "human_readable_int_or_auto", "problems", "resolve_quantization", "rule_problems", "structured_outputs_config",

@@ -91,6 +91,10 @@ def structured_outputs_config(text: str) -> str:
             raise ValueError(f"{key!r} is not supported; keys: {sorted(STRUCTURED_OUTPUTS_KEYS)}")
         if value not in allowed or type(value) is not type(allowed[0]):
             raise ValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
+    if config.get("disable_any_whitespace") and config.get("backend", "auto") != "xgrammar":
+        # vLLM's StructuredOutputsConfig refuses it (its `vllm serve` exits 2), so kvpilot does too
+        raise ValueError('disable_any_whitespace needs "backend": "xgrammar" (vLLM: only supported for the xgrammar '
+                         'and guidance backends); add it')
     return json.dumps(config, sort_keys=True)
 
 

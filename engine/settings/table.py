@@ -26,9 +26,9 @@ x-kubernetes-validations), which tests/engine/test_settings.py evaluates against
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.engine.settings.rules import RULES, Rule, rule_problems
 from kvpilot.engine.settings.setting import (
     AUTO_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
@@ -202,59 +202,31 @@ def flag_value(args: Sequence[str], name: str) -> str | None:
     return found
 
 
-def to_flags(values: Mapping[str, Any], names: tuple[str, ...] | None = None) -> list[str]:
-    """`vllm serve` flags for `values` (snake_case names), in the table's order; only `names`
-    (default: every name in values). None values render nothing."""
+# Settings the pinned upstream vLLM (kvpilot.api.vllm) no longer takes (`vllm serve` 0.32 exits 2:
+# "unrecognized arguments"), with why: runtime vllm renders no flag for them (the operator refuses
+# a value other than the default).
+NOT_IN_VLLM: dict[str, str] = {
+    "swap_space": "vLLM removed --swap-space with its V0 engine (V1 preempts by recompute only; on CPU the KV "
+                  "cache is sized by VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes)",
+    "preemption_mode": "vLLM removed --preemption-mode with its V0 engine: V1 always preempts by recompute",
+}
+RUNTIMES = ("kvpilot", "vllm")
+
+
+def to_flags(values: Mapping[str, Any], names: tuple[str, ...] | None = None, runtime: str = "kvpilot") -> list[str]:
+    """`vllm serve` flags for `values` (snake_case names), in the table's order; only `names` (default:
+    every name in values). None renders nothing; runtime "vllm" leaves out NOT_IN_VLLM. ValueError:
+    an unknown runtime."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
     wanted = set(values if names is None else names)
+    if runtime == "vllm":
+        wanted -= set(NOT_IN_VLLM)
     words: list[str] = []
     for setting in SETTINGS:
         if setting.name in wanted and setting.name in values:
             words += flag_words(setting.name, values[setting.name])
     return words
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rule between settings. check(values) -> bool over resolved values (every name in
-    `names` present and not None; the rule is skipped otherwise). message(show) -> str, where
-    show(name) spells a setting (snake_case or camelCase, with or without its value). cel: the
-    same check over `self` = spec.engine after CRD defaulting; field: the setting it blames."""
-
-    names: tuple[str, ...]
-    check: Callable[[Mapping[str, Any]], bool]
-    message: Callable[[Callable[[str], str]], str]
-    cel: str
-    field: str
-
-
-RULES: tuple[Rule, ...] = (
-    Rule(("max_num_batched_tokens", "max_num_seqs"),
-         lambda v: v["max_num_batched_tokens"] >= v["max_num_seqs"],
-         lambda n: (f"{n('max_num_batched_tokens')} must be >= {n('max_num_seqs')}: each running sequence needs one "
-                    f"token per step; raise {n('max_num_batched_tokens:')} or lower {n('max_num_seqs:')}"),
-         "self.maxNumBatchedTokens >= self.maxNumSeqs", "max_num_batched_tokens"),
-    Rule(("enable_chunked_prefill", "max_num_batched_tokens", "max_model_len"),
-         lambda v: v["enable_chunked_prefill"] or v["max_num_batched_tokens"] >= v["max_model_len"],
-         lambda n: (f"{n('max_num_batched_tokens')} is smaller than {n('max_model_len')} with chunked "
-                    f"prefill off ({n('enable_chunked_prefill:')} false): a prompt longer than the budget can never "
-                    f"be scheduled; raise {n('max_num_batched_tokens:')}, lower {n('max_model_len:')} or enable "
-                    f"chunked prefill"),
-         "self.enableChunkedPrefill || self.maxNumBatchedTokens >= self.maxModelLen", "max_num_batched_tokens"),
-    Rule(("preemption_mode", "swap_space"),
-         lambda v: v["preemption_mode"] != "swap" or v["swap_space"] > 0,
-         lambda n: f"{n('preemption_mode:')} swap needs {n('swap_space:')} > 0",
-         "self.preemptionMode != 'swap' || self.swapSpace > 0.0", "swap_space"),
-)
-
-
-def rule_problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda name: name) -> list[str]:
-    """The messages of the rules `values` breaks (rules missing a value are skipped).
-    spell(name) names a setting in the caller's spelling (`CRD_FIELDS.get` for spec.engine)."""
-    def show(key: str) -> str:  # 'name' shows the value, 'name:' only the name
-        name = key.rstrip(":")
-        return spell(name) if key.endswith(":") else f"{spell(name)} ({values[name]})"
-    return [rule.message(show) for rule in RULES
-            if all(values.get(n) is not None for n in rule.names) and not rule.check(values)]
 
 
 def problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda name: name) -> list[str]:

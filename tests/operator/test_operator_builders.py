@@ -37,7 +37,10 @@ def test_runtime_picks_the_program_and_keeps_the_flags():
     theirs = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "engine": {"runtime": "vllm"}})
     assert engine_command(ours)[:3] == ["kvpilot", "serve", "/models/llama"]
     assert engine_command(theirs)[:3] == ["vllm", "serve", "/models/llama"]
-    assert [a for a in engine_command(ours)[3:] if a != "--enable-admin-routes"] == engine_command(theirs)[3:]
+    # the same flags, less the admin routes (kvpilot's) and the two vLLM removed with its V0 engine
+    removed = {"--enable-admin-routes", "--swap-space", "4", "--preemption-mode", "recompute"}
+    assert [a for a in engine_command(ours)[3:] if a not in removed] == engine_command(theirs)[3:]
+    assert not {"--swap-space", "--preemption-mode"} & set(engine_command(theirs))
 
 
 def test_api_key_comes_from_the_secret_and_never_appears_in_args():
@@ -132,14 +135,18 @@ def test_service_configmap_and_podmonitor_select_the_engine_pods():
     ({"pipelineParallelSize": 31}, SMOLLM, "InvalidParallelism"),
     ({}, {"source": "builtin://gpt-17"}, "UnknownModel"),
     ({"maxModelLen": 16384, "maxNumBatchedTokens": 16384}, SMOLLM, "ModelLenTooLong"),
-    ({"runtime": "vllm"}, SMOLLM, "UnsupportedModel"),
+    ({"runtime": "vllm"}, {**SMOLLM, "gpu": True}, "UnsupportedModel"),
+    ({"runtime": "vllm", "preemptionMode": "swap"}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm", "swapSpace": 8}, SMOLLM, "UnsupportedByVLLM"),
     ({"maxNumSeqs": 256, "maxNumBatchedTokens": 128}, SMOLLM, "InvalidEngineArgs"),
     ({"enableChunkedPrefill": False, "maxNumBatchedTokens": 1024}, SMOLLM, "InvalidEngineArgs"),
     ({"extraArgs": ["--max-num-seqs=8"]}, SMOLLM, "ConflictingArgs"),
 ])
 def test_specs_that_cannot_run_are_refused_with_a_reason(engine, model, reason):
+    model = dict(model)
+    resources = {"gpu": True} if model.pop("gpu", False) else {}
     with pytest.raises(InvalidSpec) as refused:
-        validate(InferenceServiceSpec.from_dict({"model": model, "engine": engine}))
+        validate(InferenceServiceSpec.from_dict({"model": model, "engine": engine, "resources": resources}))
     assert refused.value.reason == reason
 
 

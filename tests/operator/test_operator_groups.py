@@ -93,13 +93,19 @@ def test_node_zero_serves_with_probes_and_the_workers_join_it_headless_with_thei
     assert worker["resources"] == leader["resources"]  # resources are per pod
 
 
-def test_runtime_vllm_renders_the_same_group_with_vllm_serve():
+@pytest.mark.parametrize("gpu", [True, False])
+def test_runtime_vllm_renders_the_same_group_with_vllm_serve(gpu):
+    """On GPUs the container runs `vllm serve` itself; on CPU nodes the launcher (from the
+    ConfigMap) runs it, with the whole command line as its arguments."""
     s = InferenceServiceSpec.from_dict(
         {"model": {"source": "/models/llama"}, "engine": {"runtime": "vllm", "pipelineParallelSize": 2},
-         "parallelism": {"nnodes": 2}})
+         "parallelism": {"nnodes": 2}, "resources": {"gpu": gpu}})
     children = by_name(build_group_children("m", "ns", s))
     for sts in (children["StatefulSet", "m"], children["StatefulSet", "m-0"]):
-        assert container(sts)["command"] == ["vllm", "serve"]
+        c = container(sts)
+        command = c["command"] + c["args"]
+        assert command[command.index("vllm"):][:3] == ["vllm", "serve", "/models/llama"]
+        assert (c["command"] == ["vllm", "serve"]) == gpu
     assert container(children["StatefulSet", "m-0"])["args"][-1] == "--headless"
 
 

