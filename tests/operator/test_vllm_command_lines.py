@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kube.tools import ROOT
 
 from kvpilot.api.spec import InferenceServiceSpec
@@ -61,7 +62,12 @@ def setting_values(setting: settings.Setting) -> list[Any]:
 
 
 def specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    """(label, spec dict) for every setting value on CPU and GPU, then the multi-pod layouts."""
+    """(label, spec dict) of the examples with runtime vllm, then every setting value on CPU and
+    GPU, then the multi-pod layouts."""
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if doc["spec"].get("engine", {}).get("runtime") == "vllm":
+            yield f"example {path.name}", doc["spec"]
     for gpu in (False, True):
         base = {"model": {"source": MODEL}, "engine": {"runtime": "vllm"}, "resources": {"gpu": gpu}}
         yield f"defaults gpu={gpu}", base
@@ -119,6 +125,7 @@ def test_the_pinned_vllm_accepts_every_command_line_the_operator_renders(capsys)
     # What the operator refuses first (a Failed condition instead of a pod exiting 2): a setting vLLM
     # removed, set to anything but its default (rendered without the flag, vLLM would not honour it),
     # and what vLLM's own checks refuse (auto tool choice without a parser, a budget below max_num_seqs).
+    assert sum(label.startswith("example ") for label, _ in cases) == 2  # CPU (builtin) and GPU
     assert {label.split("=")[0] for label, _, _ in refused} == {
         "swapSpace", "preemptionMode", "enableAutoToolChoice", "maxNumBatchedTokens"}, refused
     not_refused_by_vllm = [label for (label, reason, _), v in zip(refused, on_refused)
@@ -142,8 +149,6 @@ def test_vllm_refuses_what_the_operator_no_longer_renders():
 
 @pytest.mark.parametrize("runtime", ["kvpilot", "vllm"])
 def test_the_chart_and_the_operator_default_to_the_pinned_vllm_release(runtime):
-    import yaml
-
     from kvpilot.api.vllm import VLLM_CUDA_IMAGE
     from kvpilot.operator.builders import Images
 

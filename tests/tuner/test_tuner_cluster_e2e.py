@@ -13,25 +13,17 @@ ServiceAccount sent was allowed. A second resource spans two pods (spec.parallel
 one pipeline stage each): every trial rolls out as a group and is measured through node 0."""
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import shlex
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import pytest
 import yaml
-from kube.cluster import Cluster
-from kube.node import NODE_IP
-from kube.pods import POD_START_TIMEOUT_S, wait_rolled_out
+from kube.pods import POD_START_TIMEOUT_S
 from kube.rbac import access_of, missing
-from kube.release import Release
-from kube.tools import ROOT, Kubectl, helm_template, wait_for
+from kube.tools import ROOT, helm_template, wait_for
+from kube.tuning_stack import ready, status_without_key, tuner_pod
+from kube.tuning_stack import tuning_operator as stack
 
-from kvpilot.bench.harness.prometheus import Prometheus
 from kvpilot.tuner.cluster import flag_values
 
 pytestmark = pytest.mark.slow
@@ -62,99 +54,24 @@ def manifest(max_trials: int = 3, nnodes: int = 1) -> str:
     return yaml.safe_dump(doc)
 
 
-class PodTargets:
-    """Prometheus' targets file (file_sd) kept equal to the running pods of this resource, with
-    the labels a PodMonitor gives them (namespace, pod, app_kubernetes_io_instance from
-    podTargetLabels), polled from the API server every second: Debian's Prometheus 2.42 is built
-    without kubernetes_sd_configs ("field kubernetes_sd_configs not found"), so this thread does
-    the discovery the Prometheus Operator's config would, and Prometheus scrapes each pod."""
-
-    def __init__(self, control_plane, namespace: str, path: Path, leaders_only: bool = False):
-        self.control_plane, self.namespace, self.path = control_plane, namespace, path
-        # groups (nnodes > 1): the PodMonitor selects node 0 of each group, the only pod serving HTTP
-        self.selector = f"app.kubernetes.io%2Finstance%3D{NAME}" + (",kvpilot.dev%2Frole%3Dleader" if leaders_only
-                                                                      else "")
-        self.path.write_text("[]")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def scrape_config(self) -> dict:
-        return {"job_name": "engine", "file_sd_configs": [{"files": [str(self.path)], "refresh_interval": "1s"}]}
-
-    def _run(self) -> None:
-        query = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={self.selector}"
-        while not self._stop.wait(1.0):
-            try:
-                pods = json.loads(self.control_plane.get(query))["items"]
-            except OSError:
-                continue
-            targets = [{"targets": [f"{p['status']['podIP']}:8000"],
-                        "labels": {"namespace": self.namespace, "pod": p["metadata"]["name"],
-                                   "app_kubernetes_io_instance": NAME}}
-                       for p in pods if p.get("status", {}).get("phase") == "Running" and p["status"].get("podIP")]
-            text = json.dumps(targets)
-            if text != self.path.read_text():
-                self.path.with_suffix(".tmp").write_text(text)
-                self.path.with_suffix(".tmp").replace(self.path)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-
-def status_without_key(url: str) -> int | None:
-    try:
-        return httpx.get(f"{url}/v1/models", timeout=10).status_code
-    except httpx.TransportError:
-        return None
-
-
-def ready(kubectl) -> dict | None:
-    obj = kubectl.json("get", "isvc", NAME)
-    conds = {c["type"]: c["status"] for c in obj.get("status", {}).get("conditions", [])}
-    fresh = obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
-    return obj if fresh and conds.get("Ready") == "True" else None
-
-
-@contextlib.contextmanager
-def tuning_operator(node, tmp_path: Path, tuner_args: list[str], namespace: str = "tuner-e2e",
-                    leaders_only: bool = False) -> Iterator[tuple[Cluster, Kubectl, Release]]:
-    """The chart installed in `namespace` (each test its own: a deleted namespace takes a while
-    to go), its operator pod running the tuner with `tuner_args` and a real Prometheus (scraping
-    the resource's serving pods), and the engine's API key in a Secret; uninstalled at the end."""
-    with Cluster(node, namespace, tmp_path) as cluster:
-        kubectl = Kubectl(cluster.kubeconfig)
-        targets = PodTargets(node, cluster.namespace, tmp_path / "targets.json", leaders_only)
-        prometheus = Prometheus(tmp_path, [targets.scrape_config()], address=NODE_IP)
-        release = Release(cluster, "kv", f"--set-string=tuner.extraArgs={shlex.join(tuner_args)}",
-                          f"--set-string=tuner.prometheusUrl={prometheus.url}")
-        try:
-            release.install()
-            wait_rolled_out(kubectl, release.service_account, POD_START_TIMEOUT_S)  # the chart's full name
-            kubectl.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-api-key"},
-                                          "data": {"api-key": base64.b64encode(API_KEY.encode()).decode()}}))
+def tuning_operator(node, tmp_path, tuner_args: list[str], namespace: str = "tuner-e2e", leaders_only: bool = False):
+    """The stack for NAME with its API key (tests/kube/tuning_stack.py), less the Prometheus handle."""
+    @contextlib.contextmanager
+    def three():
+        with stack(node, tmp_path, tuner_args, namespace, NAME, API_KEY, leaders_only) as (cluster, kubectl, release, _):
             yield cluster, kubectl, release
-        finally:
-            prometheus.stop()
-            targets.stop()
-            release.uninstall()
-
-
-def tuner_pod(kubectl, release: Release) -> str:
-    """The chart runs two replicas: the tuner runs in the one holding the Lease (named after the release)."""
-    return f"pod/{kubectl.json('get', 'lease', release.service_account)['spec']['holderIdentity']}"
+    return three()
 
 
 def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_spec(node, tmp_path):
     with tuning_operator(node, tmp_path, TUNER_ARGS) as (cluster, kubectl, release):
         kubectl.apply(manifest())
-        first = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the InferenceService Ready")
+        first = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the InferenceService Ready")
         service = f"http://{kubectl.json('get', 'service', NAME)['spec']['clusterIP']}:8000"
         anonymous = wait_for(lambda: status_without_key(service), 180, what="the engine answering")
         done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
                         == "Done", 900, what="status.tuning.phase Done")
-        obj = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the final rollout")
+        obj = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the final rollout")
         journal = kubectl.json("get", "configmap", f"{NAME}-tuning")  # the study, kept in the cluster
         row = kubectl("get", "isvc", NAME).stdout.splitlines()[1].split()
         events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
@@ -211,10 +128,10 @@ def test_the_in_cluster_tuner_runs_its_trials_on_two_pod_groups(node, tmp_path):
     with tuning_operator(node, tmp_path, TUNER_ARGS, "tuner-e2e-groups", leaders_only=True) as (
             cluster, kubectl, release):
         kubectl.apply(manifest(max_trials=2, nnodes=2))
-        first = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the group Ready")
+        first = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the group Ready")
         done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
                         == "Done", 900, what="status.tuning.phase Done")
-        obj = wait_for(lambda: ready(kubectl), POD_START_TIMEOUT_S, what="the final rollout")
+        obj = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the final rollout")
         pods = kubectl.json("get", "pods", "-l", f"app.kubernetes.io/instance={NAME}")["items"]
         deployments = kubectl.json("get", "deployments", "-l", f"app.kubernetes.io/instance={NAME}")["items"]
         events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
