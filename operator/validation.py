@@ -12,7 +12,7 @@ from typing import Any
 
 from kvpilot.api.models import BUILTIN_MODELS, builtin_model, is_builtin
 from kvpilot.api.spec import InferenceServiceSpec
-from kvpilot.api.vllm import VLLM_VERSION
+from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_DEFAULT_BLOCK_SIZE, VLLM_VERSION
 from kvpilot.engine import settings
 
 from .builders import OPERATOR_ENV
@@ -70,8 +70,8 @@ def validate(spec: InferenceServiceSpec) -> None:
 
 def _validate_vllm(spec: InferenceServiceSpec) -> None:
     """What the pinned upstream vLLM (kvpilot.api.vllm) cannot honour: a setting it no longer has,
-    set to anything but its default (the operator renders no flag for it), and a builtin:// model
-    on GPUs (only the kvpilot vLLM CPU image bakes it in)."""
+    set to anything but its default (the operator renders no flag for it), a KV block size its CPU
+    attention cannot take, and a builtin:// model on GPUs (only the kvpilot vLLM CPU image bakes it in)."""
     values, defaults = engine_settings(spec.engine), settings.deploy_defaults()
     for name, why in settings.NOT_IN_VLLM.items():
         if values[name] != defaults[name]:
@@ -79,6 +79,11 @@ def _validate_vllm(spec: InferenceServiceSpec) -> None:
             raise InvalidSpec("UnsupportedByVLLM", (
                 f"spec.engine.{field} {values[name]!r} cannot be honoured by runtime vllm "
                 f"(vLLM {VLLM_VERSION}): {why}; leave {field} at {defaults[name]!r} or use runtime kvpilot"))
+    if not spec.resources.gpu and spec.engine.blockSize % VLLM_CPU_BLOCK_SIZE_MULTIPLE:
+        raise InvalidSpec("UnsupportedByVLLM", (
+            f"spec.engine.blockSize {spec.engine.blockSize} cannot run on vLLM {VLLM_VERSION} for CPUs: its CPU "
+            f"attention takes multiples of {VLLM_CPU_BLOCK_SIZE_MULTIPLE} tokens; set blockSize: "
+            f"{VLLM_CPU_DEFAULT_BLOCK_SIZE} (vLLM's default on CPU)"))
     if is_builtin(spec.model.source) and spec.resources.gpu:
         raise InvalidSpec("UnsupportedModel", (
             f"runtime vllm on GPUs cannot load {spec.model.source}: only the kvpilot vLLM CPU image bakes the "

@@ -22,7 +22,9 @@ CASES = schema_cases(SCHEMA["properties"]["spec"], ("spec",))
 # One object per CEL rule that breaks it (and only it), keyed by the rule's message start.
 CEL_CASES = {
     "metadata.name must be a DNS-1035 label": {"metadata": {"name": "9lives"}},
-    "runtime vllm cannot load builtin:// models": {"spec": {"engine": {"runtime": "vllm"}}},
+    "runtime vllm loads builtin:// models only on CPU nodes": {"spec": {"engine": {"runtime": "vllm"},
+                                                                        "resources": {"gpu": True}}},
+    "enableAutoToolChoice needs toolCallParser": {"spec": {"engine": {"enableAutoToolChoice": True}}},
     "maxNumBatchedTokens must be >= maxNumSeqs": {"spec": {"engine": {"maxNumSeqs": 128, "maxNumBatchedTokens": 64}}},
     "maxNumBatchedTokens is smaller than maxModelLen with chunked prefill off":
         {"spec": {"engine": {"enableChunkedPrefill": False, "maxNumBatchedTokens": 512}}},

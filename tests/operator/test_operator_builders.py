@@ -136,8 +136,9 @@ def test_service_configmap_and_podmonitor_select_the_engine_pods():
     ({}, {"source": "builtin://gpt-17"}, "UnknownModel"),
     ({"maxModelLen": 16384, "maxNumBatchedTokens": 16384}, SMOLLM, "ModelLenTooLong"),
     ({"runtime": "vllm"}, {**SMOLLM, "gpu": True}, "UnsupportedModel"),
-    ({"runtime": "vllm", "preemptionMode": "swap"}, SMOLLM, "UnsupportedByVLLM"),
-    ({"runtime": "vllm", "swapSpace": 8}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm", "preemptionMode": "swap", "blockSize": 128}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm", "swapSpace": 8, "blockSize": 128}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm"}, SMOLLM, "UnsupportedByVLLM"),  # block size 16 on CPU: vLLM's CPU attention takes 32k
     ({"maxNumSeqs": 256, "maxNumBatchedTokens": 128}, SMOLLM, "InvalidEngineArgs"),
     ({"enableChunkedPrefill": False, "maxNumBatchedTokens": 1024}, SMOLLM, "InvalidEngineArgs"),
     ({"extraArgs": ["--max-num-seqs=8"]}, SMOLLM, "ConflictingArgs"),

@@ -226,7 +226,8 @@ def test_a_selector_with_a_key_too_many_is_drift_and_the_patch_removes_it():
 def test_extra_args_cannot_move_a_pod_in_its_group(runtime, args):
     from kvpilot.operator.validation import InvalidSpec, validate
     source = "/models/llama" if runtime == "vllm" else SMOLLM["source"]
-    s = InferenceServiceSpec.from_dict({"model": {"source": source}, "engine": {"runtime": runtime, "extraArgs": args}})
+    engine = {"runtime": runtime, "extraArgs": args, **({"blockSize": 128} if runtime == "vllm" else {})}
+    s = InferenceServiceSpec.from_dict({"model": {"source": source}, "engine": engine})
     with pytest.raises(InvalidSpec) as refused:
         validate(s)
     assert refused.value.reason == "ConflictingArgs"

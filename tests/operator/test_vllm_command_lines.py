@@ -18,7 +18,7 @@ import yaml
 from kube.tools import ROOT
 
 from kvpilot.api.spec import InferenceServiceSpec
-from kvpilot.api.vllm import VLLM_VERSION
+from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_DEFAULT_BLOCK_SIZE, VLLM_VERSION
 from kvpilot.engine import settings
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.group_builders import build_group_children
@@ -69,13 +69,15 @@ def specs() -> Iterator[tuple[str, dict[str, Any]]]:
         if doc["spec"].get("engine", {}).get("runtime") == "vllm":
             yield f"example {path.name}", doc["spec"]
     for gpu in (False, True):
-        base = {"model": {"source": MODEL}, "engine": {"runtime": "vllm"}, "resources": {"gpu": gpu}}
+        # on CPU nodes, KV blocks vLLM's CPU attention takes (the CRD's 16 is refused there)
+        common = {"runtime": "vllm"} if gpu else {"runtime": "vllm", "blockSize": VLLM_CPU_DEFAULT_BLOCK_SIZE}
+        base = {"model": {"source": MODEL}, "engine": common, "resources": {"gpu": gpu}}
         yield f"defaults gpu={gpu}", base
         for setting in settings.SETTINGS:
             if not setting.crd:
                 continue
             for value in setting_values(setting):
-                engine = {"runtime": "vllm", setting.crd: value}
+                engine = {**common, setting.crd: value}
                 if setting.name in ("max_num_seqs", "max_model_len"):  # keep the budget rule satisfiable
                     engine["maxNumBatchedTokens"] = 1048576
                 if setting.name == "tool_call_parser":
@@ -83,7 +85,7 @@ def specs() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{setting.crd}={value!r} gpu={gpu}", {**base, "engine": engine}
         for tp, pp, nnodes in ((2, 1, 2), (1, 2, 2), (2, 2, 2), (2, 2, 4)):
             yield f"tp={tp} pp={pp} nnodes={nnodes} gpu={gpu}", {
-                **base, "engine": {"runtime": "vllm", "tensorParallelSize": tp, "pipelineParallelSize": pp},
+                **base, "engine": {**common, "tensorParallelSize": tp, "pipelineParallelSize": pp},
                 "parallelism": {"nnodes": nnodes}}
 
 
@@ -127,7 +129,9 @@ def test_the_pinned_vllm_accepts_every_command_line_the_operator_renders(capsys)
     # and what vLLM's own checks refuse (auto tool choice without a parser, a budget below max_num_seqs).
     assert sum(label.startswith("example ") for label, _ in cases) == 2  # CPU (builtin) and GPU
     assert {label.split("=")[0] for label, _, _ in refused} == {
-        "swapSpace", "preemptionMode", "enableAutoToolChoice", "maxNumBatchedTokens"}, refused
+        "swapSpace", "preemptionMode", "enableAutoToolChoice", "maxNumBatchedTokens", "blockSize"}, refused
+    assert {label for label, _, _ in refused if label.startswith("blockSize")} == {
+        f"blockSize={b} gpu=False" for b in (1, 2, 4, 8, 16)}  # vLLM's CPU attention (next test)
     not_refused_by_vllm = [label for (label, reason, _), v in zip(refused, on_refused)
                            if reason != "UnsupportedByVLLM" and v["ok"]]
     assert not_refused_by_vllm == [], "the operator refuses what vLLM accepts"
@@ -145,6 +149,15 @@ def test_vllm_refuses_what_the_operator_no_longer_renders():
     assert [v["ok"] for v in verdicts] == [False, False, False, True]
     assert "unrecognized arguments: --swap-space" in verdicts[0]["error"]
     assert "must be greater than or equal to max_num_seqs" in verdicts[2]["error"]
+
+
+def test_the_cpu_block_size_rule_is_vllms_own():
+    """What vLLM's CPU attention backend says it takes, asked of the pinned vLLM itself."""
+    out = subprocess.run([str(VLLM_PYTHON), "-P", "-c", "from vllm.v1.attention.backends.cpu_attn import "
+                          "CPUAttentionBackend as B; print(B.get_supported_kernel_block_sizes())"],
+                         capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.stdout.strip().splitlines()[-1] == f"[MultipleOf({VLLM_CPU_BLOCK_SIZE_MULTIPLE})]", out.stderr[-2000:]
+    assert VLLM_CPU_DEFAULT_BLOCK_SIZE % VLLM_CPU_BLOCK_SIZE_MULTIPLE == 0
 
 
 @pytest.mark.parametrize("runtime", ["kvpilot", "vllm"])

@@ -75,7 +75,8 @@ def run_launcher(tmp_path, env: dict[str, str], argv: list[str]) -> subprocess.C
 
 
 SPEC = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct"},
-                                       "engine": {"runtime": "vllm"}, "resources": {"cpu": "2", "memory": "6Gi"}})
+                                       "engine": {"runtime": "vllm", "blockSize": 128},
+                                       "resources": {"cpu": "2", "memory": "6Gi"}})
 
 
 def test_the_pod_runs_vllm_serve_through_the_launcher_with_the_cpu_environment(tmp_path):
