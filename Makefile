@@ -46,8 +46,9 @@ bench: install
 clean:
 	rm -rf $(VENV) build *.egg-info kernels/cpu/lib
 
-# issue 16: container images (images/Containerfile) with podman: the CPU engine and the
-# operator; CUDA=1 adds the CUDA engine. BASE=... builds on your own Debian bookworm base.
+# issue 16: container images (images/Containerfile) with podman: the CPU engine, upstream vLLM
+# for CPUs on its layers (engine-vllm-cpu) and the operator; CUDA=1 adds the CUDA engine.
+# BASE=... builds on your own Debian bookworm base.
 .PHONY: images
 images:
-	BASE="$(BASE)" bash images/build.sh engine-cpu operator $(if $(CUDA),engine-cuda)
+	BASE="$(BASE)" bash images/build.sh engine-cpu engine-vllm-cpu operator $(if $(CUDA),engine-cuda)

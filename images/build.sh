@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kvpilot's images with podman: `images/build.sh [TARGET...]` (default engine-cpu
-# operator; engine-cuda too when asked). Tags kvpilot/TARGET:VERSION (VERSION from
+# engine-vllm-cpu operator; engine-cuda too when asked). Tags kvpilot/TARGET:VERSION (VERSION from
 # pyproject.toml, the chart's appVersion). Makes the base image first when BASE is the local
 # default. The host's pip CA bundle and find-links directory (pip config, or PIP_CERT /
 # PIP_FIND_LINKS) are bind-mounted into the build's RUN steps only, never copied into a layer.
@@ -16,7 +16,7 @@ ROOT="$(dirname "$HERE")"
 PODMAN="$HERE/podman.sh"
 BASE="${BASE:-localhost/debian:bookworm}"
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(engine-cpu operator)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(engine-cpu engine-vllm-cpu operator)
 VERSION="$(python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$ROOT/pyproject.toml")"
 
 bash "$HERE/install-podman.sh"
@@ -46,7 +46,8 @@ if [ -n "$links" ] && [ -d "$links" ]; then
 fi
 for target in "${TARGETS[@]}"; do
     echo "building kvpilot/$target:$VERSION"
-    for stage in "$target-deps" "$target-build"; do
+    for stage in "$target-deps" "$target-build"; do  # those the Containerfile has (engine-vllm-cpu: -build only)
+        grep -qE "^FROM .* AS $stage\$" "$HERE/Containerfile" || continue
         "$PODMAN" build "${args[@]}" --layers --target "$stage" -t "localhost/kvpilot-cache/$stage:latest" "$ROOT"
     done
     "$PODMAN" build "${args[@]}" --layers --target "$target" -t "kvpilot/$target:$VERSION" "$ROOT"

@@ -79,7 +79,7 @@ def images(container_engine: str, tmp_path_factory: pytest.TempPathFactory) -> d
         result = subprocess.run(["make", "-C", str(ROOT), "images"], stdout=out, stderr=subprocess.STDOUT,
                                 timeout=3000)
     assert result.returncode == 0, f"make images failed:\n{log.read_text()[-6000:]}"
-    tags = {t: f"kvpilot/{t}:{VERSION}" for t in ("engine-cpu", "operator")}
+    tags = {t: f"kvpilot/{t}:{VERSION}" for t in ("engine-cpu", "engine-vllm-cpu", "operator")}
     for tag in tags.values():
         podman("image", "exists", tag)
     return tags

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
+import runpy
 import time
 from decimal import Decimal
 
@@ -194,14 +196,24 @@ def test_operator_image_runs_the_charts_operator_and_answers_its_liveness_probe(
               f"smollm2 ({created}); process {uid.replace(chr(9), ' ')}, root filesystem {root_options}")
 
 
-@pytest.mark.parametrize("target", ["engine-cpu", "operator"])
+@pytest.mark.parametrize("target", ["engine-cpu", "engine-vllm-cpu", "operator"])
 def test_images_carry_no_compiler_and_the_operator_no_torch(images, target):
     probe = podman("run", "--rm", "--entrypoint", "python3", images[target], "-c",
                    "import importlib.util as u, shutil; print([t for t in ('cc', 'gcc', 'g++', 'make', 'pip') "
                    "if shutil.which(t)], u.find_spec('torch') is not None)")
     tools, has_torch = probe.stdout.strip().rsplit(" ", 1)
-    assert tools == "[]"
-    assert has_torch == ("True" if target == "engine-cpu" else "False")
+    # vLLM compiles its model with torch.compile (inductor), which builds C++ at run time
+    assert tools == ("['cc', 'gcc', 'g++']" if target == "engine-vllm-cpu" else "[]")
+    assert has_torch == ("False" if target == "operator" else "True")
+    if target == "engine-vllm-cpu":  # one torch, engine-cpu's; `vllm` finds its distribution as the CPU build
+        pin = runpy.run_path(str(ROOT / "api" / "vllm.py"))
+        found = podman("run", "--rm", "--entrypoint", "python3", images[target], "-c",
+                       "import importlib.metadata as m, shutil, torch; print(torch.__file__, shutil.which('vllm'), "
+                       "m.version('vllm'), m.version('vllm-cpu'))")
+        torch_file, vllm, version, cpu_version = found.stdout.split()
+        assert torch_file.startswith("/opt/kvpilot/venv/"), torch_file
+        assert (vllm, version, cpu_version) == ("/opt/vllm/venv/bin/vllm", f"{pin['VLLM_VERSION']}+cpu",
+                                                pin["VLLM_VERSION"])
     if target == "engine-cpu":  # the CPU kernels, built in the build stage for every x86 level
         built = podman("run", "--rm", "--entrypoint", "python3", images[target], "-c",
                        "from kvpilot.kernels.cpu import build, loader; m = loader.manifest(); "
@@ -225,4 +237,7 @@ def test_make_images_leaves_no_untagged_image_or_build_container_behind(images):
     statuses = podman("ps", "-a", "--external", "--format", "{{.Status}}").stdout.split("\n")
     assert "Storage" not in [s.strip() for s in statuses]
     cache = podman("images", "--format", "{{.Repository}}", "--filter", "reference=localhost/kvpilot-cache/*").stdout.split()
-    assert {f"localhost/kvpilot-cache/{t}-{s}" for t in images for s in ("deps", "build")} <= set(cache)
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (ROOT / "images" / "Containerfile").read_text(), re.M))
+    expected = {f"{t}-{s}" for t in images for s in ("deps", "build")} & stages  # engine-vllm-cpu: a build stage only
+    assert {stage.rsplit('-', 1)[0] for stage in expected} == set(images), expected  # each target has one at least
+    assert {f"localhost/kvpilot-cache/{stage}" for stage in expected} <= set(cache)
