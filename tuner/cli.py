@@ -1,13 +1,16 @@
 """`kvpilot tune`: SLO autotuning of the engine's settings.
 
     kvpilot tune --local [--model M] [--trials 8] [--slo-ttft-ms 2000 --slo-itl-ms 200] ...
+    kvpilot tune --local --runtime vllm --engine-arg=--kv-cache-memory-bytes=64M ...
     kvpilot tune --namespace NS --name NAME [--prometheus-url URL] [--target-url URL] ...
 
 Local mode restarts (or live-reconfigures) a `kvpilot serve` process per trial and drives
-ShareGPT load at it; cluster mode patches the InferenceService's spec.engine, waits for the
+ShareGPT load at it (--runtime vllm: upstream vLLM's `vllm serve`, a restart per trial,
+`kvpilot.tuner.vllm_runtime`); cluster mode patches the InferenceService's spec.engine, waits for the
 rollout and measures through Prometheus (or a direct scrape). Both write a report folder
 (report.json, report.txt) and print the table. Exit 0 when a feasible setting was found,
-1 when none met the SLOs, 2 on bad flags.
+1 when none met the SLOs, 2 on bad flags (also an engine that is not found or lacks a flag the
+trials need).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvpilot.engine.settings import BY_NAME, PERFORMANCE_MODES, SEARCH_RANGES, human_readable_int
+from kvpilot.engine.settings import BY_NAME, PERFORMANCE_MODES, RUNTIMES, SEARCH_RANGES, human_readable_int
 from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import SAMPLERS
@@ -78,6 +81,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None, help="the engine's API key (local default: a random one)")
     g.add_argument("--port", type=int, default=0, help="fixed local engine port (for a Prometheus that scrapes it)")
     g.add_argument("--no-live", action="store_true", help="restart for every trial, never change settings live")
+    g.add_argument("--runtime", choices=RUNTIMES, default="kvpilot",
+                   help="--local: the engine every trial starts: kvpilot serve, or upstream vLLM's vllm serve (a "
+                        "restart per trial; on CPU it needs --engine-arg=--kv-cache-memory-bytes=N and runs with "
+                        "VLLM_CPU_NUM_OF_RESERVED_CPU=0 and VLLM_CPU_OMP_THREADS_BIND=nobind unless set)")
+    g.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="--runtime vllm: the Python of an environment with vLLM (default: .venv-vllm's in this "
+                        "checkout, made by `make vllm`, else `vllm` on PATH)")
     g.add_argument("--device-memory-gib", type=float, default=None, help="device memory for the KV-cache "
                    "prediction (default: this machine's)")
     g.add_argument("--num-devices", type=int, default=1)
@@ -164,6 +174,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("cluster mode needs both --namespace and --name")
     if a.local and a.prometheus_url and not a.port:
         p.error("--local with --prometheus-url needs --port: the engine port your Prometheus scrapes")
+    if a.runtime == "vllm" and not a.local:
+        p.error("--runtime vllm is for --local; in a cluster the InferenceService's spec.engine.runtime decides")
+    if a.runtime == "vllm" and a.nnodes and a.nnodes[1] > 1:
+        p.error("--runtime vllm runs one process per trial here: drop --nnodes")
     if (a.trials is not None and a.trials < 1) or a.num_requests < 1 or a.remeasure_top < 0:
         p.error("--trials and --num-requests must be >= 1, --remeasure-top >= 0")
     try:
@@ -179,6 +193,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(str(e))
     a.slo = SLO(a.slo_ttft_ms, a.slo_itl_ms, a.slo_e2e_ms, a.max_preemptions_per_min)
     a.engine_args = [part for arg in a.engine_arg for part in arg.split("=", 1)]
+    a.serve_command = None  # kvpilot serve
+    if a.runtime == "vllm":
+        from kvpilot.tuner.vllm_runtime import VLLMNotFound, vllm_serve_command
+
+        try:
+            a.serve_command = vllm_serve_command(a.vllm_python)
+        except VLLMNotFound as e:
+            p.error(str(e))
+        a.no_live = True  # vLLM has no live scheduler changes: every trial is a restart
     if a.local:
         a.api_key = a.api_key or secrets.token_hex(8)
         a.trials = a.trials or 8
@@ -197,9 +220,13 @@ def main(argv: list[str]) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.INFO if a.verbose else optuna.logging.WARNING)
     if a.local:
-        from kvpilot.tuner.local_session import run_local
+        from kvpilot.tuner.local_session import SetupError, run_local
 
-        report = run_local(a)
+        try:
+            report = run_local(a)
+        except SetupError as e:  # the engine refuses a flag, or the session lacks one it needs
+            print(f"kvpilot tune: error: {e}", file=sys.stderr)
+            return 2
     else:
         from kvpilot.tuner.cluster_session import run_cluster
 

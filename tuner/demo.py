@@ -30,6 +30,13 @@ every CPU kind (a fast AMX CPU and a slow AVX2 one differ by 10x in speed, not i
    and fewer requests at once (max_num_seqs and max_num_batched_tokens, changed live), and
    prints each trial; `story.before_after` then prints the defaults against the winner in the
    guide's terms and writes before_after.png.
+With `--runtime vllm` (`python -m kvpilot.tuner.demo --runtime vllm`) the same story runs on
+upstream vLLM (`kvpilot.tuner.vllm_runtime`): calibration and trials start `vllm serve` (with
+--enforce-eager: about 30 s a start on 2 cores instead of 80-100 s compiled; a restart per trial,
+vLLM has no live changes), the cache is counted in its CPU block size (32), and the evidence
+of preemption is `vllm:num_preemptions_total`; its log shows only the symptom, stats lines
+each second (VLLM_LOG_STATS_INTERVAL=1) with the KV cache 100% used and requests sent back to
+waiting (vLLM 0.32 logs no line per preemption: `vllm_runtime`'s doc).
 On a machine that is not idle the story holds because the engine slows in proportion to the
 CPU it gets (engine/cpu_thread_adapter.py, engine/omp_wait.py): the calibration and the trials
 run the same engine process beside the same neighbours, so the SLOs it sets are what the
@@ -58,6 +65,12 @@ BURST, CACHE_REQUESTS = 8, 3  # requests per window, arriving together; longest 
 WARMUP_REQUESTS = 1
 REQUEST_TARGET_S = 3.0  # replies are capped so that one request alone takes about this long here
 KV_CACHE_GROWTH = 4  # the search's largest KV cache, in multiples of the demo's (still a few MB here)
+VLLM_ARGS = ["--enforce-eager"]  # every vLLM start of the demo: see the module doc
+CALIBRATION_KV_BYTES = 64 << 20  # vLLM on CPU needs its cache in bytes; ample for one request at a time
+# what the engine log shows of preemptions, and what the demo calls those lines
+PREEMPTION_LOG = {"kvpilot": (" is preempted by ", "preemption warning(s)"),
+                  "vllm": ("KV cache usage: 100.0%", "stats line(s) with the KV cache full (vLLM 0.32 logs no "
+                                                     "preemption line)")}
 SEARCH = [BY_NAME["max_num_batched_tokens"].flag, "128:2048", BY_NAME["max_num_seqs"].flag, "2:256",
           "--chunked-prefill", "on"]
 
@@ -110,16 +123,17 @@ def workload_args(max_output_len: int, burst: int = BURST) -> list[str]:
             "--max-prompt-len", str(MAX_PROMPT), "--max-output-len", str(max_output_len)]
 
 
-def size_cache(longest_request_tokens: int) -> Cache:
+def size_cache(longest_request_tokens: int, block_size: int | None = None) -> Cache:
     """The KV cache that holds CACHE_REQUESTS of the window's longest request at once (and at
     least one max_model_len one), priced with this machine's engine dtype
-    (`kvpilot.tuner.feasibility.Hardware`)."""
+    (`kvpilot.tuner.feasibility.Hardware`), in blocks of `block_size` tokens (default: the
+    engine default's)."""
     from kvpilot.engine.config import ParallelConfig
     from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
     from kvpilot.tuner.feasibility import Hardware, resolve_model
     from kvpilot.tuner.settings import EngineSettings
 
-    block_size = EngineSettings().block_size
+    block_size = block_size or EngineSettings().block_size
     model = resolve_model(MODEL)
     dtype = Hardware(device_memory_bytes=1, shared_memory=True).engine_dtype(model)
     model = resolve_model(MODEL, dtype)
@@ -139,19 +153,33 @@ def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
     return [r.prompt_len + r.expected_output_len for r in load.requests]
 
 
-def calibrate(requests: int = 2) -> Calibration:
-    """Serves `requests` demo requests of 16 tokens one at a time (after a warm-up)
-    on the engine with its default settings; raises RuntimeError when none succeeds,
-    TrialFailed when the engine does not start."""
-    from kvpilot.loadgen.tokenizers import load_tokenizer
+def demo_engine(log_path: Path, serve_command: list[str] | None = None):
+    """The engine the calibration runs and its default settings: `kvpilot serve`, or vLLM's
+    `serve_command` (`vllm_runtime.vllm_serve_command`) with VLLM_ARGS, its CPU block size and
+    a cache of CALIBRATION_KV_BYTES."""
     from kvpilot.tuner.engine_process import EngineProcess
     from kvpilot.tuner.settings import EngineSettings
+
+    settings = EngineSettings(max_model_len=MAX_MODEL_LEN)
+    if serve_command is None:
+        return EngineProcess(MODEL, log_path, []), settings
+    from kvpilot.tuner.vllm_runtime import VLLM_CPU_BLOCK_SIZE, vllm_engine
+
+    return (vllm_engine(MODEL, log_path, serve_command, VLLM_ARGS),
+            settings.replace(block_size=VLLM_CPU_BLOCK_SIZE, kv_cache_memory_bytes=CALIBRATION_KV_BYTES))
+
+
+def calibrate(requests: int = 2, serve_command: list[str] | None = None) -> Calibration:
+    """Serves `requests` demo requests of 16 tokens one at a time (after a warm-up)
+    on the engine with its default settings (`demo_engine`: vLLM's with serve_command); raises
+    RuntimeError when none succeeds, TrialFailed when the engine does not start."""
+    from kvpilot.loadgen.tokenizers import load_tokenizer
     from kvpilot.tuner.workload import Workload, drive, load_requests
 
     w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=16, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
-    engine = EngineProcess(MODEL, Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log", [])
-    engine.start(EngineSettings(max_model_len=MAX_MODEL_LEN))
+    engine, settings = demo_engine(Path(tempfile.mkdtemp(prefix="kvpilot-demo-")) / "calibrate.log", serve_command)
+    engine.start(settings)
     try:
         done = []
         for r in load.requests:  # the first one warms up
@@ -165,12 +193,13 @@ def calibrate(requests: int = 2) -> Calibration:
                        statistics.median((r.latency - r.ttft) / max(1, (r.output_tokens or 2) - 1) for r in done))
 
 
-def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6) -> list[str]:
+def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6, runtime: str = "kvpilot") -> list[str]:
     """`kvpilot tune --local` flags of the demo session: the defaults' cache is `cache`, and the
     search may give the cache up to KV_CACHE_GROWTH times its bytes (the guide's first remedy)
-    besides lowering the limits (its second)."""
+    besides lowering the limits (its second). runtime "vllm": on vLLM, with VLLM_ARGS."""
     kv = BY_NAME["kv_cache_memory_bytes"].flag
-    return ["--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN),
+    engine = ["--runtime", "vllm", *(f"--engine-arg={a}" for a in VLLM_ARGS)] if runtime == "vllm" else []
+    return ["--local", "--model", MODEL, BY_NAME["max_model_len"].flag, str(MAX_MODEL_LEN), *engine,
             f"--engine-arg={kv}={cache.kv_cache_memory_bytes}",
             "--trials", str(trials), "--remeasure-top", "1", "--report-dir", str(report_dir),
             *SEARCH, kv, f"{cache.kv_cache_memory_bytes}:{KV_CACHE_GROWTH * cache.kv_cache_memory_bytes}",
@@ -180,16 +209,31 @@ def demo_args(c: Calibration, cache: Cache, report_dir: Path, trials: int = 6) -
 def main(argv: list[str]) -> int:
     """Calibrates, sizes the cache, runs the session, prints the before/after table and
     writes its plot; extra argv flags override the demo's (e.g. --trials 3, --report-dir
-    DIR). Returns 0 once the report is written, also when no trial met the SLOs (the
-    report says so); 2 on bad flags."""
+    DIR); --runtime vllm [--vllm-python PATH] tells it on upstream vLLM. Returns 0 once the
+    report is written, also when no trial met the SLOs (the report says so); 2 on bad flags
+    or no vLLM found."""
+    import argparse
     import logging
 
     from kvpilot.tuner import story
+    from kvpilot.tuner.vllm_runtime import VLLM_CPU_BLOCK_SIZE, VLLMNotFound, vllm_serve_command
 
+    p = argparse.ArgumentParser(prog="python -m kvpilot.tuner.demo", add_help=False)
+    p.add_argument("--runtime", choices=("kvpilot", "vllm"), default="kvpilot")
+    p.add_argument("--vllm-python", default=None)
+    known, rest = p.parse_known_args(argv)
+    argv = rest + (["--vllm-python", known.vllm_python] if known.vllm_python else [])
+    serve_command = None
+    if known.runtime == "vllm":
+        try:
+            serve_command = vllm_serve_command(known.vllm_python)
+        except VLLMNotFound as e:
+            print(f"kvpilot demo: error: {e}", file=sys.stderr)
+            return 2
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    c = calibrate()
+    c = calibrate(serve_command=serve_command)
     sizes = window_request_tokens(c.max_output_len)
-    cache = size_cache(max(sizes))
+    cache = size_cache(max(sizes), VLLM_CPU_BLOCK_SIZE if serve_command else None)
     print(f"calibration (defaults, one request at a time): TTFT {c.ttft_s * 1000:.0f} ms, TPOT "
           f"{c.tpot_s * 1000:.0f} ms -> replies of {c.max_output_len} tokens (latency {c.latency_s:.1f} s); SLOs "
           f"{' '.join(c.slo_args())}\n"
@@ -200,14 +244,15 @@ def main(argv: list[str]) -> int:
           f"at once with the defaults",
           file=sys.stderr, flush=True)
     report_dir = Path(tempfile.mkdtemp(prefix="kvpilot-demo-tune-"))
-    code = cli.main(demo_args(c, cache, report_dir) + list(argv))
+    code = cli.main(demo_args(c, cache, report_dir, runtime=known.runtime) + list(argv))
     if code not in (0, 1):
         return code
     folder = Path(next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--report-dir"), report_dir))
     rep = json.loads((folder / "report.json").read_text())
-    warnings = [line for line in (folder / "engine.log").read_text().splitlines() if " is preempted by " in line]
+    evidence, what = PREEMPTION_LOG[known.runtime]
+    warnings = [line for line in (folder / "engine.log").read_text().splitlines() if evidence in line]
     if warnings:
-        print(f"engine log: {len(warnings)} preemption warning(s), the first:\n  {warnings[0]}")
+        print(f"engine log: {len(warnings)} {what}, the first:\n  {warnings[0]}")
     print(story.before_after(rep))
     plot = story.write_plot(rep, folder)
     print(f"plot: {plot}" if plot else "plot: none (no winner to compare)")

@@ -12,6 +12,7 @@ the trial as any engine exit does."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -36,10 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_flags(serve_command: list[str], flags: list[str], timeout_s: float = 120) -> None:
-    """Raises ValueError naming every flag in `flags` that `serve_command --help` does not
-    list (so a study never starts against an engine that would reject its settings)."""
-    out = subprocess.run([*serve_command, "--help"], capture_output=True, text=True, timeout=timeout_s)
+def check_flags(serve_command: list[str], flags: list[str], timeout_s: float = 120, help_flag: str = "--help",
+                cwd: str | Path | None = None) -> None:
+    """Raises ValueError naming every flag in `flags` that `serve_command help_flag` does not
+    list (so a study never starts against an engine that would reject its settings). vLLM's
+    plain --help lists its config groups only: pass "--help=all" for it."""
+    out = subprocess.run([*serve_command, help_flag], capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
     text = out.stdout + out.stderr
     missing = sorted({f for f in flags if f.startswith("--") and f not in text})
     if missing:
@@ -49,11 +52,14 @@ def check_flags(serve_command: list[str], flags: list[str], timeout_s: float = 1
 class EngineProcess:
     """model: what `serve` loads; extra_args: flags every trial gets (e.g.
     --num-gpu-blocks-override 256); api_key guards /v1 (a generated admin token guards /admin); port: a fixed port (for
-    a Prometheus that scrapes it), else a free one per start."""
+    a Prometheus that scrapes it), else a free one per start. runtime: how settings are spelled
+    (EngineSettings.to_flags: "vllm" leaves out what the pinned vLLM no longer takes); env: the
+    environment the server starts in (default: this process's); cwd: its working directory."""
 
     def __init__(self, model: str, log_path: Path, extra_args: list[str] | None = None, api_key: str | None = None,
                  serve_command: list[str] | None = None, startup_timeout_s: float = 300.0, host: str = "127.0.0.1",
-                 port: int = 0):
+                 port: int = 0, runtime: str = "kvpilot", env: dict[str, str] | None = None,
+                 cwd: str | Path | None = None):
         self.model, self.log_path = model, Path(log_path)
         self.extra_args = list(extra_args or [])
         self.api_key = api_key
@@ -66,6 +72,7 @@ class EngineProcess:
         self.fixed_port = port  # 0: a free port per start
         self.port = 0
         self.settings: EngineSettings | None = None
+        self.runtime, self.env, self.cwd = runtime, env, cwd
         # kvpilot serve states why it stopped by its exit code (kvpilot.engine.exit_codes); others: the log.
         self.structured_exit = self.serve_command == KVPILOT_SERVE
         # kvpilot serve's control routes need a token of their own (never the API key).
@@ -93,10 +100,11 @@ class EngineProcess:
         nodes = to_flags({"node_rank": node_rank, "master_addr": "127.0.0.1", "master_port": self.master_port}
                          ) if settings.nnodes > 1 else []
         if node_rank > 0:  # vLLM's --headless is a plain switch (no --no-headless): only where it is on
-            return [*self.serve_command, self.model, *settings.to_flags(), *nodes, *flag_words("headless", True),
+            return [*self.serve_command, self.model, *settings.to_flags(self.runtime), *nodes,
+                    *flag_words("headless", True),
                     *self.extra_args]
         cmd = [*self.serve_command, self.model, "--host", self.host, *flag_words("port", self.port),
-               *settings.to_flags(), *nodes, *self.extra_args]
+               *settings.to_flags(self.runtime), *nodes, *self.extra_args]
         return cmd + (["--enable-admin-routes"] if self.admin_token else [])
 
     def node_log_path(self, node_rank: int) -> Path:
@@ -111,11 +119,11 @@ class EngineProcess:
             log.write(f"\n=== {' '.join(command)}\n".encode())
             log.flush()
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=self.environment())
+                                    env=self.environment(), cwd=self.cwd)
 
     def environment(self) -> dict[str, str]:
         """The key and the admin token go in the environment, never on the command line."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**(os.environ if self.env is None else self.env), "PYTHONUNBUFFERED": "1"}
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
         if self.admin_token:
@@ -178,14 +186,16 @@ class EngineProcess:
 
     def stop(self, timeout_s: float = 40.0) -> None:
         """SIGTERM (the server drains; node 0 then stops the other nodes), then SIGKILL after
-        timeout_s; the other nodes likewise."""
+        timeout_s to the process's whole session (vLLM's engine core and workers are children of
+        its API server, started in the session `_spawn` opened); the other nodes likewise."""
         for proc in ([self.proc] if self.proc is not None else []) + self.nodes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout_s)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         self.proc, self.nodes = None, []
         self.settings = None

@@ -25,13 +25,19 @@ REJECTED = "rejected"
 TRANSIENT = "transient"
 KINDS = (OUT_OF_MEMORY, REJECTED, TRANSIENT)
 
+# vLLM 0.32 on CPU: "... KV cache is needed, which is larger than the available KV cache memory" (the
+# cache cannot hold one max_model_len request) and "Available memory on node N ... is less than
+# requested memory for kv" (--kv-cache-memory-bytes or --gpu-memory-utilization beyond what is free)
 _OOM = re.compile(
-    r"KV blocks .* are needed|out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|oom-kill",
+    r"KV blocks .* are needed|out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|oom-kill|"
+    r"larger than the available KV cache memory|is less than requested memory for kv",
     re.IGNORECASE)
 _REJECTED = re.compile(
     r"error: (argument|unrecognized arguments|the following arguments)|invalid choice|"
     r"ValueError: .*(must|exceeds|is smaller than|not supported|unknown)|"
-    r"max_num_batched_tokens \(\d+\) (must|is smaller)|must divide|unsupported",
+    r"max_num_batched_tokens \(\d+\) (must|is smaller)|must divide|unsupported|"
+    r"No common block size",  # vLLM 0.32's CPU attention: block sizes that are multiples of 32 only
+
     re.IGNORECASE)
 _TRANSIENT = re.compile(r"Address already in use|Connection (reset|refused)|Temporary failure|timed out",
                         re.IGNORECASE)

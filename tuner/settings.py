@@ -74,13 +74,15 @@ class EngineSettings:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_flags(self) -> list[str]:
-        """`vllm serve` / `kvpilot serve` flags for these settings (without the model); nnodes
-        only above 1 (one node is vLLM's default, and servers before --nnodes lack the flag)."""
+    def to_flags(self, runtime: str = "kvpilot") -> list[str]:
+        """`kvpilot serve` (runtime "kvpilot") or `vllm serve` (runtime "vllm": the pinned vLLM,
+        without the flags it no longer takes, settings.NOT_IN_VLLM) flags for these settings,
+        without the model; nnodes only above 1 (one node is vLLM's default, and servers before
+        --nnodes lack the flag). ValueError: an unknown runtime."""
         values = self.as_dict()
         if values["nnodes"] == 1:
             del values["nnodes"]
-        return settings.to_flags(values)
+        return settings.to_flags(values, runtime=runtime)
 
     def to_engine_spec(self) -> dict[str, Any]:
         """The InferenceService `spec.engine` keys these settings set (camelCase); unset ones
