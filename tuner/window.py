@@ -160,7 +160,9 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
 def config_mismatches(info: Mapping[str, str], expected: Mapping[str, object]) -> dict[str, tuple[str, str]]:
     """Settings whose value in `vllm:cache_config_info`'s labels differs from what the
     trial asked for: {name: (expected, reported)}. Labels the engine does not report are
-    skipped, and so is max_model_len -1 (vLLM's auto: the engine reports what it chose);
+    skipped, and so are settings the trial leaves unset (None: the engine chooses, e.g. vLLM's
+    kv_cache_memory_bytes from VLLM_CPU_KVCACHE_SPACE) and max_model_len -1 (vLLM's auto: the
+    engine reports what it chose);
     booleans and numbers compare by value ('True' == 'true', '0.90' == '0.9')."""
     def norm(value: object) -> str:
         text = str(value).strip().lower()
@@ -172,4 +174,4 @@ def config_mismatches(info: Mapping[str, str], expected: Mapping[str, object]) -
 
     auto = {"max_model_len": norm(AUTO_MAX_MODEL_LEN)}
     return {k: (str(v), info[k]) for k, v in expected.items()
-            if k in info and norm(v) != norm(info[k]) and auto.get(k) != norm(v)}
+            if v is not None and k in info and norm(v) != norm(info[k]) and auto.get(k) != norm(v)}

@@ -128,7 +128,7 @@ def test_every_command_of_the_user_guide_works(node, tmp_path):
     assert python_out.strip(), "the openai client got no text back"
     ran = " ".join(out)
     for step in ("helm install", "kubectl get isvc", "kubectl describe isvc smollm2", "port-forward",
-                 "/v1/chat/completions", "status.tuning", "qwen-vllm", "smollm2-pipeline", "kvpilot-dashboard",
+                 "/v1/chat/completions", "status.tuning", "smollm2-vllm", "qwen-vllm", "smollm2-pipeline", "kvpilot-dashboard",
                  "helm uninstall"):
         assert step in ran, step
 
@@ -208,6 +208,13 @@ def check_after(guide: Guide, line: str) -> None:
         assert kubectl.json("get", "isvc", "smollm2")["spec"]["tuning"]["enabled"] is True
     elif '"enabled": false' in line:
         assert kubectl.json("get", "isvc", "smollm2")["spec"]["tuning"]["enabled"] is False
+    elif "smollm2-vllm -o jsonpath" in line:  # vLLM on CPU: `vllm serve` of the baked model, through the launcher
+        args = json.loads(out)
+        assert args[:3] == ["vllm", "serve", "/opt/kvpilot/models/smollm2-135m-instruct"], args
+        assert "--swap-space" not in args and "--preemption-mode" not in args
+        container = kubectl.json("get", "deployment", "smollm2-vllm")["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["python3", "-I", "/etc/kvpilot/vllm_cpu_launch.py"]
+        assert container["image"].startswith("kvpilot/engine-vllm-cpu:")
     elif "qwen-vllm -o jsonpath" in line:
         assert json.loads(out) == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}
         container = kubectl.json("get", "deployment", "qwen-vllm")["spec"]["template"]["spec"]["containers"][0]

@@ -40,10 +40,10 @@ def test_a_shared_pool_is_not_bound_and_runs_as_many_threads_as_the_limit(allowe
 
 
 def test_the_kv_cache_is_the_memory_limits_share_less_weights_and_processes():
-    assert launch.kv_cache_space_gib(8 * GIB, 0.9, GIB // 4) == 4      # 7.2 - 0.25 - 2 = 4.95
-    assert launch.kv_cache_space_gib(16 * GIB, 0.5, 0) == 6
+    assert launch.kv_cache_space_gib(8 * GIB, 0.9, GIB // 4) == 3      # 7.2 - 0.25 - 3 = 3.95
+    assert launch.kv_cache_space_gib(16 * GIB, 0.5, 0) == 5
     with pytest.raises(launch.LaunchError, match="raise spec.resources.memory or set spec.engine.kvCacheMemoryBytes"):
-        launch.kv_cache_space_gib(3 * GIB, 0.9, GIB // 4)
+        launch.kv_cache_space_gib(4 * GIB, 0.9, GIB // 2)  # the builtin SmolLM2 in 4 GiB: 0.1 GiB left
 
 
 def test_environment_reads_the_command_and_leaves_the_users_variables(tmp_path):
@@ -51,9 +51,9 @@ def test_environment_reads_the_command_and_leaves_the_users_variables(tmp_path):
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\0" * (GIB // 1024))  # 1 MiB of "weights"
     (model / "config.json").write_text("{}")
-    env = {launch.CPU_LIMIT_ENV: "2000", launch.MEMORY_LIMIT_ENV: str(6 * GIB), launch.RANKS_ENV: "1"}
+    env = {launch.CPU_LIMIT_ENV: "2000", launch.MEMORY_LIMIT_ENV: str(7 * GIB), launch.RANKS_ENV: "1"}
     argv = ["vllm", "serve", str(model), "--gpu-memory-utilization", "0.75"]
-    added = launch.environment(argv, env, list(range(8)))  # 4.5 GiB - 1 MiB - 2 GiB
+    added = launch.environment(argv, env, list(range(8)))  # 5.25 GiB - 1 MiB - 3 GiB
     assert added == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "2"}
     # --kv-cache-memory-bytes sizes the cache itself; the user's own binding keeps its thread count
     user = {**env, "VLLM_CPU_OMP_THREADS_BIND": "0-3", "VLLM_CPU_KVCACHE_SPACE": "3"}
@@ -97,7 +97,7 @@ def test_the_pod_runs_vllm_serve_through_the_launcher_with_the_cpu_environment(t
     if sorted(os.sched_getaffinity(0)) == [0, 1]:  # this 2-CPU machine is exactly the pod's limit
         expected_threads = {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
     assert {k: seen["env"].get(k) for k in expected_threads} == expected_threads
-    assert seen["env"]["VLLM_CPU_KVCACHE_SPACE"] == "3"  # 5.4 GiB - 2 GiB (no weights at that path here)
+    assert seen["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"  # 5.4 GiB - 3 GiB (no weights at that path here)
 
 
 def test_too_little_memory_stops_the_pod_with_what_to_change(tmp_path):

@@ -125,6 +125,15 @@ def test_config_mismatches_normalise_booleans_and_numbers():
     assert config_mismatches(info, {"max_num_seqs": 16}) == {"max_num_seqs": ("16", "8")}
 
 
+def test_a_setting_the_trial_leaves_unset_matches_what_the_engine_chose():
+    """vLLM on CPU reports kv_cache_memory_bytes from VLLM_CPU_KVCACHE_SPACE (the operator's
+    launcher sets it) when the trial gives none: that is not another configuration."""
+    info = {"kv_cache_memory_bytes": "1073741824", "block_size": "128"}
+    assert config_mismatches(info, {"kv_cache_memory_bytes": None, "block_size": 128}) == {}
+    assert config_mismatches(info, {"kv_cache_memory_bytes": 1 << 29}) == {
+        "kv_cache_memory_bytes": (str(1 << 29), "1073741824")}
+
+
 def test_max_model_len_auto_matches_whatever_length_the_engine_chose():
     info = {"max_model_len": "320", "max_num_seqs": "8"}
     assert config_mismatches(info, {"max_model_len": -1, "max_num_seqs": 8}) == {}
