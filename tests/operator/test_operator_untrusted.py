@@ -80,12 +80,12 @@ def test_kvpilot_accepts_its_other_flags_and_the_engine_parses_them_the_same_way
                                    ["--config", "/tmp/x.yaml"], ["--tensor-parallel-size=2"], ["--port=1"]],
                          ids=" ".join)
 def test_vllm_deny_list_refuses_owned_flags_in_any_spelling(extra):
-    e = refusal(spec(model={"source": "/models/llama"}, runtime="vllm", extraArgs=extra))
+    e = refusal(spec(model={"source": "/models/llama"}, runtime="vllm", blockSize=128, extraArgs=extra))
     assert e.reason == "ConflictingArgs", e.message
 
 
 def test_vllm_allows_flags_the_operator_does_not_own():
-    validate(spec(model={"source": "/models/llama"}, runtime="vllm",
+    validate(spec(model={"source": "/models/llama"}, runtime="vllm", blockSize=128,
                   extraArgs=["--max-loras", "2", "--enable-lora", "--kv-cache-dtype=fp8"]))
 
 
