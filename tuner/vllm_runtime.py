@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE
+from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.engine_process import EngineProcess
 
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
@@ -100,6 +101,6 @@ def vllm_engine(model: str, log_path: Path, serve_command: list[str], extra_args
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     return EngineProcess(str(model_directory(model)), log_path,
-                         ["--served-model-name", served_name(model), *(extra_args or [])], api_key,
+                         [*flag_words("served_model_name", served_name(model)), *(extra_args or [])], api_key,
                          serve_command=serve_command, port=port, runtime="vllm", env=vllm_environment(),
                          cwd=log_path.parent)
