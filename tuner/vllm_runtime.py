@@ -42,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # an editable install: the chec
 VLLM_CPU_BLOCK_SIZE = VLLM_CPU_BLOCK_SIZE_MULTIPLE  # the smallest vLLM's CPU attention takes (kvpilot.api.vllm)
 VLLM_HELP = "--help=all"  # `vllm serve --help` lists its config groups only
 DEFAULT_ENVIRONMENT = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                   "VLLM_LOG_STATS_INTERVAL": "1"}
+                       "VLLM_LOG_STATS_INTERVAL": "1"}
 OVERRIDES_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"
 
 

@@ -13,7 +13,6 @@ ServiceAccount sent was allowed. A second resource spans two pods (spec.parallel
 one pipeline stage each): every trial rolls out as a group and is measured through node 0."""
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
@@ -22,7 +21,7 @@ from kube.pods import POD_START_TIMEOUT_S
 from kube.rbac import access_of, missing
 from kube.tools import ROOT, helm_template, wait_for
 from kube.tuning_stack import ready, status_without_key, tuner_pod
-from kube.tuning_stack import tuning_operator as stack
+from kube.tuning_stack import tuning_operator
 
 from kvpilot.tuner.cluster import flag_values
 
@@ -54,17 +53,8 @@ def manifest(max_trials: int = 3, nnodes: int = 1) -> str:
     return yaml.safe_dump(doc)
 
 
-def tuning_operator(node, tmp_path, tuner_args: list[str], namespace: str = "tuner-e2e", leaders_only: bool = False):
-    """The stack for NAME with its API key (tests/kube/tuning_stack.py), less the Prometheus handle."""
-    @contextlib.contextmanager
-    def three():
-        with stack(node, tmp_path, tuner_args, namespace, NAME, API_KEY, leaders_only) as (cluster, kubectl, release, _):
-            yield cluster, kubectl, release
-    return three()
-
-
 def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_spec(node, tmp_path):
-    with tuning_operator(node, tmp_path, TUNER_ARGS) as (cluster, kubectl, release):
+    with tuning_operator(node, tmp_path, TUNER_ARGS, "tuner-e2e", NAME, API_KEY) as (cluster, kubectl, release, _):
         kubectl.apply(manifest())
         first = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the InferenceService Ready")
         service = f"http://{kubectl.json('get', 'service', NAME)['spec']['clusterIP']}:8000"
@@ -125,8 +115,8 @@ def test_applying_a_resource_with_tuning_on_tunes_it_and_leaves_the_best_in_the_
 
 
 def test_the_in_cluster_tuner_runs_its_trials_on_two_pod_groups(node, tmp_path):
-    with tuning_operator(node, tmp_path, TUNER_ARGS, "tuner-e2e-groups", leaders_only=True) as (
-            cluster, kubectl, release):
+    with tuning_operator(node, tmp_path, TUNER_ARGS, "tuner-e2e-groups", NAME, API_KEY, leaders_only=True) as (
+            cluster, kubectl, release, _):
         kubectl.apply(manifest(max_trials=2, nnodes=2))
         first = wait_for(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, what="the group Ready")
         done = wait_for(lambda: kubectl.json("get", "isvc", NAME)["status"].get("tuning", {}).get("phase")
