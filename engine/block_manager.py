@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvpilot.engine.kv_cache_residency import KVCacheResidency
 from kvpilot.engine.sequence import Sequence
 
 
@@ -78,6 +79,7 @@ class BlockManager:
         self.fresh_blocks: list[int] = []
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        self.residency: KVCacheResidency | None = None  # --kv-cache-metrics (kv_cache_residency.py)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -106,9 +108,10 @@ class BlockManager:
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Longest run of cached full blocks that prefixes the sequence, leaving at least
-        its last token to compute (the step must produce logits). Takes no references:
-        pass the result to `allocate_slots`."""
-        if not self.enable_prefix_caching or seq.block_table:
+        its last token to compute (the step must produce logits); none for a sequence that
+        skips reading the cache (prompt logprobs). Takes no references: pass the result to
+        `allocate_slots`."""
+        if not self.enable_prefix_caching or seq.block_table or seq.skip_reading_prefix_cache:
             return []
         hashes = self._block_hashes(seq)
         max_blocks = (seq.num_tokens - 1) // self.block_size
@@ -154,6 +157,8 @@ class BlockManager:
                 del self.cached[block.block_hash]
             block.block_hash = None
         block.ref_count = 1
+        if self.residency is not None:
+            self.residency.on_allocated(block_id, evicted=self.enable_prefix_caching)
         return block_id
 
     def _touch(self, block_id: int) -> None:
@@ -161,6 +166,8 @@ class BlockManager:
         if block.ref_count == 0:
             del self.free_queue[block_id]
         block.ref_count += 1
+        if self.residency is not None:
+            self.residency.on_accessed(block_id)
 
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None

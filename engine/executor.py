@@ -163,6 +163,10 @@ class MultiprocExecutor:
         step = StepInput.from_scheduler_output(out)
         return self._run_guarded(self._command, "execute", step, lambda: self.runner.execute(out))
 
+    def take_prompt_logprobs(self):
+        """The driver's prompt logprobs since the last call (ModelRunner.take_prompt_logprobs)."""
+        return self.runner.take_prompt_logprobs()
+
     # ------------------------------------------------------------ internals
     def _command(self, command: str, args, local):
         t0 = time.perf_counter()

@@ -1,5 +1,6 @@
 """Runs the model for one scheduled step: block copies, flattened inputs, forward pass,
-logits for the sequences that completed their tokens, sampling.
+logits for the sequences that completed their tokens (and for the prompt positions of those
+that asked for prompt logprobs: engine/prompt_logprobs.py), sampling.
 
 Input layout (vLLM v1): the scheduled sequences' new tokens one after another, decodes
 first. `slot_mapping[i] = block_table[pos // block_size] * block_size + pos % block_size`
@@ -25,10 +26,12 @@ from kvpilot.engine.memory import PeakMemoryProbe, estimate_activation_bytes
 from kvpilot.engine.model_loader import iter_weights
 from kvpilot.engine.models import cpu_decode_stack
 from kvpilot.engine.models.llama import LlamaForCausalLM
+from kvpilot.engine.prompt_logprobs import PromptLogprobsChunk, PromptRows
 from kvpilot.engine.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.step_input import StepBatch
 
 logger = logging.getLogger("kvpilot.engine.model_runner")
 
@@ -73,6 +76,7 @@ class ModelRunner:
         self.thread_adapter = adapter_from_env(torch.get_num_threads()) if self.device.type == "cpu" else None
         self._threads_set = torch.get_num_threads()
         self.sampler = Sampler(config.seed)
+        self.prompt_logprobs: dict[str, PromptLogprobsChunk] = {}  # this step's, on the driver
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -185,20 +189,38 @@ class ModelRunner:
             self._threads_set = allowed
         return None
 
+    def take_prompt_logprobs(self) -> dict[str, PromptLogprobsChunk]:
+        """The prompt logprobs the steps since the last call computed, by request id."""
+        chunks, self.prompt_logprobs = self.prompt_logprobs, {}
+        return chunks
+
     def _run(self, out: SchedulerOutput, sample: bool) -> dict[str, SampleResult]:
-        input_ids, positions, meta, sample_idx, sample_seqs = self._prepare(out)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        if not sample_seqs:
+        batch = self._prepare(out)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if not len(batch.logits_idx):
             return {}
-        logits = self.model.compute_logits(hidden[sample_idx])
+        logits = self.model.compute_logits(hidden[batch.logits_idx])
         if not sample:
             return {}
-        results = self.sampler(
-            logits, [s.request_id for s in sample_seqs], [s.sampling_params for s in sample_seqs]
-        )
-        return {s.request_id: r for s, r in zip(sample_seqs, results)}
+        return self._sample([(batch, logits)])
 
-    def _prepare(self, out: SchedulerOutput):
+    def _sample(self, batches: list[tuple[StepBatch, torch.Tensor]]) -> dict[str, SampleResult]:
+        """Samples the sequences of `batches` (each with its logits [len(logits_idx), vocab])
+        at once, after recording their prompt logprobs."""
+        parts = []
+        for batch, logits in batches:
+            n = len(batch.sample_seqs)
+            if batch.prompt_rows:
+                self.prompt_logprobs.update(batch.prompt_rows.compute(logits[n:]))
+            parts.append(logits[:n])
+        seqs = [s for batch, _ in batches for s in batch.sample_seqs]
+        if not seqs:
+            return {}
+        results = self.sampler(torch.cat(parts) if len(parts) > 1 else parts[0],
+                               [s.request_id for s in seqs], [s.sampling_params for s in seqs])
+        return {s.request_id: r for s, r in zip(seqs, results)}
+
+    def _prepare(self, out: SchedulerOutput) -> StepBatch:
         bs = self.block_size
         ids: list[int] = []
         pos_chunks: list[np.ndarray] = []
@@ -207,6 +229,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         sample_idx: list[int] = []
         sample_seqs: list[Sequence] = []
+        prompt_rows = PromptRows()
         # Decodes first, longest first, so that attention backends can batch decodes of
         # similar lengths together (any order is correct; the results are keyed by id).
         decodes = [(s, n) for s, n in out.scheduled if n == 1 and not s.is_prefill]
@@ -224,6 +247,8 @@ class ModelRunner:
             pos = np.arange(start, end, dtype=np.int64)
             pos_chunks.append(pos)
             slot_chunks.append(table[pos // bs] * bs + pos % bs)
+            if seq.sampling_params.prompt_logprobs is not None:
+                prompt_rows.add(seq, start, end, query_start[-1])
             query_start.append(query_start[-1] + n)
             seq_lens.append(end)
             if end == seq.num_tokens:
@@ -243,7 +268,8 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.from_numpy(np.concatenate(pos_chunks)).to(dev)
         check_step_layout(input_ids, positions, meta)
-        return input_ids, positions, meta, torch.tensor(sample_idx, device=dev), sample_seqs
+        logits_idx = torch.tensor(sample_idx + prompt_rows.row_index, dtype=torch.int64, device=dev)
+        return StepBatch(input_ids, positions, meta, logits_idx, sample_seqs, prompt_rows)
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
         """Zero fresh blocks, then swap-out (its device blocks may be reused by this very

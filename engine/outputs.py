@@ -6,6 +6,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's logprob at one position (vLLM's `vllm.logprobs.Logprob`): logprob (natural
+    log), rank (1 = the most likely token; None where unknown) and decoded_token (None: the
+    engine leaves decoding to its caller; the server decodes)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -40,6 +51,9 @@ class RequestOutput:
     new_text: str = ""  # text added since the previous output of this request
     new_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  # finish_reason 'error': what failed (the engine went on)
+    # SamplingParams.prompt_logprobs set: per prompt position, None for the first, else {token id: Logprob} of
+    # the distribution that predicted it, the prompt token first then the top N (vLLM's RequestOutput)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 class RequestError(RuntimeError):

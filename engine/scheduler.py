@@ -144,7 +144,8 @@ class Scheduler:
                 return
             if not bm.allocate_slots(seq, num_new, computed):
                 return
-            bm.record_prefix_lookup(seq.num_tokens, len(computed) * bm.block_size)
+            if not seq.skip_reading_prefix_cache:  # vLLM counts no lookup it skipped
+                bm.record_prefix_lookup(seq.num_tokens, len(computed) * bm.block_size)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -68,6 +68,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_preemptions = 0
         self.logprobs: list[dict[int, float]] = []
+        # prompt_logprobs asked: per prompt position, None until computed (position 0 stays None)
+        self.prompt_logprobs: list | None = (None if sampling_params.prompt_logprobs is None
+                                             else [None] * len(self.prompt_token_ids))
         self.output_text = ""
         self.stop_reason: int | str | None = None
         self.error: str | None = None  # why it ended with FINISHED_ERROR
@@ -96,6 +99,12 @@ class Sequence:
         """True while more than one token waits for the model (a prompt, or the tokens of
         a request being recomputed after preemption)."""
         return self.num_uncomputed_tokens > 1
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """True when every prompt position must be computed (prompt_logprobs asked), so the
+        prefix cache is not read for it (vLLM's `SamplingParams.skip_reading_prefix_cache`)."""
+        return self.sampling_params.prompt_logprobs is not None
 
     @property
     def is_finished(self) -> bool:

@@ -6,10 +6,11 @@ micro-batch split. Per micro-batch m:
 
     stage 0:       embed -> its layers -> send IntermediateTensors(m) to stage 1
     stage s:       recv(m) -> its layers -> send(m) to stage s+1
-    last stage:    recv(m) -> its layers -> norm -> logits of m's rows to sample
-                   (tp rank 0 sends them to the driver)
-    driver (rank 0, stage 0, tp rank 0): after its sends, receives every m's logits and
-                   samples once over all rows, in the step's order, as one process does.
+    last stage:    recv(m) -> its layers -> norm -> logits of m's rows to sample, then
+                   of its rows with prompt logprobs (tp rank 0 sends them to the driver)
+    driver (rank 0, stage 0, tp rank 0): after its sends, receives every m's logits,
+                   records the prompt logprobs and samples once over all rows, in the
+                   step's order, as one process does.
 
 What overlaps: within a step that is large enough to cut (engine/pipeline.py,
 MicroBatchPolicy: prefills and large batches), stage s computes micro-batch m+1 while
@@ -66,33 +67,30 @@ class StageRunner(ModelRunner):
                    for mb in split_micro_batches(out.scheduled, self.micro_batching.count(out.scheduled))]
         local_logits = []
         try:
-            for m, (input_ids, positions, meta, sample_idx, sample_seqs) in enumerate(batches):
+            for m, batch in enumerate(batches):
                 intermediate = None
                 if not pos.is_first_stage:
-                    shapes = model.intermediate_shapes(len(input_ids))
+                    shapes = model.intermediate_shapes(len(batch.input_ids))
                     intermediate = self.link.recv_intermediate(shapes, m).wait()
-                result = model(input_ids, positions, self.kv_caches, meta, intermediate)
+                result = model(batch.input_ids, batch.positions, self.kv_caches, batch.meta, intermediate)
                 if not pos.is_last_stage:
                     self.link.send_intermediate(result, m)
-                elif sample_seqs:
-                    logits = model.compute_logits(result[sample_idx])
+                elif len(batch.logits_idx):
+                    logits = model.compute_logits(result[batch.logits_idx])
                     if pos.sends_logits:
                         self.link.send_logits(logits, m)
                     else:
                         local_logits.append(logits)
             if pos.rank == 0 and not pos.is_last_stage:  # after the sends: NCCL runs p2p in issue order
                 vocab = self.config.model.vocab_size
-                pending = [self.link.recv_logits(self._last_stage_rank0, len(b[4]), vocab, m)
-                           for m, b in enumerate(batches) if b[4]]
+                pending = [self.link.recv_logits(self._last_stage_rank0, len(b.logits_idx), vocab, m)
+                           for m, b in enumerate(batches) if len(b.logits_idx)]
                 local_logits = [p.wait() for p in pending]
         finally:
             self.link.flush()
         if pos.rank != 0 or not local_logits:
             return {}
-        seqs = [s for b in batches for s in b[4]]
-        results = self.sampler(torch.cat(local_logits), [s.request_id for s in seqs],
-                               [s.sampling_params for s in seqs])
-        return {s.request_id: r for s, r in zip(seqs, results)}
+        return self._sample(list(zip([b for b in batches if len(b.logits_idx)], local_logits)))
 
     def memory_report(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> RankMemory:
         """Profiles a full step (every rank must call this together) and returns this
