@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvpilot.engine.kv_cache_residency import KVCacheResidency
 from kvpilot.engine.sequence import Sequence
 
 
@@ -78,6 +79,7 @@ class BlockManager:
         self.fresh_blocks: list[int] = []
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        self.residency: KVCacheResidency | None = None  # --kv-cache-metrics (kv_cache_residency.py)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -155,6 +157,8 @@ class BlockManager:
                 del self.cached[block.block_hash]
             block.block_hash = None
         block.ref_count = 1
+        if self.residency is not None:
+            self.residency.on_allocated(block_id, evicted=self.enable_prefix_caching)
         return block_id
 
     def _touch(self, block_id: int) -> None:
@@ -162,6 +166,8 @@ class BlockManager:
         if block.ref_count == 0:
             del self.free_queue[block_id]
         block.ref_count += 1
+        if self.residency is not None:
+            self.residency.on_accessed(block_id)
 
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None

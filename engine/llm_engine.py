@@ -42,6 +42,8 @@ class StepStats:
     num_preemptions: int
     finished: list[Sequence]
     duration_s: float
+    # (num_tokens, context_len, is_prefill) per scheduled request: the MFU estimate's input (perf_stats.py)
+    batch: tuple[tuple[int, int, bool], ...] = ()
 
 
 class LLMEngine:
@@ -181,12 +183,14 @@ class LLMEngine:
         sampled = self.runner.execute(sched_out)
         failed = self.runner.sampler.take_errors()  # logits processors that raised, by request
         prompt_tokens = sum(n for s, n in sched_out.scheduled if s.num_computed_tokens < s.num_prompt_tokens)
+        batch = tuple((n, s.num_computed_tokens + n, n > 1 or s.num_computed_tokens < s.num_prompt_tokens)
+                      for s, n in sched_out.scheduled)
         updated = self.scheduler.update_from_output(sched_out, sampled)
         now = time.monotonic()
         outputs = [self._process(seq, now, failed.get(seq.request_id)) for seq in updated]
         finished = [seq for seq in updated if seq.is_finished]
         self.last_step = StepStats(
-            prompt_tokens, len(updated), len(sched_out.preempted), finished, now - t0
+            prompt_tokens, len(updated), len(sched_out.preempted), finished, now - t0, batch
         )
         return outputs
 

@@ -2,8 +2,8 @@
 
 Per trial: apply the settings (live through the admin endpoint when only scheduler limits
 change, else restart the server with the new flags), confirm through
-`vllm:cache_config_info` that the engine runs them, send warm-up requests, wait until the
-engine is idle (no running or waiting requests), open the measurement window, drive the
+`vllm:cache_config_info` and `kvpilot:engine_config_info` that the engine runs them, send
+warm-up requests, wait until the engine is idle (no running or waiting requests), open the measurement window, drive the
 workload, close the window. The result joins the client's per-request view (goodput,
 failures) with the server's metrics (p95s from the histograms, preemptions), which the
 SLO constraints are judged on.
@@ -118,7 +118,8 @@ class WindowMeasurer:
         return ScrapeSource(base_url, {"model_name": self.model_name})
 
     def confirm(self, base_url: str, settings: EngineSettings) -> dict[str, str]:
-        """The engine's reported config (`vllm:cache_config_info` labels), polled up to
+        """The engine's reported config (the labels of `vllm:cache_config_info` and, from
+        kvpilot, `kvpilot:engine_config_info`), polled up to
         confirm_timeout_s. Raises TrialFailed(transient) when it does not show `settings`."""
         deadline = time.monotonic() + self.confirm_timeout_s
         while True:

@@ -12,7 +12,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import (ABORTS, CONFIG_INFO, COUNTERS, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS,
+from kvpilot.tuner.window import (ABORTS, CONFIG_INFOS, COUNTERS, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS,
                                   RUNNING, WAITING, EmptySeries, Snapshot, window_metrics)
 
 
@@ -20,7 +20,8 @@ def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: fl
     """A Snapshot of the vLLM metrics in a `/metrics` page, summing the series whose labels
     include `labels` (e.g. {"model_name": "smollm2"}); other metrics are ignored. Counters
     are keyed by their sample name (`vllm:num_preemptions_total`). `vllm:cache_config_info`
-    is read also when it lacks the filter's labels (upstream vLLM labels it by config only).
+    (read also when it lacks the filter's labels: vLLM labels it by config only) and kvpilot's
+    `kvpilot:engine_config_info` (scheduler limits, parallel sizes, dtype) merge into config_info.
     Aborted requests are counted apart (`ABORTS`), and 4xx/5xx answers of the /v1 routes
     from `http_requests_total` (no model label) as `HTTP_ERRORS`."""
     wanted = dict(labels or {})
@@ -33,7 +34,7 @@ def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: fl
                 if labels.get("handler", "").startswith("/v1/") and labels.get("status") in ("4xx", "5xx"):
                     snap.counters[HTTP_ERRORS] = snap.counters.get(HTTP_ERRORS, 0.0) + sample.value
                 continue
-            info = family.name == CONFIG_INFO or sample.name == CONFIG_INFO
+            info = family.name in CONFIG_INFOS or sample.name in CONFIG_INFOS
             if any(sample.labels.get(k, v if info else None) != v for k, v in wanted.items()):
                 continue
             if name.endswith("_bucket") and name[: -len("_bucket")] in HISTOGRAMS:

@@ -42,7 +42,9 @@ class EmptySeries(LookupError):
     selector or label, an engine not scraped yet): the measurement is void, never 0."""
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
-CONFIG_INFO = "vllm:cache_config_info"
+CONFIG_INFO = "vllm:cache_config_info"  # vLLM's cache settings (and kvpilot's, spelled as vLLM's)
+ENGINE_CONFIG_INFO = "kvpilot:engine_config_info"  # kvpilot's scheduler limits, parallel sizes, dtype
+CONFIG_INFOS = (CONFIG_INFO, ENGINE_CONFIG_INFO)  # a snapshot's config_info merges both
 
 Buckets = dict[float, float]  # upper bound (le) -> cumulative count
 
@@ -158,7 +160,8 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
 
 
 def config_mismatches(info: Mapping[str, str], expected: Mapping[str, object]) -> dict[str, tuple[str, str]]:
-    """Settings whose value in `vllm:cache_config_info`'s labels differs from what the
+    """Settings whose value in the config info labels (`vllm:cache_config_info` and, from
+    kvpilot, `kvpilot:engine_config_info`) differs from what the
     trial asked for: {name: (expected, reported)}. Labels the engine does not report are
     skipped, and so are settings the trial leaves unset (None: the engine chooses, e.g. vLLM's
     kv_cache_memory_bytes from VLLM_CPU_KVCACHE_SPACE) and max_model_len -1 (vLLM's auto: the

@@ -1,13 +1,11 @@
-"""The vLLM metric families' fixed parts: label values, histogram buckets (vLLM 0.33's),
-the `vllm:cache_config_info` labels, and a factory that declares a family with the
-`model_name` / `engine` labels every kvpilot metric carries.
-Source: vLLM `vllm/v1/metrics/loggers.py`."""
+"""The vLLM metric families' fixed parts: label values, histogram buckets (vLLM 0.33's
+defaults; `--custom-histogram-buckets` replaces them, metric_options.py), and a factory that
+declares a family with the `model_name` / `engine` labels every kvpilot metric carries.
+Source: vLLM `vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/buckets.py`."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from kvpilot.engine.config import EngineConfig
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
@@ -25,6 +23,8 @@ REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 REQUEST_PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
 REQUEST_NUM_PREEMPTIONS_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
+KV_CACHE_RESIDENCY_BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120,
+                              300, 600, 1200, 1800]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -36,28 +36,6 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
                 return buckets
             buckets.append(m * scale)
         scale *= 10
-
-
-def config_info_labels(config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int) -> dict[str, str]:
-    """The running configuration as `vllm:cache_config_info` labels (vLLM's cache-config
-    names plus the scheduler limits the tuner changes), booleans spelled as vLLM does."""
-    c, s, p = config.cache, config.scheduler, config.parallel
-    return {
-        "block_size": str(c.block_size),
-        "gpu_memory_utilization": str(c.gpu_memory_utilization),
-        "swap_space": str(c.swap_space),
-        "enable_prefix_caching": str(c.enable_prefix_caching),
-        "num_gpu_blocks": str(num_gpu_blocks),
-        "num_cpu_blocks": str(num_cpu_blocks),
-        "max_model_len": str(s.max_model_len),
-        "max_num_seqs": str(s.max_num_seqs),
-        "max_num_batched_tokens": str(s.max_num_batched_tokens),
-        "enable_chunked_prefill": str(s.enable_chunked_prefill),
-        "preemption_mode": s.preemption_mode,
-        "tensor_parallel_size": str(p.tensor_parallel_size),
-        "pipeline_parallel_size": str(p.pipeline_parallel_size),
-        "dtype": str(config.model.dtype).removeprefix("torch."),
-    }
 
 
 class MetricFactory:

@@ -4,7 +4,10 @@ autoscaling rules and our tuner read them unchanged.
 The set is vLLM 0.33's default one (tests/server/vllm_metrics_v0.33.json lists it with its
 source); families for features kvpilot lacks (external KV transfer, multi-modal cache, sleep
 mode) are exported at their idle values, as vLLM does when the feature is off. Deprecated
-names come back with `--show-hidden-metrics-for-version` (metrics_hidden.py).
+names come back with `--show-hidden-metrics-for-version` (metrics_hidden.py); the MFU counters,
+KV-block residency and tool-parser families follow their flags (metrics_optional.py); the
+histograms' buckets follow `--custom-histogram-buckets` (metric_options.py); the running
+configuration is in `vllm:cache_config_info` and `kvpilot:engine_config_info` (config_info.py).
 
 Every metric carries `model_name` and `engine` ("0"). Served in the classic text format
 (0.0.4): a Prometheus that negotiates OpenMetrics with prometheus-client >= 0.23 would
@@ -18,24 +21,21 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.entrypoints.config_info import ConfigInfo
 from kvpilot.engine.entrypoints.metric_families import (  # noqa: F401  (CONTENT_TYPE, buckets: re-exported)
     ADMISSION_REASONS,
     CACHE_HIT_SOURCES,
     CONTENT_TYPE,
     FINISH_REASONS,
-    ITERATION_TOKEN_BUCKETS,
     PROMPT_SOURCES,
-    REQUEST_LATENCY_BUCKETS,
-    REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    REQUEST_PARAMS_N_BUCKETS,
     SLEEP_STATES,
-    TOKEN_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     MetricFactory,
     build_1_2_5_buckets,
-    config_info_labels,
 )
+from kvpilot.engine.entrypoints.metric_options import MetricOptions
 from kvpilot.engine.entrypoints.metrics_hidden import hidden_metrics_shown
+from kvpilot.engine.entrypoints.metrics_optional import OptionalMetrics
 from kvpilot.engine.llm_engine import StepStats
 from kvpilot.engine.outputs import RequestOutput
 
@@ -44,26 +44,25 @@ class EngineMetrics:
     """The engine's Prometheus metrics. Call `record_step` after each engine step,
     `record_finished` / `record_aborted` once per engine request, `record_parent` once per
     prompt when its n choices are done, `set_config` at start and after every live config
-    change. `show_hidden_for` is `--show-hidden-metrics-for-version`."""
+    change. `options`: the metric flags (MetricOptions); `show_hidden_for` alone stands for
+    `--show-hidden-metrics-for-version` when no options are given."""
 
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int,
-                 registry: CollectorRegistry | None = None, show_hidden_for: str | None = None) -> None:
+                 registry: CollectorRegistry | None = None, show_hidden_for: str | None = None,
+                 options: MetricOptions | None = None) -> None:
         prometheus_client.disable_created_metrics()  # no *_created series (not part of vLLM's documented set)
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.num_gpu_blocks, self.num_cpu_blocks = num_gpu_blocks, num_cpu_blocks
+        options = options if options is not None else MetricOptions(show_hidden_for=show_hidden_for)
         labels = {"model_name": config.served_model_name, "engine": "0"}
         f = MetricFactory(self.registry, labels)
-        token_buckets = build_1_2_5_buckets(config.scheduler.max_model_len)
+        self._buckets = options.buckets
+        token_buckets = options.buckets("request_tokens", config.scheduler.max_model_len)
         self._declare_state(f)
         self._declare_tokens(f, token_buckets)
         self._declare_latencies(f, token_buckets)
-        self._declare_hidden(f, hidden_metrics_shown(show_hidden_for))
-        self._labels = labels
-        self._info_names = f.names + list(config_info_labels(config, 0, 0))
-        self._info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", self._info_names,
-                           registry=self.registry)
-        self._info_labels: dict[str, str] | None = None
-        self.set_config(config)
+        self._declare_hidden(f, hidden_metrics_shown(options.show_hidden_for))
+        self.optional = OptionalMetrics(f, config, options)
+        self.config_info = ConfigInfo(config, num_gpu_blocks, num_cpu_blocks, self.registry, labels)
         self._last_token_s: dict[str, float] = {}
         self._prefix_seen = (0, 0)
 
@@ -111,37 +110,39 @@ class EngineMetrics:
         self.request_generation_tokens = f.histogram("vllm:request_generation_tokens",
                                                      "Number of generation tokens processed.", token_buckets)
         self.iteration_tokens = f.histogram("vllm:iteration_tokens_total",
-                                            "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+                                            "Histogram of number of tokens per engine_step.",
+                                            self._buckets("iteration_tokens"))
         self.max_num_generation_tokens = f.histogram("vllm:request_max_num_generation_tokens",
                                                      "Histogram of maximum number of requested generation tokens.",
                                                      token_buckets)
         self.params_n = f.histogram("vllm:request_params_n", "Histogram of the n request parameter.",
-                                    REQUEST_PARAMS_N_BUCKETS)
+                                    self._buckets("request_params_n"))
         self.request_max_tokens = f.histogram("vllm:request_params_max_tokens",
                                               "Histogram of the max_tokens request parameter.", token_buckets)
 
     def _declare_latencies(self, f: MetricFactory, token_buckets: list[int]) -> None:
         """Per-token and per-request latency histograms."""
         self.ttft = f.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                                TTFT_BUCKETS)
+                                self._buckets("time_to_first_token"))
         self.itl = f.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                               TOKEN_LATENCY_BUCKETS)
+                               self._buckets("inter_token_latency"))
         self.tpot = f.histogram("vllm:request_time_per_output_token_seconds",
-                                "Histogram of time_per_output_token_seconds per request.", TOKEN_LATENCY_BUCKETS)
+                                "Histogram of time_per_output_token_seconds per request.",
+                                self._buckets("inter_token_latency"))
         phase = "Histogram of time spent in {} phase for request."
         self.e2e = f.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                               REQUEST_LATENCY_BUCKETS)
+                               self._buckets("request_latency"))
         self.queue_time = f.histogram("vllm:request_queue_time_seconds", phase.format("WAITING"),
-                                      REQUEST_LATENCY_BUCKETS)
+                                      self._buckets("request_latency"))
         self.inference_time = f.histogram("vllm:request_inference_time_seconds", phase.format("RUNNING"),
-                                          REQUEST_LATENCY_BUCKETS)
+                                          self._buckets("request_latency"))
         self.prefill_time = f.histogram("vllm:request_prefill_time_seconds", phase.format("PREFILL"),
-                                        REQUEST_LATENCY_BUCKETS)
+                                        self._buckets("request_latency"))
         self.decode_time = f.histogram("vllm:request_decode_time_seconds", phase.format("DECODE"),
-                                       REQUEST_LATENCY_BUCKETS)
+                                       self._buckets("request_latency"))
         self.request_preemptions = f.histogram("vllm:request_num_preemptions",
                                                "Histogram of the number of times a request was preempted.",
-                                               REQUEST_NUM_PREEMPTIONS_BUCKETS)
+                                               self._buckets("request_num_preemptions"))
         self.prefill_kv_computed = f.histogram("vllm:request_prefill_kv_computed_tokens",
                                                "Histogram of new KV tokens computed during prefill "
                                                "(excluding cached tokens).", token_buckets)
@@ -167,16 +168,13 @@ class EngineMetrics:
             deprecated.format("prefix_cache_hits")))
         self.time_per_output_token = maybe("vllm:time_per_output_token_seconds", lambda: f.histogram(
             "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds." +
-            deprecated.format("inter_token_latency_seconds"), TOKEN_LATENCY_BUCKETS))
+            deprecated.format("inter_token_latency_seconds"),
+            self._buckets("inter_token_latency")))
 
     def set_config(self, config: EngineConfig) -> None:
-        """Replaces the `vllm:cache_config_info` series with the running configuration (the
-        new series first, so that a scrape never finds none)."""
-        new = {**self._labels, **config_info_labels(config, self.num_gpu_blocks, self.num_cpu_blocks)}
-        self._info.labels(**new).set(1)
-        if self._info_labels is not None and self._info_labels != new:
-            self._info.remove(*(self._info_labels[name] for name in self._info_names))
-        self._info_labels = new
+        """Replaces the `vllm:cache_config_info` and `kvpilot:engine_config_info` series with
+        the running configuration (the new series first, so that a scrape never finds none)."""
+        self.config_info.set_config(config)
 
     def record_scheduler_state(self, num_running: int, num_waiting: int, num_swapped: int, kv_usage: float,
                                prefix_queries: int, prefix_hits: int) -> None:
@@ -203,6 +201,7 @@ class EngineMetrics:
         """Per-step counters, TTFT at each request's first token (when its prompt tokens
         are counted, once per request as vLLM does) and the inter-token latencies."""
         self.preemptions.inc(step.num_preemptions)
+        self.optional.record_step(step)
         self.iteration_tokens.observe(step.num_prompt_tokens + step.num_generation_tokens)
         for out in outputs:
             n = len(out.new_token_ids)

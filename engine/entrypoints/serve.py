@@ -37,7 +37,7 @@ from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.http_protocol import guarded_h11_protocol
 from kvpilot.engine.entrypoints.metrics import EngineMetrics
-from kvpilot.engine.entrypoints.metrics_hidden import check_version
+from kvpilot.engine.entrypoints.metric_options import MetricOptions
 from kvpilot.engine.entrypoints.serving import ServerState
 from kvpilot.engine.exit_codes import (
     EXIT_BAD_ARGS,
@@ -147,7 +147,8 @@ class DrainingServer(uvicorn.Server):
         logger.info("froze %d objects alive after loading out of the garbage collector's reach", freeze_gc_heap())
         bm = engine.block_manager
         metrics = EngineMetrics(engine.config, bm.num_blocks, bm.num_swap_blocks, registry=self.state.metrics_registry,
-                                show_hidden_for=self.state.show_hidden_metrics_for_version)
+                                options=MetricOptions.from_cli_args(self.ns))
+        bm.residency = metrics.optional.residency  # --kv-cache-metrics: the block manager feeds vllm:kv_block_*
         async_engine = AsyncLLMEngine(engine, metrics, log_stats=not self.ns.disable_log_stats,
                                       stats_interval_s=self.ns.log_stats_interval)
         async_engine.on_dead = self._engine_died
@@ -244,7 +245,7 @@ def main(argv: list[str]) -> int:
                      f"(one of {list(BY_NAME['tool_call_parser'].choices)})")
     api_key, admin_token = resolve_secrets(parser, ns)
     try:
-        check_version(ns.show_hidden_metrics_for_version)
+        MetricOptions.from_cli_args(ns)  # vLLM's checks of the metric flags
     except ValueError as exc:
         parser.error(str(exc))
     try:

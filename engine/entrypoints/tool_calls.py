@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kvpilot.engine.entrypoints.errors import bad_request
 from kvpilot.engine.entrypoints.protocol import ChatCompletionRequest
 from kvpilot.engine.entrypoints.protocol_tools import FunctionCall, NamedToolChoice, ToolCall
+from kvpilot.engine.entrypoints.tool_parser_metrics import record_tool_parser_invocation
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.engine.structured_output_params import StructuredOutputsParams
 
@@ -86,9 +87,11 @@ def tool_spec(req: ChatCompletionRequest, mode: ToolMode, compact: bool = False)
     return StructuredOutputsParams(json=schema, disable_any_whitespace=compact)
 
 
-def final_tool_calls(mode: ToolMode, text: str, parser) -> tuple[str | None, list[ToolCall]]:
+def final_tool_calls(mode: ToolMode, text: str, parser,
+                     streaming: bool = False) -> tuple[str | None, list[ToolCall]]:
     """(content, tool_calls) of a finished choice. A required choice cut short (max_tokens)
-    leaves its text as content and no calls."""
+    leaves its text as content and no calls. An auto choice's parser run is counted
+    (`vllm:tool_call_parser_invocations_total`; `streaming`: the last step of a stream)."""
     if mode.kind == "named":
         return None, [ToolCall(function=FunctionCall(name=mode.name, arguments=text))]
     if mode.kind == "required":
@@ -101,6 +104,7 @@ def final_tool_calls(mode: ToolMode, text: str, parser) -> tuple[str | None, lis
         return None, calls
     if mode.kind == "auto":
         content, calls = parser.extract(text)
+        record_tool_parser_invocation(bool(calls), streaming)
         return content, calls if mode.parallel else calls[:1]
     return text, []
 

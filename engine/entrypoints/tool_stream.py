@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvpilot.engine.entrypoints.protocol_tools import DeltaFunctionCall, DeltaToolCall, ToolCall
 from kvpilot.engine.entrypoints.tool_calls import ToolMode, final_tool_calls
+from kvpilot.engine.entrypoints.tool_parser_metrics import record_tool_parser_invocation
 
 
 class ToolStream:
@@ -31,9 +32,10 @@ class ToolStream:
             if kind == "required":
                 return "", []
             upto = self.parser.streamable_prefix(self.text)
+            record_tool_parser_invocation(False, is_streaming=True)  # vLLM: once per streamed delta
             content, self.sent = self.text[self.sent:upto], max(self.sent, upto)
             return content, []
-        content, self.calls = final_tool_calls(self.mode, self.text, self.parser)
+        content, self.calls = final_tool_calls(self.mode, self.text, self.parser, streaming=True)
         rest = (content or "")[self.sent:] if content is not None and len(content) > self.sent else ""
         deltas = [DeltaToolCall(index=i, id=c.id, type="function",
                                 function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))

@@ -133,6 +133,19 @@ SETTINGS: tuple[Setting, ...] = (
       "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
       "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
       "0.12 and later add nothing. An empty string renders no flag"),
+    # issue 48: vLLM's ObservabilityConfig metric flags (engine/entrypoints/metric_options.py)
+    S("enable_mfu_metrics", "--enable-mfu-metrics", bool, False, "Enable Model FLOPs Utilization (MFU) metrics: "
+      "the vllm:estimated_flops/read_bytes/write_bytes_per_gpu_total counters count each step's estimate",
+      server=True),
+    S("kv_cache_metrics", "--kv-cache-metrics", bool, False, "Enable KV cache residency metrics (lifetime, idle "
+      "time, reuse gaps). Uses sampling to minimize overhead", server=True),
+    S("kv_cache_metrics_sample", "--kv-cache-metrics-sample", float, 0.01, "Sampling rate for KV cache metrics "
+      "(0.0, 1.0]. Default 0.01 = 1 in 100 blocks", minimum=0, exclusive_minimum=True, maximum=1, server=True),
+    S("custom_histogram_buckets", "--custom-histogram-buckets", str, None, "Custom Prometheus histogram bucket "
+      "boundaries, as a JSON mapping from bucket-family key to a list of strictly increasing, positive, finite "
+      "upper bounds; families not listed keep their defaults. Known families: request_latency, "
+      "time_to_first_token, inter_token_latency, iteration_tokens, request_params_n, request_num_preemptions, "
+      "request_tokens, kv_cache_residency", metavar="JSON", max_length=4096, server=True),
     # issue 40: tool calls as vLLM serves them (engine/entrypoints/tool_calls.py); server flags, as in vLLM's
     # frontend. deploy_default None: unset renders no flag (vLLM's --enable-auto-tool-choice has no --no- form)
     S("enable_auto_tool_choice", "--enable-auto-tool-choice", bool, False, "let the model call tools on its own "

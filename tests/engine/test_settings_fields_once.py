@@ -9,8 +9,8 @@ setting's type (or that type or None) and, on an instance built with defaults, t
 table gives that consumer; every setting the table marks for it must be there (EngineArgs: the
 engine's settings, EngineSpec: those with a CRD field, SchedulerConfig: the live ones, the
 tuner: the live and the searched ones); where the consumer says so, no other field may pose as
-one. The label and key lists that name settings are checked too: `vllm:cache_config_info`'s
-labels, the tuner's `kvpilot_tuning_settings_info` labels and status.tuning.history keys, and
+one. The label and key lists that name settings are checked too: `kvpilot:engine_config_info`'s
+and `vllm:cache_config_info`'s labels, the tuner's `kvpilot_tuning_settings_info` labels and status.tuning.history keys, and
 the tuner's reading of the budget rules' messages. `test_a_drifted_dataclass_is_caught` shows
 that each kind of drift fails."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from kvpilot.api.spec import EngineSpec
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
-from kvpilot.engine.entrypoints.metric_families import config_info_labels
+from kvpilot.engine.entrypoints.config_info import cache_config_info_labels, engine_config_info_labels
 from kvpilot.engine.settings import (BY_NAME, CRD_FIELDS, ENGINE_SETTINGS, LIVE_SETTINGS, RULES, SEARCH_RANGES,
                                      SETTINGS, Setting, default_max_num_batched_tokens, default_max_num_seqs,
                                      deploy_defaults, rule_problems)
@@ -152,17 +152,21 @@ def test_a_drifted_dataclass_is_caught(fields, consumer, expected):
     assert drift(Consumer(drifted, **consumer)) == expected
 
 
-def test_cache_config_info_labels_are_settings_and_report_the_live_ones():
-    """The tuner confirms a trial by these labels and skips any it does not find, so a label
-    spelled apart from its setting would silently stop the check."""
+def test_config_info_labels_are_settings_and_report_the_live_ones():
+    """The tuner confirms a trial by these labels (kvpilot's gauge and vLLM's cache one) and
+    skips any it does not find, so a label spelled apart from its setting would silently stop
+    the check."""
     config = _engine_config(EngineConfig)
-    labels = config_info_labels(config, num_gpu_blocks=1, num_cpu_blocks=2)
+    labels = engine_config_info_labels(config, num_gpu_blocks=1, num_cpu_blocks=2)
     assert labels.keys() - {"num_gpu_blocks", "num_cpu_blocks"} <= BY_NAME.keys()
     assert set(LIVE_SETTINGS) <= labels.keys()
     sections = (config.cache, config.scheduler, config.parallel)
-    for name in labels.keys() & BY_NAME.keys() - {"dtype"}:  # dtype: the resolved one, not --dtype's spelling
-        value = next(getattr(s, name) for s in sections if hasattr(s, name))
-        assert labels[name] == str(value), name
+    cache_labels = cache_config_info_labels(config, num_gpu_blocks=1, num_cpu_blocks=2)
+    for found in (labels, cache_labels):
+        for name in found.keys() & BY_NAME.keys() - {"dtype"}:  # dtype: the resolved one, not --dtype's spelling
+            value = next(getattr(s, name) for s in sections if hasattr(s, name))
+            assert found[name] == str(value), name
+    assert {"block_size", "gpu_memory_utilization", "enable_prefix_caching", "kv_cache_memory_bytes"} <= cache_labels.keys()
 
 
 def test_the_tuners_labels_and_history_keys_are_its_settings():

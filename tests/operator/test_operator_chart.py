@@ -146,7 +146,7 @@ def test_dashboard_has_the_panels_and_variables_and_slo_lines_from_kvpilot_slo()
                    "vllm:e2e_request_latency_seconds_bucket", "vllm:generation_tokens_total",
                    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                    "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_bucket",
-                   "vllm:prefix_cache_hits_total", "vllm:cache_config_info", "kvpilot_tuning_trial",
+                   "vllm:prefix_cache_hits_total", "kvpilot:engine_config_info", "kvpilot_tuning_trial",
                    "kvpilot_tuning_best_goodput_rps", "kvpilot_tuning_trials_total", "kvpilot_tuning_settings_info",
                    # issue 42: the operator's own, in a row of their own
                    "kvpilot_operator_is_leader", "kvpilot_operator_reconcile_duration_seconds_bucket",
@@ -161,7 +161,7 @@ def test_dashboard_has_the_panels_and_variables_and_slo_lines_from_kvpilot_slo()
     slo = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ()) if t.get("legendFormat") == "SLO"]
     assert len(slo) == 3 and all(e.startswith("max(kvpilot_slo_") for e in slo), slo
     annotations = [a["target"]["expr"] for a in dashboard["annotations"]["list"] if "target" in a]
-    assert any("vllm:cache_config_info" in e for e in annotations)  # engine rollouts
+    assert any("kvpilot:engine_config_info" in e for e in annotations)  # engine rollouts
     assert any("kvpilot_tuning_trial" in e for e in annotations)
 
 

@@ -1,6 +1,6 @@
 """POST /admin/scheduler_config: the tuner's live change of scheduler limits, applied on
 the engine thread, guarded by its own admin token (the API key does not open it), reflected
-in vllm:cache_config_info."""
+in kvpilot:engine_config_info (vLLM's vllm:cache_config_info has no scheduler limits)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def admin(server):
 def config_info(server) -> dict[str, str]:
     import re
 
-    series = [k for k in server.metrics() if k.startswith("vllm:cache_config_info{")]
+    series = [k for k in server.metrics() if k.startswith("kvpilot:engine_config_info{")]
     assert len(series) == 1, series
     return dict(re.findall(r'(\w+)="([^"]*)"', series[0]))
 

@@ -52,8 +52,11 @@ def engine_metrics(ttfts, itls, preemptions, requests, running=0, model="m"):
     Counter("vllm:request_success", "", ["model_name", "finished_reason"], registry=reg) \
         .labels(model_name=model, finished_reason="stop").inc(requests)
     Gauge("vllm:num_requests_running", "", ["model_name"], registry=reg).labels(**labels).set(running)
-    info = Gauge("vllm:cache_config_info", "", ["block_size", "max_num_seqs", "enable_chunked_prefill"], registry=reg)
-    info.labels(block_size="16", max_num_seqs="8", enable_chunked_prefill="True").set(1)
+    info = Gauge("vllm:cache_config_info", "", ["block_size", "engine"], registry=reg)  # vLLM's: no model_name
+    info.labels(block_size="16", engine="0").set(1)
+    ours = Gauge("kvpilot:engine_config_info", "", ["model_name", "max_num_seqs", "enable_chunked_prefill"],
+                 registry=reg)
+    ours.labels(model_name=model, max_num_seqs="8", enable_chunked_prefill="True").set(1)
     return generate_latest(reg).decode()
 
 
@@ -65,7 +68,8 @@ def test_parse_metrics_reads_vllm_names_and_filters_by_label():
     assert snap.buckets["vllm:time_to_first_token_seconds"][0.25] == 1
     assert snap.buckets["vllm:time_to_first_token_seconds"][INF] == 2
     assert snap.in_flight == 1
-    assert snap.config_info == {"block_size": "16", "max_num_seqs": "8", "enable_chunked_prefill": "True"}
+    assert snap.config_info == {"block_size": "16", "engine": "0", "model_name": "m", "max_num_seqs": "8",
+                                "enable_chunked_prefill": "True"}  # both info gauges, merged
     other = parse_metrics(text, {"model_name": "other"}, time_s=10)
     assert other.counters == {} and other.buckets == {}
 
