@@ -1,7 +1,9 @@
 """Token sampling for a batch of requests with per-request parameters.
 
 Before sampling, a row's constraints narrow it: its logits processors, its allowed_token_ids
-and its grammar's token bitmask (batched over the step's structured rows, grammar_bitmask.py).
+and its grammar's token bitmask (batched over the step's structured rows, grammar_bitmask.py);
+then bad_words, min_tokens, logit_bias and the penalties change its logits (batched over the
+step's rows that use them, logits_adjust.py), for greedy rows too, as vLLM v1's.
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw by
 the exponential race (argmax of p / q with q ~ Exp(1)), which lets a seeded request draw
 its noise from its own generator while the batch shares one kernel. Logprobs come from the
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from kvpilot.engine.grammar_bitmask import GrammarBitmasks
+from kvpilot.engine.logits_adjust import LogitsAdjustments
 from kvpilot.engine.sampling_params import SamplingParams
 
 
@@ -39,19 +42,23 @@ class Sampler:
         self._output_token_ids: dict[str, list[int]] = {}
         self._allowed_token_ids: dict[str, torch.Tensor] = {}
         self.grammars: GrammarBitmasks | None = None  # built with the first grammar
+        self.adjust = LogitsAdjustments()
         self.errors: dict[str, BaseException] = {}
 
     def add_request(self, request_id: str, params: SamplingParams, output_token_ids: list[int],
-                    grammar: object | None = None) -> None:
+                    grammar: object | None = None, prompt_token_ids: list[int] | None = None,
+                    eos_token_ids: tuple[int, ...] = ()) -> None:
         """Builds the request's generator (seeded requests); `output_token_ids` is the live
-        list its logits processors see; `grammar` is its compiled xgrammar grammar, if any.
-        Raises what torch raises for a seed it cannot take."""
+        list its logits processors, penalties and bad words see; `grammar` is its compiled
+        xgrammar grammar, if any; `prompt_token_ids` feed the repetition penalty and
+        `eos_token_ids` the min_tokens ban. Raises what torch raises for a seed it cannot take."""
         if params.seed is not None:
             self._request_generators[request_id] = torch.Generator().manual_seed(params.seed)
         if params.logits_processors:
             self._output_token_ids[request_id] = output_token_ids
         if params.allowed_token_ids is not None:
             self._allowed_token_ids[request_id] = torch.tensor(sorted(set(params.allowed_token_ids)))
+        self.adjust.add(request_id, params, prompt_token_ids or [], output_token_ids, eos_token_ids)
         if grammar is not None:
             if self.grammars is None:
                 info = grammar.tokenizer_info
@@ -62,6 +69,7 @@ class Sampler:
         self._request_generators.pop(request_id, None)
         self._output_token_ids.pop(request_id, None)
         self._allowed_token_ids.pop(request_id, None)
+        self.adjust.forget(request_id)
         if self.grammars is not None:
             self.grammars.forget(request_id)
         self.errors.pop(request_id, None)
@@ -101,7 +109,8 @@ class Sampler:
     def _constrained(self, request_ids: list[str], params: list[SamplingParams]) -> bool:
         grammars = self.grammars
         return (any(p.logits_processors for p in params) or any(r in self._allowed_token_ids for r in request_ids)
-                or (grammars is not None and any(r in grammars for r in request_ids)))
+                or (grammars is not None and any(r in grammars for r in request_ids))
+                or self.adjust.active(request_ids))
 
     def _apply_allowed_token_ids(self, logits: torch.Tensor, request_ids: list[str]) -> None:
         """-inf for every token outside a row's allowed_token_ids (vLLM's mask), in place."""
@@ -141,6 +150,7 @@ class Sampler:
             self._apply_allowed_token_ids(logits, request_ids)
             if self.grammars is not None:
                 self.grammars.mask(logits, request_ids)
+            self.adjust.apply(logits, request_ids)
         n = logits.shape[0]
         tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -156,13 +166,16 @@ class Sampler:
             tokens[idx] = argmax_rows(probs / self._exponential_noise(probs, [(request_ids[i], params[i])
                                                                             for i in random_rows]))
         token_list = tokens.tolist()
+        self.adjust.accept(request_ids, token_list)
         if self.grammars is not None:
             self.errors.update(self.grammars.accept(request_ids, token_list))
         want = [p.logprobs for p in params]
         if all(w is None for w in want):
             return [(t, None) for t in token_list]
         logprobs = raw.log_softmax(dim=-1)
-        top_n = max(w or 0 for w in want)
+        vocab = logprobs.shape[-1]
+        want = [vocab if w == -1 else w for w in want]  # -1: every token's, as vLLM's
+        top_n = min(vocab, max(w or 0 for w in want))
         top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (None, None)
         results = []
         for i in range(n):

@@ -24,6 +24,11 @@ _COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minPropert
                    "minContains", "maxContains")
 _REPEAT = re.compile(r"\{\s*([0-9]+)\s*(?:,\s*([0-9]*)\s*)?\}")
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING: objects and arrays nested deeper than this in a JSON
+# schema are refused before anything walks the schema (grammar conversion cost grows steeply with
+# nesting; ~900 levels overflowed Python's recursion in kvpilot's checks before this bound).
+MAX_JSON_NESTING = 64
+_TOO_DEEP = f"the JSON schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_NESTING} levels"
 
 
 @dataclass
@@ -39,7 +44,8 @@ class StructuredOutputsParams:
     `compiled` holds the engine's compiled grammar once the server has compiled it off the
     engine loop (not pickled: other ranks never sample).
     Raises ValueError naming the field when none or several kinds are given, a choice list is
-    empty or holds a non-string, a JSON schema is not a JSON object, or the spec is larger
+    empty or holds a non-string, a JSON schema is not a JSON object or nests objects and arrays
+    deeper than MAX_JSON_NESTING (vLLM's `check_json_nesting`), or the spec is larger
     than MAX_GRAMMAR_BYTES or asks for a repetition count above MAX_REPETITION."""
 
     json: dict[str, Any] | str | None = None
@@ -60,10 +66,14 @@ class StructuredOutputsParams:
         if isinstance(self.json, str):
             try:
                 parsed = json.loads(self.json)
+            except RecursionError:  # deeper than Python's parser goes: far past the bound
+                raise ValueError(_TOO_DEEP) from None
             except ValueError as exc:
                 raise ValueError(f"json is not valid JSON: {exc}") from None
             if not isinstance(parsed, dict):
                 raise ValueError("json must be a JSON schema object")
+        if self.json is not None and exceeds_json_nesting(parsed if isinstance(self.json, str) else self.json):
+            raise ValueError(_TOO_DEEP)
         size = len(self.text().encode("utf-8", "surrogatepass"))
         if size > MAX_GRAMMAR_BYTES:
             raise ValueError(f"the {self.kind} spec is {size} bytes; at most {MAX_GRAMMAR_BYTES} are compiled")
@@ -102,3 +112,16 @@ def _largest_count(value) -> int:
         nested = [_largest_count(v) for k, v in value.items() if not isinstance(v, str) or k == "pattern"]
         return max([*own, *nested], default=0)
     return 0
+
+
+def exceeds_json_nesting(value: Any, limit: int = MAX_JSON_NESTING) -> bool:
+    """Whether a parsed JSON document nests objects and arrays deeper than `limit`, walked level
+    by level (no recursion, so any depth is safe to ask about). Source: vLLM
+    `vllm/sampling_params.py` (`_exceeds_json_nesting`)."""
+    level = [value]
+    for _ in range(limit):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list))]
+        if not level:
+            return False
+    return True

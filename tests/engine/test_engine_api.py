@@ -75,11 +75,16 @@ def test_logprobs_of_chosen_and_top_tokens(small_llm):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (dict(temperature=-1), "temperature must be >= 0"),
+        (dict(temperature=-1), r"temperature must be in \[0, 2\]"),
+        (dict(temperature=2.5), r"temperature must be in \[0, 2\]"),
+        (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\]"),
+        (dict(frequency_penalty=-3), r"frequency_penalty must be in \[-2, 2\]"),
+        (dict(repetition_penalty=0), "repetition_penalty must be a finite number greater than zero"),
+        (dict(bad_words=["x", ""]), "bad_words cannot contain an empty string"),
         (dict(top_p=0), "top_p must be in"),
         (dict(top_k=-5), "top_k must be"),
         (dict(max_tokens=0), "max_tokens must be at least 1"),
-        (dict(logprobs=99), "logprobs must be in"),
+        (dict(logprobs=-2), "logprobs must be non-negative or -1"),
         (dict(stop=[""]), "stop strings must not be empty"),
     ],
 )

@@ -16,7 +16,7 @@ from kvpilot.engine.model_loader import load_tokenizer
 from kvpilot.engine.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.structured_output import GrammarCompiler
-from kvpilot.engine.structured_output_params import MAX_GRAMMAR_BYTES, MAX_REPETITION
+from kvpilot.engine.structured_output_params import MAX_GRAMMAR_BYTES, MAX_JSON_NESTING, MAX_REPETITION
 from kvpilot.engine.structured_output_params import StructuredOutputsParams as Spec
 
 VOCAB = 49152
@@ -84,7 +84,7 @@ def test_json_object_gives_json_and_a_finished_grammar_allows_only_the_stop_toke
 def test_allowed_token_ids_and_min_p_narrow_the_rows():
     sampler = Sampler(seed=0)
     allowed = [5, 17, 999]
-    params = [SamplingParams(temperature=1.0, allowed_token_ids=allowed), SamplingParams(temperature=5.0, min_p=1.0)]
+    params = [SamplingParams(temperature=1.0, allowed_token_ids=allowed), SamplingParams(temperature=2.0, min_p=1.0)]
     for i, p in enumerate(params):
         sampler.add_request(str(i), p, [])
     gen = torch.Generator().manual_seed(0)
@@ -133,3 +133,23 @@ def test_a_compile_past_its_timeout_is_a_400_and_leaves_the_caller_free(compiler
         asyncio.run(compile_spec(lambda: compiler, slow, "response_format", timeout_s=0.005))
     assert caught.value.status == 400 and caught.value.param == "response_format"
     assert "did not compile within" in caught.value.message
+
+
+def _nested_arrays(depth: int) -> dict:
+    """A schema whose JSON nests objects and arrays `depth` levels: {"items": [{"items": ...}]} pairs."""
+    schema: dict | list = {"type": "integer"}
+    for _ in range(depth // 2):
+        schema = {"type": "array", "prefixItems": [schema]}
+    return schema
+
+
+@pytest.mark.parametrize("depth, refused", [(MAX_JSON_NESTING - 2, False), (MAX_JSON_NESTING + 2, True),
+                                            (1800, True)])
+def test_json_schema_nesting_is_bounded_as_vllm_bounds_it(depth, refused):
+    schema = _nested_arrays(depth)
+    for given in (schema, json.dumps(schema) if depth < 900 else '{"a":' * depth + "1" + "}" * depth):
+        if refused:
+            with pytest.raises(ValueError, match=f"nest at most {MAX_JSON_NESTING} levels"):
+                Spec(json=given)
+        else:
+            Spec(json=given)
