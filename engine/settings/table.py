@@ -160,6 +160,10 @@ SETTINGS: tuple[Setting, ...] = (
       "tokens unless a request says otherwise; small models such as the builtin SmolLM2 otherwise tend to loop on "
       "whitespace)", crd="structuredOutputsConfig", parse=structured_outputs_config, metavar="JSON", max_length=1024,
       server=True),
+    # issue 48: vLLM's ModelConfig.max_logprobs; the server bounds logprobs, top_logprobs and prompt_logprobs by it
+    S("max_logprobs", "--max-logprobs", int, 20, "most logprobs a request may ask for per token (logprobs, "
+      "top_logprobs, prompt_logprobs; -1 in a request asks for the whole vocabulary); -1: the vocabulary size",
+      minimum=0, special=(-1,), server=True),
     # issue 15: the GGUF's quantized blocks for decode-sized matmuls on CPU (engine/layers/gguf_quant.py);
     # issue 32: on by default for a GGUF model, as vLLM's EngineArgs.create_model_config sets it
     S("quantization", "--quantization", str, None, "how weights are quantized; gguf: keep a GGUF model's Q4_1/Q8_0 "

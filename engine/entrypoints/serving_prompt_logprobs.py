@@ -1,0 +1,86 @@
+"""`prompt_logprobs` in the OpenAI server, as vLLM serves it: which requests ask (the field,
+or completions' `echo` with `logprobs`), which are refused (a 400 naming prompt_logprobs:
+stream=true with a value > 0 or -1; a value above --max-logprobs), and the JSON the answer
+carries: per prompt position None for the first, else {token id: {logprob, rank,
+decoded_token}}, the prompt token first then the top N, -inf clamped to -9999.0 (per choice in
+completions, top-level in chat); with echo and logprobs, completions' `logprobs` object
+covers the prompt tokens too (None for the first).
+Sources: vLLM `vllm/entrypoints/openai/completion/protocol.py` and
+`chat_completion/protocol.py` (`validate_prompt_logprobs`, `to_sampling_params`),
+`vllm/sampling_params.py` (`_validate_logprobs`), `completion/serving.py`
+(`request_output_to_completion_response`, `_create_completion_logprobs`),
+`vllm/entrypoints/generate/base/serving.py` (`clamp_prompt_logprobs`); the shapes checked
+against a live vLLM 0.32 (tests/server/fixtures/vllm_prompt_logprobs.json)."""
+
+from __future__ import annotations
+
+from kvpilot.engine.entrypoints.errors import bad_request
+from kvpilot.engine.entrypoints.protocol import _SamplingRequest
+from kvpilot.engine.outputs import Logprob
+
+LOGPROB_FLOOR = -9999.0  # what vLLM answers for -inf (JSON has no infinity)
+
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+def requested_prompt_logprobs(req: _SamplingRequest) -> int | None:
+    """The prompt logprobs a request asks for: its `prompt_logprobs`, else with `echo` the
+    logprobs it asks for its output (completions' `logprobs`, chat's `top_logprobs`), as vLLM's
+    `to_sampling_params`. -1 is the whole vocabulary."""
+    value = getattr(req, "prompt_logprobs", None)
+    if value is None and getattr(req, "echo", False):
+        value = req.top_logprobs if isinstance(getattr(req, "logprobs", None), bool) else req.logprobs
+    return value
+
+
+def check_prompt_logprobs(req: _SamplingRequest, vocab_size: int, max_logprobs: int) -> None:
+    """400 (param prompt_logprobs) when a streamed request asks for prompt_logprobs > 0 or -1
+    (0 streams: vLLM lets it through and sends none), and when the prompt logprobs asked
+    (-1: vocab_size) exceed --max-logprobs (-1: vocab_size)."""
+    asked = getattr(req, "prompt_logprobs", None)
+    if asked is not None and req.stream and (asked > 0 or asked == -1):
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
+    value = requested_prompt_logprobs(req)
+    if value:
+        value = vocab_size if value == -1 else value
+        limit = vocab_size if max_logprobs == -1 else max_logprobs
+        if value > limit:
+            raise bad_request(f"Requested prompt logprobs of {value}, which is greater than max allowed: {limit} "
+                              f"(the server's --max-logprobs)", param="prompt_logprobs")
+
+
+def decoded_tokens(tokenizer, token_ids: list[int]) -> dict[int, str]:
+    """Each id's text decoded alone (vLLM's `convert_ids_list_to_tokens` for a byte-level BPE
+    tokenizer: `decode([id])`), in one batch."""
+    ids = list(dict.fromkeys(token_ids))
+    return dict(zip(ids, tokenizer.batch_decode([[t] for t in ids])))
+
+
+def prompt_logprobs_json(prompt_logprobs: PromptLogprobs | None, tokenizer) -> list[dict | None] | None:
+    """RequestOutput.prompt_logprobs as the answer's JSON value: {token id: {"logprob",
+    "rank", "decoded_token"}} per position (None for the first), -inf as -9999.0."""
+    if prompt_logprobs is None:
+        return None
+    texts = decoded_tokens(tokenizer, [t for entry in prompt_logprobs if entry for t in entry])
+    return [None if entry is None else
+            {t: {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank, "decoded_token": texts[t]}
+             for t, lp in entry.items()}
+            for entry in prompt_logprobs]
+
+
+def echo_token_logprobs(prompt_token_ids: list[int], prompt_logprobs: PromptLogprobs | None, top_n: int,
+                        tokenizer) -> list[tuple[str, float | None, list[tuple[str, float]] | None]]:
+    """The prompt's part of completions' `logprobs` with echo: per prompt token its text, its
+    logprob and its alternatives (None, None for the first token), the alternatives being the
+    first top_n + 1 entries of the position (the prompt token, then the most likely; vLLM's
+    `_create_completion_logprobs`), -inf as -9999.0."""
+    prompt_logprobs = prompt_logprobs or [None] * len(prompt_token_ids)
+    texts = decoded_tokens(tokenizer, [*prompt_token_ids, *(t for e in prompt_logprobs if e for t in e)])
+    entries = []
+    for token, entry in zip(prompt_token_ids, prompt_logprobs):
+        if entry is None:
+            entries.append((texts[token], None, None))
+            continue
+        top = [(texts[t], max(lp.logprob, LOGPROB_FLOOR)) for t, lp in list(entry.items())[: top_n + 1]]
+        entries.append((texts[token], max(entry[token].logprob, LOGPROB_FLOOR), top))
+    return entries
