@@ -1,7 +1,7 @@
 """kvpilot's benchmarks, each a `kvpilot bench NAME` command (cli/main.py), grouped by role:
 
     serve, throughput, sweep, compare, dashboard, decode_step, shared_node,
-    structured_outputs, tensor_parallel
+    structured_outputs, sampling_params_cost, tensor_parallel
                   the benchmark commands; report.py, sweep_report.py, compare_report.py,
                   compare_peers.py, shared_node_report.py are their tables and parts
     reliability/  the reliability tools (`kvpilot bench reliability`, `fuzz-liveness`,

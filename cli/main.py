@@ -13,6 +13,7 @@
     kvpilot bench decode-step    one decode step's time per CPU decode path and row count
     kvpilot bench shared-node    one stream and a burst alone, beside busy neighbours and under a CPU limit
     kvpilot bench structured-outputs  output tokens/s with and without a JSON schema; grammar compile times
+    kvpilot bench sampling-params  output tokens/s with penalties, logit_bias and bad_words on every request
     kvpilot bench reliability    API fuzz, overload, a disconnect storm and SIGTERM against a fresh server
     kvpilot bench fuzz-liveness  generated requests on every route, /health and a canary after each
     kvpilot bench slow-clients   stalled and idle connections against a fresh server
@@ -44,6 +45,7 @@ BENCH_COMMANDS = {
     "decode-step": "kvpilot.bench.decode_step",
     "shared-node": "kvpilot.bench.shared_node",  # issue 38: beside busy neighbours and under a CPU limit
     "structured-outputs": "kvpilot.bench.structured_outputs",  # issue 40: what a grammar costs
+    "sampling-params": "kvpilot.bench.sampling_params_cost",  # issue 48: what penalties and logit bias cost
     # issue 39: the reliability tools (bench/reliability/)
     "reliability": "kvpilot.bench.reliability.run",
     "fuzz-liveness": "kvpilot.bench.reliability.fuzz_liveness",

@@ -24,7 +24,8 @@ from kvpilot.engine.executor import create_executor
 from kvpilot.engine.kv_sizing import size_kv_cache
 from kvpilot.engine.model_loader import load_tokenizer
 from kvpilot.engine.outputs import CompletionOutput, RequestError, RequestMetrics, RequestOutput
-from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.prompt_logprobs import record_prompt_logprobs
+from kvpilot.engine.sampling_params import SamplingParams, bad_words_token_ids
 from kvpilot.engine.scheduler import Scheduler
 from kvpilot.engine.settings import LIVE_SETTINGS
 from kvpilot.engine.sequence import Sequence, SequenceStatus
@@ -126,6 +127,10 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if params.allowed_token_ids is not None and any(not 0 <= t < vocab for t in params.allowed_token_ids):
             raise ValueError(f"allowed_token_ids contains out-of-vocab token ids; they must be in [0, {vocab})")
+        if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias contains out-of-vocab token ids; they must be in [0, {vocab})")
+        if params.bad_words and not params.bad_words_token_ids:
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words, vocab)
         grammar = (compiled_grammar(self.grammar_compiler, params.structured_outputs)
                    if params.structured_outputs is not None else None)
         max_len = self.config.scheduler.max_model_len
@@ -138,7 +143,8 @@ class LLMEngine:
         try:
             detok = (IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
                      if self.detokenize_incrementally or params.stop else None)
-            self.runner.sampler.add_request(request_id, params, seq.output_token_ids, grammar)
+            self.runner.sampler.add_request(request_id, params, seq.output_token_ids, grammar, token_ids,
+                                            tuple(self.config.model.eos_token_ids))
         except Exception as exc:
             self.runner.sampler.forget(request_id)
             raise RequestError(f"request {request_id} could not be set up: {type(exc).__name__}: {exc}") from exc
@@ -181,6 +187,7 @@ class LLMEngine:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = t0
         sampled = self.runner.execute(sched_out)
+        record_prompt_logprobs(sched_out.scheduled, self.runner.take_prompt_logprobs())
         failed = self.runner.sampler.take_errors()  # logits processors that raised, by request
         prompt_tokens = sum(n for s, n in sched_out.scheduled if s.num_computed_tokens < s.num_prompt_tokens)
         batch = tuple((n, s.num_computed_tokens + n, n > 1 or s.num_computed_tokens < s.num_prompt_tokens)
@@ -230,6 +237,8 @@ class LLMEngine:
             if hits:
                 at, stop = min(hits)
                 cut = offset + at
+                if seq.sampling_params.include_stop_str_in_output:
+                    cut += len(stop)
                 delta = delta[: max(0, len(delta) - (len(seq.output_text) - cut))]
                 seq.output_text = seq.output_text[:cut]
                 seq.stop_reason = stop
@@ -260,6 +269,7 @@ class LLMEngine:
             new_text=new_text,
             new_token_ids=seq.output_token_ids[-1:],
             error=seq.error,
+            prompt_logprobs=seq.prompt_logprobs,
         )
         if finished:
             self._forget(seq.request_id)

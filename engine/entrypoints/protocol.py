@@ -8,11 +8,12 @@ OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not coerced.
 Every number has the bounds the engine can take, stated as JSON Schema minimum/maximum in
 /openapi.json and checked before anything reaches the engine (a 400 naming the field):
 vLLM's where vLLM has them (`seed` within int64, as vLLM's protocol; `n` >= 1; penalties in
-[-2, 2] and repetition_penalty > 0, top_p in (0, 1], temperature >= 0, max_tokens >= 1,
+[-2, 2] and repetition_penalty > 0, top_p in (0, 1], temperature in [0, 2], max_tokens >= 1,
 min_tokens >= 0, top_k >= -1, min_p in [0, 1], truncate_prompt_tokens >= 1 or -1 (the model's
-length), logprobs <= 20, as vLLM's `SamplingParams._verify_args`; allowed_token_ids non-empty
-and within the vocabulary, as vLLM's input processor;
-logit_bias in [-100, 100], as OpenAI's), and int32 for the other counts and token ids (the
+length), logprobs >= 0 or -1 and at most --max-logprobs, as vLLM's
+`SamplingParams._verify_args`; allowed_token_ids non-empty and within the vocabulary, as vLLM's
+input processor; logit_bias values clamped to [-100, 100], as vLLM's
+`SamplingParams.from_optional`), and int32 for the other counts and token ids (the
 dtype of the engine's token tensors). Floats are finite: the JSON extensions NaN and
 Infinity, which Python's parser accepts, are a 400.
 Source: OpenAI API reference; vLLM `vllm/entrypoints/openai/protocol.py`."""
@@ -33,6 +34,7 @@ from kvpilot.engine.entrypoints.protocol_tools import (
     ToolCall,
     ToolChoice,
 )
+from kvpilot.engine.entrypoints.protocol_prompt_logprobs import PromptLogprobs
 from kvpilot.engine.entrypoints.request_fields import drop_noop_fields
 from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
@@ -42,6 +44,7 @@ INT32_MAX = 2**31 - 1
 MAX_N = 16  # choices per prompt (kvpilot's cap; vLLM only asks n >= 1)
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's top_logprobs cap
 MAX_ALLOWED_TOKEN_IDS = 1 << 20  # kvpilot's cap on the list (larger than any vocabulary it serves)
+MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS (it counts them after tokenization too)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
@@ -90,7 +93,7 @@ class _SamplingRequest(_Request):
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
@@ -101,6 +104,7 @@ class _SamplingRequest(_Request):
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT32_MAX)
+    truncation_side: Literal["left", "right"] | None = None  # None: the tokenizer's (right: keep the first N)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     ignore_eos: bool = False
@@ -110,7 +114,10 @@ class _SamplingRequest(_Request):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a string, as in JSON) -> bias, clamped to [-100, 100]
+    bad_words: list[str] | None = Field(None, max_length=MAX_BAD_WORDS)
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1: the vocabulary; bounded by --max-logprobs
     user: str | None = None
 
 
@@ -119,7 +126,7 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1: every token's; bounded by --max-logprobs
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     add_special_tokens: bool = True
@@ -139,7 +146,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1: every token's; bounded by --max-logprobs
     add_generation_prompt: bool = True
     tools: list[ChatCompletionToolsParam] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none" (OpenAI's default)
@@ -193,6 +200,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -239,6 +247,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(BaseModel):

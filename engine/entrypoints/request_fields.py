@@ -19,10 +19,7 @@ _NO_MEDIA = "kvpilot serves text-only models"
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((False,), _BEAM),
     "length_penalty": ((1.0,), _BEAM),
-    "include_stop_str_in_output": ((False,), "stop strings are always cut from the text"),
     "spaces_between_special_tokens": ((True,), "special tokens are always decoded as the tokenizer joins them"),
-    "prompt_logprobs": ((None,), "prompt logprobs are not computed"),
-    "bad_words": ((None, []), "bad_words is not implemented"),
     "logits_processors": ((None, []), "per-request logits processors are not loaded from requests (vLLM V1 "
                           "refuses them too)"),
     "return_tokens_as_token_ids": ((None, False), "tokens are always returned as text"),

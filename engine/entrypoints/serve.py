@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
         profiler_dir=(os.environ.get(PROFILER_DIR_ENV) or None) if admin_token else None,
         show_hidden_metrics_for_version=ns.show_hidden_metrics_for_version,
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
-        tool_call_parser=ns.tool_call_parser,
+        tool_call_parser=ns.tool_call_parser, max_logprobs=ns.max_logprobs,
         disable_any_whitespace=json.loads(ns.structured_outputs_config or "{}").get("disable_any_whitespace", False),
     )
     if os.environ.get(PROFILER_DIR_ENV) and not admin_token:

@@ -45,6 +45,7 @@ class ServerState:
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
     tool_call_parser: str | None = None  # --tool-call-parser (tool_parsers.TOOL_PARSERS)
     disable_any_whitespace: bool = False  # --structured-outputs-config's, for requests that do not say
+    max_logprobs: int = 20  # --max-logprobs: most logprobs per token a request may ask for (-1: the vocabulary)
 
     def model_names(self) -> set[str]:
         return {self.served_model_name}

@@ -22,8 +22,10 @@ from kvpilot.engine.entrypoints.protocol import (
     TokenLogprob,
     TopLogprob,
 )
+from kvpilot.engine.entrypoints.sampling_fields import requested_logprobs, resolve_logprobs
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest
 from kvpilot.engine.entrypoints.serving_engine import OpenAIServing, ServeContext
+from kvpilot.engine.entrypoints.serving_prompt_logprobs import prompt_logprobs_json
 from kvpilot.engine.entrypoints.tool_calls import final_tool_calls, tool_finish_reason, tool_mode, tool_spec
 from kvpilot.engine.entrypoints.tool_parsers import TOOL_PARSERS
 from kvpilot.engine.entrypoints.tool_stream import ToolStream
@@ -69,8 +71,11 @@ class OpenAIServingChat(OpenAIServing):
 
     def _validate_request(self, req: ChatCompletionRequest) -> None:
         super()._validate_request(req)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("top_logprobs requires logprobs=true", param="top_logprobs")
+        if req.top_logprobs is not None and req.top_logprobs != 0 and not req.logprobs:
+            raise bad_request("when using top_logprobs, logprobs must be set to true", param="top_logprobs")
+        if req.tools is not None and not req.tools:
+            raise bad_request("tools must not be an empty array; give at least one tool or leave the field out",
+                              param="tools")
 
     def _structured_spec(self, ctx: ServeContext) -> tuple[StructuredOutputsParams | None, str | None]:
         """A required or named tool_choice's grammar, else response_format's or
@@ -93,7 +98,7 @@ class OpenAIServingChat(OpenAIServing):
         req = ctx.request
         ids = chat_prompt(self.state, req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        ctx.top_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        ctx.top_logprobs = resolve_logprobs(requested_logprobs(req)[1], self.state.vocab_size)
         return self._sub_requests(ctx, [ids], max_tokens, None)
 
     def _stream_preamble(self, ctx: ServeContext) -> Iterator[ChatCompletionChunk]:
@@ -122,6 +127,11 @@ class OpenAIServingChat(OpenAIServing):
         return ChatChoice(index=index, message=AssistantMessage(content=content, tool_calls=calls),
                           logprobs=lp, finish_reason=tool_finish_reason(ctx.tool_mode, calls, comp.finish_reason),
                           stop_reason=comp.stop_reason)
+
+    def _answer_fields(self, ctx: ServeContext, finals: dict[int, RequestOutput]) -> dict:
+        """vLLM's chat answer carries prompt_logprobs at the top level (one prompt for all n)."""
+        return {"prompt_logprobs": prompt_logprobs_json(finals[ctx.subs[0].index].prompt_logprobs,
+                                                        self.state.tokenizer)}
 
     def _logprobs(self, out: RequestOutput, token_ids: list[int], start: int, top_n: int) -> ChatLogprobs:
         content = []

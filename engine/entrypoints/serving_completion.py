@@ -13,8 +13,10 @@ from kvpilot.engine.entrypoints.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from kvpilot.engine.entrypoints.sampling_fields import resolve_logprobs
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest
 from kvpilot.engine.entrypoints.serving_engine import OpenAIServing, ServeContext
+from kvpilot.engine.entrypoints.serving_prompt_logprobs import echo_token_logprobs, prompt_logprobs_json
 from kvpilot.engine.outputs import RequestOutput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, as in vLLM
@@ -61,7 +63,7 @@ class OpenAIServingCompletion(OpenAIServing):
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
         req = ctx.request
         prompts = completion_prompts(self.state, req.prompt, req.add_special_tokens)
-        ctx.top_logprobs = req.logprobs
+        ctx.top_logprobs = resolve_logprobs(req.logprobs, self.state.vocab_size)
         subs = self._sub_requests(ctx, [ids for ids, _ in prompts], req.max_tokens, DEFAULT_MAX_TOKENS)
         if req.echo:
             whole = req.truncate_prompt_tokens is None  # else the prompt as truncated
@@ -72,11 +74,13 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _stream_choice(self, ctx: ServeContext, index: int, out: RequestOutput) -> CompletionChoice | None:
         comp = out.outputs[0]
+        prefix = self._echo_logprobs(ctx, out) if index in ctx.echo else []  # the prompt's, with its echo
         text = ctx.echo.pop(index, "") + out.new_text
         lp = None
         if ctx.top_logprobs is not None and out.new_token_ids:
             start = len(comp.token_ids) - len(out.new_token_ids)
-            lp = self._logprobs(out, out.new_token_ids, start, ctx.top_logprobs, ctx.text_offsets[index])
+            lp = self._logprobs(out, out.new_token_ids, start, ctx.top_logprobs,
+                                0 if prefix else ctx.text_offsets[index], prefix)
         ctx.text_offsets[index] += len(out.new_text)
         if not text and lp is None and not out.finished:
             return None  # an incomplete multi-byte character: nothing to send yet
@@ -88,18 +92,30 @@ class OpenAIServingCompletion(OpenAIServing):
         echo = ctx.echo.get(index, "")
         lp = None
         if ctx.top_logprobs is not None:
-            lp = self._logprobs(out, comp.token_ids, 0, ctx.top_logprobs, len(echo))
+            prefix = self._echo_logprobs(ctx, out) if index in ctx.echo else []
+            lp = self._logprobs(out, comp.token_ids, 0, ctx.top_logprobs, 0 if prefix else len(echo), prefix)
         return CompletionChoice(index=index, text=echo + comp.text, logprobs=lp, finish_reason=comp.finish_reason,
-                                stop_reason=comp.stop_reason)
+                                stop_reason=comp.stop_reason,
+                                prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs, self.state.tokenizer))
+
+    def _echo_logprobs(self, ctx: ServeContext, out: RequestOutput) -> list:
+        """With echo and logprobs, the prompt tokens' entries (vLLM's echo covers them); else []."""
+        if ctx.top_logprobs is None:
+            return []
+        return echo_token_logprobs(out.prompt_token_ids, out.prompt_logprobs, ctx.top_logprobs, self.state.tokenizer)
 
     def _logprobs(self, out: RequestOutput, token_ids: list[int], start: int, top_n: int,
-                  offset: int) -> CompletionLogprobs:
-        """`offset`: characters of the choice's text before the first of `token_ids`."""
+                  offset: int, prefix: list = ()) -> CompletionLogprobs:
+        """`offset`: characters of the choice's text before the first entry; `prefix`: the echoed
+        prompt's entries (text, logprob, alternatives or None), before those of `token_ids`."""
         result = CompletionLogprobs()
-        for text, lp, top in self._token_logprobs(out, token_ids, start, top_n):
+        entries = [(text, lp, None if top is None else dict(top)) for text, lp, top in prefix]
+        entries += [(text, lp, dict(top) if top_n else None)
+                    for text, lp, top in self._token_logprobs(out, token_ids, start, top_n)]
+        for text, lp, top in entries:
             result.tokens.append(text)
             result.token_logprobs.append(lp)
-            result.top_logprobs.append(dict(top) if top_n else None)
+            result.top_logprobs.append(top)
             result.text_offset.append(offset)
             offset += len(text)
         return result

@@ -20,8 +20,10 @@ from pydantic import BaseModel
 from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
 from kvpilot.engine.entrypoints.limits import check_request_limits
+from kvpilot.engine.entrypoints.sampling_fields import check_sampling_fields, logit_bias_ids, truncate_prompt
 from kvpilot.engine.entrypoints.protocol import INT64_MAX, INT64_MIN, UsageInfo, _SamplingRequest
 from kvpilot.engine.entrypoints.serving import ServerState, SubRequest, admit, merged_outputs
+from kvpilot.engine.entrypoints.serving_prompt_logprobs import check_prompt_logprobs, requested_prompt_logprobs
 from kvpilot.engine.entrypoints.serving_stream import collect_finals, sse, streaming_response
 from kvpilot.engine.entrypoints.structured_outputs import compile_spec, request_spec
 from kvpilot.engine.outputs import RequestOutput
@@ -87,17 +89,12 @@ class OpenAIServing(ABC):
         choices = [self._final_choice(ctx, sub.index, finals[sub.index]) for sub in ctx.subs]
         num_out = sum(len(finals[s.index].outputs[0].token_ids) for s in ctx.subs)
         body = self.response_class(id=ctx.request_id, created=ctx.created, model=ctx.model_name, choices=choices,
-                                   usage=self._usage(ctx, num_out))
+                                   usage=self._usage(ctx, num_out), **self._answer_fields(ctx, finals))
         return JSONResponse(body.model_dump(), headers={"X-Request-Id": ctx.request_id})
 
     # ----------------------------------------------------------------- hooks
     def _validate_request(self, req: _SamplingRequest) -> None:
         """400 for what kvpilot does not support and for fields past their limits."""
-        if req.presence_penalty or req.frequency_penalty or req.repetition_penalty != 1.0:
-            raise bad_request("presence_penalty, frequency_penalty and repetition_penalty are not supported; "
-                              "leave them at 0, 0 and 1", param="presence_penalty")
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported", param="logit_bias")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
         check_request_limits(req)
@@ -105,6 +102,8 @@ class OpenAIServing(ABC):
         if req.allowed_token_ids is not None and vocab and any(t >= vocab for t in req.allowed_token_ids):
             raise bad_request(f"allowed_token_ids contains out-of-vocab token ids; they must be in [0, {vocab})",
                               param="allowed_token_ids")
+        check_sampling_fields(req, vocab, self.state.max_logprobs)
+        check_prompt_logprobs(req, vocab, self.state.max_logprobs)
         if req.truncate_prompt_tokens is not None and not (req.truncate_prompt_tokens == -1
                                                            or 1 <= req.truncate_prompt_tokens <= self.state.max_model_len):
             raise bad_request(f"truncate_prompt_tokens must be -1 (the model's length) or in [1, max_model_len "
@@ -122,6 +121,10 @@ class OpenAIServing(ABC):
     @abstractmethod
     def _prepare_sub_requests(self, ctx: ServeContext) -> list[SubRequest]:
         """Tokenizes the prompts and returns the engine requests (see `_sub_requests`)."""
+
+    def _answer_fields(self, ctx: ServeContext, finals: dict[int, RequestOutput]) -> dict:
+        """The non-streaming answer's fields beyond id, created, model, choices and usage."""
+        return {}
 
     def _stream_preamble(self, ctx: ServeContext) -> Iterator[BaseModel]:
         """Chunks sent before any output."""
@@ -146,9 +149,9 @@ class OpenAIServing(ABC):
                       default_max_tokens: int | None) -> list[SubRequest]:
         """n engine requests per prompt: choice p*n + j is sample j of prompt p."""
         n = ctx.request.n
-        truncate = ctx.request.truncate_prompt_tokens
-        if truncate is not None:  # keep the last tokens, as vLLM does
-            prompts = [ids[-(self.state.max_model_len if truncate == -1 else truncate):] for ids in prompts]
+        if ctx.request.truncate_prompt_tokens is not None:
+            prompts = [truncate_prompt(ids, ctx.request, self.state.max_model_len,
+                                       getattr(self.state.tokenizer, "truncation_side", "right")) for ids in prompts]
         subs = []
         for p, ids in enumerate(prompts):
             for j in range(n):
@@ -162,7 +165,8 @@ class OpenAIServing(ABC):
                          structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """Builds the engine's sampling parameters for one prompt. 400 when max_tokens is not
         positive, when prompt + max_tokens exceeds max_model_len, or a value is out of range.
-        Sample `index` of a seeded request gets seed + index, wrapped into int64."""
+        Sample `index` of a seeded request gets seed + index, wrapped into int64 (seed -1: unseeded,
+        as vLLM's). max_tokens (or the default) is clamped to what the context leaves."""
         limit = self.state.max_model_len
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
@@ -171,23 +175,21 @@ class OpenAIServing(ABC):
                 f"This model's maximum context length is {limit} tokens. However, your prompt has {prompt_len} "
                 f"tokens; it must be shorter than {limit} to leave room for at least one output token. Please "
                 f"reduce the length of the prompt.", param="prompt")
-        if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
-                f"Please reduce the length of the prompt or max_tokens.", param="max_tokens")
-        if max_tokens is None:
-            room = limit - prompt_len
-            max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+        room = limit - prompt_len  # max_tokens is clamped to it, as vLLM's get_max_tokens
+        max_tokens = min(room, max_tokens if max_tokens is not None else default_max_tokens or room)
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=-1 if req.top_k is None else req.top_k, min_p=req.min_p or 0.0,
                 allowed_token_ids=req.allowed_token_ids, structured_outputs=structured,
-                seed=None if req.seed is None else _wrap_int64(req.seed + index), max_tokens=max_tokens,
+                seed=None if req.seed in (None, -1) else _wrap_int64(req.seed + index), max_tokens=max_tokens,
                 min_tokens=req.min_tokens, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
                 ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                prompt_logprobs=requested_prompt_logprobs(req),
+                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty, logit_bias=logit_bias_ids(req.logit_bias),
+                bad_words=req.bad_words or [], include_stop_str_in_output=req.include_stop_str_in_output,
             )
         except ValueError as exc:  # SamplingParams names the parameter first
             name = str(exc).split(" ", 1)[0]

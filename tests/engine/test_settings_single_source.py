@@ -41,6 +41,7 @@ ALLOWED = {
     ("bench/sweep.py", "--seed"): "the ShareGPT / arrival seed of the workload, not the engine's",
     ("bench/throughput.py", "--seed"): "the ShareGPT sampling seed of the offline benchmark",
     ("bench/structured_outputs.py", "--seed"): "the ShareGPT sampling seed of the structured-outputs benchmark",
+    ("bench/sampling_params_cost.py", "--seed"): "the ShareGPT sampling seed of the sampling-params benchmark",
     ("bench/shared_node.py", "--seed"): "the ShareGPT sampling seed of the shared-node benchmark",
     ("tuner/cli.py", "--seed"): "the Optuna sampler's seed, not the engine's",
     ("bench/reliability/fuzz_liveness.py", "--seed"): "the fuzz cases' seed (hypothesis / schemathesis), not the engine's",

@@ -49,9 +49,9 @@ def test_openapi_states_the_bounds(server):
 
     assert bounds("ChatCompletionRequest", "seed") == {"minimum": -(2**63), "maximum": 2**63 - 1}
     assert bounds("CompletionRequest", "top_p") == {"exclusiveMinimum": 0, "maximum": 1}
-    assert bounds("CompletionRequest", "temperature") == {"minimum": 0}
+    assert bounds("CompletionRequest", "temperature") == {"minimum": 0, "maximum": 2}
     assert bounds("ChatCompletionRequest", "n") == {"minimum": 1, "maximum": 16}
-    assert bounds("ChatCompletionRequest", "top_logprobs") == {"minimum": 0, "maximum": 20}
+    assert bounds("ChatCompletionRequest", "top_logprobs") == {"minimum": -1, "maximum": 2**31 - 1}  # then --max-logprobs
     assert bounds("CompletionRequest", "presence_penalty") == {"minimum": -2, "maximum": 2}
     assert bounds("CompletionRequest", "max_tokens") == {"minimum": 1, "maximum": 2**31 - 1}
 

@@ -43,10 +43,10 @@ def test_wrong_json_types_are_refused_not_coerced(limited, field, value):
     ({"stop": [f"s{i}" for i in range(33)]}, "at most 32 strings"),
     ({"stop": ["x" * 1025]}, "at most 1024 characters"),
     ({"stop_token_ids": list(range(129))}, "at most 128 ids"),
-    ({"logprobs": 21}, "logprobs must be <= 20, got 21"),
+    ({"logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+    ({"logprobs": -1}, "Requested sample logprobs of 49152, which is greater than max allowed: 20"),
     ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
     ({"min_tokens": -1}, "min_tokens"),
-    ({"max_tokens": 5000}, "maximum context length"),
     ({"prompt": ["a"] * 65}, "at most 64 prompts"),
     ({"n": 9}, "asks for 9 sequences"),  # more than the queue (8) holds: 400, since retrying cannot help
 ])

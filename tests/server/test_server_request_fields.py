@@ -67,8 +67,42 @@ def test_min_p_one_gives_the_greedy_answer_at_any_temperature(server, auth):
     assert hot.json()["choices"][0]["text"] == greedy
 
 
-def test_truncate_prompt_tokens_keeps_the_last_tokens(server, auth):
-    r = post(server, auth, "completions", {**COMPLETION, "truncate_prompt_tokens": 3, "echo": True, "max_tokens": 1})
+@pytest.mark.parametrize("side, kept", [(None, "The capital of"), ("right", "The capital of"),
+                                        ("left", " of France is")])
+def test_truncate_prompt_tokens_keeps_the_side_truncation_side_names(server, auth, side, kept):
+    """vLLM 0.33: 'right' (the tokenizer's default side) cuts the end and keeps the first N."""
+    extra = {} if side is None else {"truncation_side": side}
+    r = post(server, auth, "completions", {**COMPLETION, "truncate_prompt_tokens": 3, "echo": True, "max_tokens": 1,
+                                           **extra})
     body = r.json()
     assert body["usage"]["prompt_tokens"] == 3
-    assert body["choices"][0]["text"].startswith(" of France is")
+    assert body["choices"][0]["text"].startswith(kept)
+
+
+def text(server, auth, **fields) -> str:
+    r = post(server, auth, "completions", {**COMPLETION, "max_tokens": 12, "ignore_eos": True, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_penalties_logit_bias_and_bad_words_change_a_greedy_answer(server, auth):
+    plain = text(server, auth)
+    tokens = httpx.post(f"{server.url}/tokenize", headers=auth, json={"prompt": " Paris"}, timeout=30).json()["tokens"]
+    assert plain.startswith(" Paris")
+    assert "Paris" not in text(server, auth, bad_words=["Paris"])
+    assert not text(server, auth, logit_bias={str(tokens[0]): -100}).startswith(" Paris")
+    assert text(server, auth, logit_bias={"34": 1e6}) == text(server, auth, logit_bias={"34": 100})  # clamped
+    for penalty in ({"repetition_penalty": 1.8}, {"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalized = text(server, auth, max_tokens=40, **penalty)
+        assert penalized != text(server, auth, max_tokens=40), penalty
+
+
+def test_include_stop_str_in_output_seed_minus_one_and_max_tokens_clamped(server, auth):
+    cut = text(server, auth, stop=["."], max_tokens=20)
+    kept = text(server, auth, stop=["."], max_tokens=20, include_stop_str_in_output=True)
+    assert cut == " Paris" and kept == " Paris."
+    r = post(server, auth, "completions", {**COMPLETION, "temperature": 1.0, "seed": -1, "n": 2, "max_tokens": 8})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2  # -1: unseeded, as vLLM
+    r = post(server, auth, "completions", {**COMPLETION, "prompt": [42] * 1018, "max_tokens": 50, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1024 - 1018  # clamped to what the context leaves
