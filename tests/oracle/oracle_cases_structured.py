@@ -58,12 +58,14 @@ def _structured_cases() -> list[Case]:
         cases += [Case(f"structured/json_schema{tag}", CHAT, _chat(response_format=schema_format(SCHEMA), stream=s,
                                                                     max_tokens=40)),
                   Case(f"tools/required{tag}", CHAT, _chat(tools=[WEATHER, TIME], tool_choice="required", stream=s,
-                                                           max_tokens=40)),
-                  Case(f"tools/named{tag}", CHAT, _chat(tools=[WEATHER, TIME], stream=s, max_tokens=24,
+                                                           max_tokens=48)),
+                  Case(f"tools/named{tag}", CHAT, _chat(tools=[WEATHER, TIME], stream=s, max_tokens=48,
                                                         tool_choice={"type": "function",
                                                                      "function": {"name": "get_weather"}})),
-                  Case(f"tools/auto forced hermes{tag}", CHAT, _chat(tools=[WEATHER, TIME], stream=s, max_tokens=40,
-                                                                     structured_outputs={"regex": FORCED}))]
+                  Case(f"tools/auto forced hermes{tag}", CHAT, _chat(tools=[WEATHER, TIME], stream=s, max_tokens=64,
+                                                                     structured_outputs={"regex": FORCED})),
+                  Case(f"tools/auto forced hermes cut short{tag}", CHAT, _chat(
+                      tools=[WEATHER, TIME], stream=s, max_tokens=24, structured_outputs={"regex": FORCED}))]
         cases += [Case(f"structured/{name}{tag}", CMPL, {"prompt": "The answer:", "max_tokens": 16, "temperature": 0,
                                                          "stream": s, "structured_outputs": spec})
                   for name, spec in SPECS.items()]
@@ -120,7 +122,7 @@ def _issue_cases() -> list[Case]:
                                                                                  "stop": ["."]}),
         ("logprobs -1", {"logprobs": -1}), ("n 2 greedy", {"n": 2}), ("seed -1", {"seed": -1, "temperature": 1.0}),
         ("max_tokens 16 past the context", {"prompt": NEAR_FULL, "max_tokens": 16}),
-        ("max_tokens 3000", {"max_tokens": 3000}),
+        ("max_tokens 3000", {"prompt": NEAR_FULL, "max_tokens": 3000}),
         ("truncation_side left", {"truncate_prompt_tokens": 3, "truncation_side": "left", "echo": True}),
         ("truncation_side right", {"truncate_prompt_tokens": 3, "truncation_side": "right", "echo": True}),
         ("top_k 2**64", {"top_k": 2**64, "temperature": 1.0}),
