@@ -129,6 +129,20 @@ def test_chart_ships_the_repository_crd_and_the_dashboard_for_the_sidecar():
     assert not [d for d in render() if d["kind"] == "PodMonitor"]
 
 
+def test_chart_ships_vllms_dashboards_unchanged_one_configmap_each():
+    """dashboards/vllm/ holds vLLM's generated dashboards byte for byte (SOURCE.md); their
+    queries are checked against a live server in tests/server/test_server_vllm_dashboards.py."""
+    vllm = sorted((CHART / "dashboards" / "vllm").glob("*.json"))
+    assert [p.name for p in vllm] == ["vllm_instances.json", "vllm_kv_cache.json", "vllm_overview.json",
+                                      "vllm_service_status.json"]
+    maps = {d["metadata"]["name"]: d for d in render() if d["kind"] == "ConfigMap"}
+    for path in vllm:
+        shipped = maps[f"kv-kvpilot-dashboard-{path.stem.replace('_', '-')}"]
+        assert shipped["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert shipped["data"][path.name] == path.read_text().rstrip("\n")
+    assert not [d for d in render("dashboard.vllm=false") if "-dashboard-vllm" in d["metadata"]["name"]]
+
+
 def load_dashboard() -> dict:
     return json.loads(DASHBOARD.read_text())
 
