@@ -56,16 +56,52 @@ def decoded_tokens(tokenizer, token_ids: list[int]) -> dict[int, str]:
     return dict(zip(ids, tokenizer.batch_decode([[t] for t in ids])))
 
 
+def _completed_text(tokenizer, token: int, context: list[int]) -> str:
+    """The text `token` completes after `context` (up to 4 preceding prompt tokens) when alone it
+    decodes to a partial UTF-8 character ("\ufffd"); "" while still incomplete. vLLM's
+    `LogprobsProcessor._correct_decoded_token`."""
+    for n in range(1, min(len(context), 4) + 1):
+        ctx = context[-n:]
+        full = tokenizer.decode([*ctx, token])
+        if full.endswith("\ufffd"):
+            continue
+        clean_end = len(ctx)
+        while clean_end > 0 and tokenizer.decode([ctx[clean_end - 1]]).endswith("\ufffd"):
+            clean_end -= 1
+        prefix = tokenizer.decode(ctx[:clean_end]) if clean_end else ""
+        if full.startswith(prefix):
+            return full[len(prefix):]
+        common = next((i for i, (a, b) in enumerate(zip(prefix, full)) if a != b), min(len(prefix), len(full)))
+        return full[common:]
+    return ""
+
+
+def decoded_entries(prompt_logprobs: PromptLogprobs, tokenizer) -> list[dict[int, str] | None]:
+    """Per position, each token's decoded_token: decoded alone, and where that ends in a partial
+    UTF-8 character, completed with the prompt tokens of the up to 4 positions before (position
+    0 has none), as vLLM's `_verify_tokens`."""
+    texts = decoded_tokens(tokenizer, [t for entry in prompt_logprobs if entry for t in entry])
+    out: list[dict[int, str] | None] = []
+    for pos, entry in enumerate(prompt_logprobs):
+        if entry is None:
+            out.append(None)
+            continue
+        context = [next(iter(e)) for e in prompt_logprobs[max(0, pos - 4):pos] if e]
+        out.append({t: _completed_text(tokenizer, t, context) if texts[t].endswith("\ufffd") else texts[t]
+                    for t in entry})
+    return out
+
+
 def prompt_logprobs_json(prompt_logprobs: PromptLogprobs | None, tokenizer) -> list[dict | None] | None:
     """RequestOutput.prompt_logprobs as the answer's JSON value: {token id: {"logprob",
     "rank", "decoded_token"}} per position (None for the first), -inf as -9999.0."""
     if prompt_logprobs is None:
         return None
-    texts = decoded_tokens(tokenizer, [t for entry in prompt_logprobs if entry for t in entry])
+    texts = decoded_entries(prompt_logprobs, tokenizer)
     return [None if entry is None else
-            {t: {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank, "decoded_token": texts[t]}
+            {t: {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank, "decoded_token": text[t]}
              for t, lp in entry.items()}
-            for entry in prompt_logprobs]
+            for entry, text in zip(prompt_logprobs, texts)]
 
 
 def echo_token_logprobs(prompt_token_ids: list[int], prompt_logprobs: PromptLogprobs | None, top_n: int,
@@ -75,11 +111,11 @@ def echo_token_logprobs(prompt_token_ids: list[int], prompt_logprobs: PromptLogp
     first top_n + 1 entries of the position (the prompt token, then the most likely; vLLM's
     `_create_completion_logprobs`), -inf as -9999.0."""
     prompt_logprobs = prompt_logprobs or [None] * len(prompt_token_ids)
-    texts = decoded_tokens(tokenizer, [*prompt_token_ids, *(t for e in prompt_logprobs if e for t in e)])
+    first = decoded_tokens(tokenizer, prompt_token_ids)  # a position without logprobs: decoded alone
     entries = []
-    for token, entry in zip(prompt_token_ids, prompt_logprobs):
+    for token, entry, texts in zip(prompt_token_ids, prompt_logprobs, decoded_entries(prompt_logprobs, tokenizer)):
         if entry is None:
-            entries.append((texts[token], None, None))
+            entries.append((first[token], None, None))
             continue
         top = [(texts[t], max(lp.logprob, LOGPROB_FLOOR)) for t, lp in list(entry.items())[: top_n + 1]]
         entries.append((texts[token], max(entry[token].logprob, LOGPROB_FLOOR), top))
