@@ -101,7 +101,10 @@ class LogitsAdjustments:
     # ----------------------------------------------------------------- helpers
     def _ban(self, logits: torch.Tensor, rows: list[tuple[int, _Request]]) -> None:
         """-inf for the stop tokens of rows below min_tokens and for each bad word's last token
-        where the output ends with the word's other tokens (vLLM's `apply_bad_words`)."""
+        where the output ends with the word's other tokens (vLLM's `apply_bad_words`); where that
+        would leave a row no token (its grammar allows only the stop token: a complete `choice`),
+        the row's bans are lifted, so the grammar's end wins over min_tokens (vLLM samples a
+        token of an all -inf row)."""
         ban_rows: list[int] = []
         ban_ids: list[int] = []
         for i, q in rows:
@@ -114,8 +117,16 @@ class LogitsAdjustments:
                 if prefix <= len(out) and (prefix == 0 or out[-prefix:] == word[:-1]):
                     ban_rows.append(i)
                     ban_ids.append(word[-1])
-        if ban_rows:
-            logits[torch.tensor(ban_rows), torch.tensor(ban_ids)] = float("-inf")
+        if not ban_rows:
+            return
+        rows_t, ids_t = torch.tensor(ban_rows), torch.tensor(ban_ids)
+        kept = logits[rows_t, ids_t].clone()
+        logits[rows_t, ids_t] = float("-inf")
+        banned = torch.unique(rows_t)
+        emptied = banned[torch.isneginf(logits[banned]).all(dim=-1)]
+        if len(emptied):  # a ban never empties a row (a grammar that allows only the stop token wins)
+            undo = torch.isin(rows_t, emptied)
+            logits[rows_t[undo], ids_t[undo]] = kept[undo]
 
     def _slot(self, request: _Request, vocab_size: int) -> int:
         """The request's row of the count tensors, taken (and filled from its tokens so far) on

@@ -22,13 +22,13 @@ from kvpilot.engine.config import SchedulerConfig
 from kvpilot.engine.entrypoints.errors import APIError, bad_request, error_body, install_error_handlers
 from kvpilot.engine.entrypoints.http_metrics import instrument_http
 from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE
+from kvpilot.engine.entrypoints.openapi_doc import exact_integer_bounds
 from kvpilot.engine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
     SchedulerConfigUpdate,
-    exact_integer_bounds,
 )
 from kvpilot.engine.entrypoints.protocol_tokenize import (
     DetokenizeRequest,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,11 +68,15 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+_CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")  # API fields are snake_case
+
+
 def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
     """One readable sentence for pydantic's error list, and the first offending field."""
     parts, param = [], None
     for err in errors[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # pydantic names a union's member by its class (TokenizeCompletionRequest): not a field
+        loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _CLASS_NAME.fullmatch(str(x))]
         if err.get("type") == "json_invalid":
             return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
         field = ".".join(loc)

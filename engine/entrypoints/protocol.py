@@ -98,7 +98,7 @@ class _SamplingRequest(_Request):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int | None = Field(1, ge=1, le=MAX_N)  # null: 1 (OpenAI's n is nullable)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -119,6 +119,12 @@ class _SamplingRequest(_Request):
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1: the vocabulary; bounded by --max-logprobs
     user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _null_n_is_one(cls, value: int | None) -> int:
+        """OpenAI's and vLLM's n may be null, meaning 1."""
+        return 1 if value is None else value
 
 
 class CompletionRequest(_SamplingRequest):
@@ -151,18 +157,6 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[ChatCompletionToolsParam] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none" (OpenAI's default)
     parallel_tool_calls: bool | None = None  # False: at most one call
-
-
-def exact_integer_bounds(doc: dict, models: list[type[BaseModel]]) -> dict:
-    """FastAPI's OpenAPI model types minimum/maximum as floats, which turns int64's maximum
-    into 2**63 (9.223372036854776e+18); puts pydantic's exact properties of `models` back
-    into the document's components (in place; returns doc)."""
-    components = doc.get("components", {}).get("schemas", {})
-    for model in models:
-        if model.__name__ in components:
-            exact = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components[model.__name__]["properties"] = exact["properties"]
-    return doc
 
 
 def _live_field(setting: Setting) -> tuple[Any, Any]:

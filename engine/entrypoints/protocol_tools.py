@@ -30,7 +30,7 @@ class JsonSchemaResponseFormat(_Strict):
 
 class ResponseFormat(_Strict):
     """`text` asks for nothing; `json_object` for any JSON; `json_schema` for an instance of
-    `json_schema.schema` (no schema: any JSON, as vLLM)."""
+    `json_schema.schema` (required, as vLLM 0.33 requires it)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaResponseFormat | None = None

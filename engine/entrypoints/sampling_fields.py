@@ -28,10 +28,16 @@ def resolve_logprobs(value: int | None, vocab_size: int) -> int | None:
     return vocab_size if value == -1 else value
 
 
-def check_sampling_fields(req: _SamplingRequest, vocab_size: int, max_logprobs: int) -> None:
-    """400 naming the field for: n > 1 with greedy sampling; a logit_bias key that is not an
+def check_sampling_fields(req: _SamplingRequest, vocab_size: int, max_logprobs: int, max_model_len: int) -> None:
+    """400 naming the field for: max_tokens above max_model_len (vLLM's renderer; below it the
+    server clamps max_tokens to what the prompt leaves); n > 1 with greedy sampling; a logit_bias key that is not an
     integer or not a token of the vocabulary; logprobs (or top_logprobs) above --max-logprobs
     (-1: the vocabulary size; a request's -1 asks for the whole vocabulary)."""
+    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    if max_tokens is not None and max_tokens > max_model_len:
+        field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        raise bad_request(f"{field}={max_tokens} cannot be greater than max_model_len={max_model_len}. Please "
+                          f"request fewer output tokens.", param=field)
     if req.n > 1 and req.temperature is not None and req.temperature < GREEDY_TEMPERATURE:
         raise bad_request(f"n must be 1 when using greedy sampling, got {req.n}", param="n")
     logit_bias_ids(req.logit_bias, vocab_size)
@@ -65,11 +71,11 @@ def logit_bias_ids(logit_bias: dict[str, float] | None, vocab_size: int | None =
 
 
 def truncate_prompt(token_ids: list[int], req: _SamplingRequest, max_model_len: int,
-                    tokenizer_side: str = "right") -> list[int]:
+                    default_side: str = "left") -> list[int]:
     """The prompt as truncate_prompt_tokens keeps it: N tokens (-1: max_model_len - 1, room for
     one output token) from the side truncation_side names ('right' cuts the end and keeps the
-    first N, 'left' keeps the last N; unset: the tokenizer's own side, Hugging Face's default
-    'right'), as vLLM's `TokenizeParams._truncation_slice`."""
+    first N, 'left' keeps the last N; unset: `default_side`, 'left' as vLLM loads the tokenizer of
+    a generating model: vllm/tokenizers/registry.py), as vLLM's `TokenizeParams._truncation_slice`."""
     keep = req.truncate_prompt_tokens
     if keep is None:
         return token_ids
@@ -77,5 +83,5 @@ def truncate_prompt(token_ids: list[int], req: _SamplingRequest, max_model_len: 
         keep = max_model_len - 1
     if keep >= len(token_ids):
         return token_ids
-    side = req.truncation_side or tokenizer_side
+    side = req.truncation_side or default_side
     return token_ids[-keep:] if side == "left" else token_ids[:keep]

@@ -102,7 +102,7 @@ class OpenAIServing(ABC):
         if req.allowed_token_ids is not None and vocab and any(t >= vocab for t in req.allowed_token_ids):
             raise bad_request(f"allowed_token_ids contains out-of-vocab token ids; they must be in [0, {vocab})",
                               param="allowed_token_ids")
-        check_sampling_fields(req, vocab, self.state.max_logprobs)
+        check_sampling_fields(req, vocab, self.state.max_logprobs, self.state.max_model_len)
         check_prompt_logprobs(req, vocab, self.state.max_logprobs)
         if req.truncate_prompt_tokens is not None and not (req.truncate_prompt_tokens == -1
                                                            or 1 <= req.truncate_prompt_tokens <= self.state.max_model_len):
@@ -150,8 +150,7 @@ class OpenAIServing(ABC):
         """n engine requests per prompt: choice p*n + j is sample j of prompt p."""
         n = ctx.request.n
         if ctx.request.truncate_prompt_tokens is not None:
-            prompts = [truncate_prompt(ids, ctx.request, self.state.max_model_len,
-                                       getattr(self.state.tokenizer, "truncation_side", "right")) for ids in prompts]
+            prompts = [truncate_prompt(ids, ctx.request, self.state.max_model_len) for ids in prompts]
         subs = []
         for p, ids in enumerate(prompts):
             for j in range(n):

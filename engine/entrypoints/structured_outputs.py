@@ -39,11 +39,11 @@ def request_spec(req: _SamplingRequest, compact: bool = False) -> tuple[Structur
                 "structured_outputs"
         if fmt is None or fmt.type == "text":
             return None, None
-        schema = fmt.json_schema.json_schema if fmt.type == "json_schema" and fmt.json_schema else None
-        if fmt.type == "json_schema" and fmt.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema")
-        spec = (StructuredOutputsParams(json=schema, disable_any_whitespace=compact) if schema is not None
-                else StructuredOutputsParams(json_object=True, disable_any_whitespace=compact))
+        if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.json_schema is None):
+            raise ValueError("a response_format of type json_schema needs json_schema.schema (vLLM's rule; for "
+                             "any JSON give type json_object)")
+        spec = (StructuredOutputsParams(json=fmt.json_schema.json_schema, disable_any_whitespace=compact)
+                if fmt.type == "json_schema" else StructuredOutputsParams(json_object=True, disable_any_whitespace=compact))
         return spec, "response_format"
     except ValueError as exc:
         raise bad_request(f"{'structured_outputs' if so is not None else 'response_format'}: {exc}",

@@ -31,7 +31,7 @@ class HermesToolParser:
             calls.append(call)
         if not calls:
             return text, []
-        content = text[: text.index(self.start)].rstrip()
+        content = text[: text.index(self.start)]
         return content or None, calls
 
     def streamable_prefix(self, text: str) -> int:

@@ -93,3 +93,16 @@ def test_a_row_is_adjusted_the_same_alone_as_in_a_batch_and_slots_grow():
     for i in range(n):
         batched.forget(str(i))
     assert not batched.adjust.active([str(i) for i in range(n)])
+
+
+def test_a_ban_that_would_empty_a_row_is_lifted():
+    """A grammar that allows only the stop token (a complete choice) beside min_tokens: the stop
+    token stays, so the row is never all -inf."""
+    sampler = Sampler(seed=0)
+    logits = torch.full((2, VOCAB), float("-inf"))
+    logits[:, 0] = 1.0  # only EOS is left, as a complete grammar leaves it
+    logits[1, 7] = 0.5  # row 1 has another token
+    params = [greedy(min_tokens=4), greedy(min_tokens=4)]
+    for i, p in enumerate(params):
+        sampler.add_request(str(i), p, [], eos_token_ids=(0,))
+    assert [t for t, _ in sampler(logits, ["0", "1"], params)] == [0, 7]

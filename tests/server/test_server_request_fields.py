@@ -67,10 +67,11 @@ def test_min_p_one_gives_the_greedy_answer_at_any_temperature(server, auth):
     assert hot.json()["choices"][0]["text"] == greedy
 
 
-@pytest.mark.parametrize("side, kept", [(None, "The capital of"), ("right", "The capital of"),
+@pytest.mark.parametrize("side, kept", [(None, " of France is"), ("right", "The capital of"),
                                         ("left", " of France is")])
 def test_truncate_prompt_tokens_keeps_the_side_truncation_side_names(server, auth, side, kept):
-    """vLLM 0.33: 'right' (the tokenizer's default side) cuts the end and keeps the first N."""
+    """vLLM 0.33: 'right' cuts the end and keeps the first N, 'left' (the default: vLLM loads a
+    generating model's tokenizer with truncation_side left) keeps the last N."""
     extra = {} if side is None else {"truncation_side": side}
     r = post(server, auth, "completions", {**COMPLETION, "truncate_prompt_tokens": 3, "echo": True, "max_tokens": 1,
                                            **extra})
@@ -106,3 +107,5 @@ def test_include_stop_str_in_output_seed_minus_one_and_max_tokens_clamped(server
     r = post(server, auth, "completions", {**COMPLETION, "prompt": [42] * 1018, "max_tokens": 50, "ignore_eos": True})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 1024 - 1018  # clamped to what the context leaves
+    r = post(server, auth, "completions", {**COMPLETION, "max_tokens": 1025})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"  # past max_model_len: vLLM's 400

@@ -16,7 +16,7 @@ TEXT = ('Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": 
 
 def test_hermes_finds_every_call_and_the_content_before_them():
     content, calls = HermesToolParser().extract(TEXT)
-    assert content == "Let me check."
+    assert content == "Let me check. "  # as written, as vLLM's hermes parser keeps it
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
     assert len({c.id for c in calls}) == 2
