@@ -112,6 +112,11 @@ class Sampler:
                 or (grammars is not None and any(r in grammars for r in request_ids))
                 or self.adjust.active(request_ids))
 
+    def _narrowed(self, request_ids: list[str]) -> set[str]:
+        """The rows a grammar or allowed_token_ids narrowed (a ban could leave them no token)."""
+        grammars = self.grammars
+        return {r for r in request_ids if r in self._allowed_token_ids or (grammars is not None and r in grammars)}
+
     def _apply_allowed_token_ids(self, logits: torch.Tensor, request_ids: list[str]) -> None:
         """-inf for every token outside a row's allowed_token_ids (vLLM's mask), in place."""
         for row, request_id in enumerate(request_ids):
@@ -139,18 +144,20 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> list[tuple[int, dict[int, float] | None]]:
-        """logits: [num_seqs, vocab_size] float32, one row per request.
+        """logits: [num_seqs, vocab_size] float32, one row per request; rows a constraint changes
+        are changed in place unless a row asks for logprobs (which come from the raw rows).
         Returns, per row, the token id and (when `params.logprobs` is set) a dict of
         logprobs: the chosen token's and the top-N tokens'."""
-        logits = logits.float()
+        logits = logits.float().contiguous()
         raw = logits  # logprobs come from the raw rows, as vLLM's do by default
         if self._constrained(request_ids, params):
-            logits = logits.clone()
+            if any(p.logprobs is not None for p in params):  # else the caller's rows are free to change
+                logits = logits.clone()
             self._apply_logits_processors(logits, request_ids, params)
             self._apply_allowed_token_ids(logits, request_ids)
             if self.grammars is not None:
                 self.grammars.mask(logits, request_ids)
-            self.adjust.apply(logits, request_ids)
+            self.adjust.apply(logits, request_ids, self._narrowed(request_ids))
         n = logits.shape[0]
         tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
