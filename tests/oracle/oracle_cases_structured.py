@@ -128,6 +128,16 @@ def _issue_cases() -> list[Case]:
         ("top_k 2**64", {"top_k": 2**64, "temperature": 1.0}),
         ("grammar root ::= root", {"structured_outputs": {"grammar": "root ::= root"}}),
     ]]
+    cases += [Case(f"issue/stream {name}", CMPL, {**greedy, "stream": True, **fields}) for name, fields in [
+        ("presence_penalty 0.5", {"presence_penalty": 0.5}), ("logit_bias 150", {"logit_bias": {"7042": 150}}),
+        ("n 2 greedy", {"n": 2}), ("bad_words", {"bad_words": [" Paris"]}),
+        ("include_stop_str_in_output", {"include_stop_str_in_output": True, "stop": ["."]}),
+    ]]
+    cases += [Case(f"issue/logprobs 3 {name}", CMPL, {**greedy, "logprobs": 3, **fields}) for name, fields in [
+        ("repetition_penalty 1.3", {"repetition_penalty": 1.3}), ("logit_bias -5", {"logit_bias": {"7042": -5}}),
+        ("frequency_penalty 1", {"frequency_penalty": 1.0, "prompt": "one one one one", "max_tokens": 8}),
+        ("prompt_logprobs 2", {"prompt_logprobs": 2}), ("echo", {"echo": True}),
+    ]]
     chat = {**_chat(max_tokens=6), "messages": HI}
     cases += [Case(f"issue/chat {name}", CHAT, {**chat, **fields}) for name, fields in [
         ("top_logprobs -1", {"logprobs": True, "top_logprobs": -1}), ("n 2 greedy", {"n": 2}),
@@ -136,6 +146,8 @@ def _issue_cases() -> list[Case]:
         ("nesting 64", {"response_format": schema_format(nested(64))}),
         ("nesting 65", {"response_format": schema_format(nested(65))}),
         ("prompt_logprobs 1", {"prompt_logprobs": 1}),
+        ("top_logprobs 2 presence_penalty 1", {"logprobs": True, "top_logprobs": 2, "presence_penalty": 1.0}),
+        ("stream logprobs", {"logprobs": True, "stream": True}),
     ]]
     huge = {"response_format": schema_format({"type": "array", "items": {"type": "integer"}, "minItems": 10**9})}
     return cases + [Case("issue/chat nesting 900", CHAT, nested_body(900)),

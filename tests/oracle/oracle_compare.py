@@ -3,15 +3,18 @@
 An answer is reduced to an Outcome: the status class (2xx, 4xx, 5xx; a stream that carries an
 error event is "2xx+error"), the error's `param` for a 4xx (vLLM names pydantic's failures by
 their location, "body.max_tokens": the "body." is dropped; where vLLM's param is null, kvpilot
-naming the field is not counted as a difference, OpenAI's param being optional), and for greedy requests
-(temperature 0) that succeed, the text of every choice (a chat choice's content followed by
-its tool calls, name and arguments), its finish_reason, and the token ids of that text. A
-stream's text is its deltas concatenated, its finish_reason the last one sent.
+naming the field is not counted as a difference, OpenAI's param being optional), the prompt's
+token count of a 2xx, and for greedy requests (temperature 0) that succeed: the text of every
+choice (a chat choice's content followed by its tool calls, name and arguments), its
+finish_reason, the token ids of that text, the logprobs and prompt_logprobs when asked for
+(within LOGPROB_TOLERANCE) and the completion's token count. A stream's text is its deltas
+concatenated, its finish_reason the last one sent.
 
 Token ids: neither /v1 route returns the generated ids on both servers (kvpilot refuses
 `return_tokens_as_token_ids`, vLLM's `return_token_ids` is not served by kvpilot), so the
 ids are each server's own POST /tokenize of the generated text (no special tokens): equal
-texts tokenized by each server's tokenizer."""
+texts tokenized by each server's tokenizer. Where logprobs are asked for, the sampled tokens
+themselves are compared too."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 import httpx
 
 TIMEOUT_S = 120.0
-ASPECTS = ("status", "param", "text", "finish_reason", "tokens")  # compared in this order; the first that differs
+ASPECTS = ("status", "param", "usage", "text", "finish_reason", "tokens", "logprobs", "prompt_logprobs")  # first differing
+LOGPROB_TOLERANCE = 0.01  # float32 on both; the kernels differ
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class Outcome:
     texts: list[str] = field(default_factory=list)
     finish: list[object] = field(default_factory=list)
     tokens: list[list[int]] | None = None
+    usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens) of a whole answer
+    logprobs: list[list[tuple[str, float]]] | None = None  # per choice, (token, logprob) of each sampled token
+    prompt_logprobs: list | None = None  # per choice: None or {token id: {logprob, rank, decoded_token}} per position
     raw: str = ""  # the start of the body, for the report
 
     @property
@@ -79,6 +86,13 @@ def _choice_text(choice: dict) -> str:
     calls = "".join(f"<call {c['function']['name']} {c['function']['arguments']}>"
                     for c in message.get("tool_calls") or [])
     return (message.get("content") or "") + calls
+
+
+def _choice_logprobs(choice: dict) -> list[tuple[str, float]]:
+    logprobs = choice.get("logprobs") or {}
+    if logprobs.get("content") is not None:  # chat
+        return [(t["token"], t["logprob"]) for t in logprobs["content"]]
+    return list(zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []))
 
 
 def _collect_stream(lines) -> tuple[dict[int, str], dict[int, object], bool]:
@@ -133,6 +147,14 @@ def send(url: str, case: Case) -> Outcome:
         choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
         outcome.texts = [_choice_text(c) for c in choices]
         outcome.finish = [c.get("finish_reason") for c in choices]
+        if any(c.get("logprobs") for c in choices):
+            outcome.logprobs = [_choice_logprobs(c) for c in choices]
+        prompt = [c.get("prompt_logprobs") for c in choices] if "message" not in choices[0] else \
+            [body.get("prompt_logprobs")]
+        outcome.prompt_logprobs = prompt if any(p is not None for p in prompt) else None
+        usage = body.get("usage") or {}
+        if isinstance(usage.get("prompt_tokens"), int):
+            outcome.usage = (usage["prompt_tokens"], usage.get("completion_tokens"))
     return outcome
 
 
@@ -142,14 +164,51 @@ def tokenize(url: str, texts: list[str]) -> list[list[int]]:
                        ).json().get("tokens", []) if t else [] for t in texts]
 
 
+def _logprobs_differ(theirs: list | None, ours: list | None) -> bool:
+    if theirs is None or ours is None:
+        return theirs is not ours
+    pairs = [(a, b) for x, y in zip(theirs, ours) for a, b in zip(x, y)]
+    return [len(x) for x in theirs] != [len(y) for y in ours] or any(
+        a[0] != b[0] or _far(a[1], b[1]) for a, b in pairs)
+
+
+def _far(a: float | None, b: float | None) -> bool:
+    """Two logprobs differ: one is None (an echoed first token has none) and the other not, or
+    they are more than LOGPROB_TOLERANCE apart."""
+    if a is None or b is None:
+        return a is not b
+    return abs(a - b) > LOGPROB_TOLERANCE
+
+
+def _prompt_logprobs_differ(theirs: list | None, ours: list | None) -> bool:
+    """Positions, token ids, ranks and decoded tokens equal; logprobs within LOGPROB_TOLERANCE."""
+    if theirs is None or ours is None:
+        return theirs is not ours
+    flat = [(a, b) for x, y in zip(theirs, ours) for a, b in zip(x or [], y or [])]
+    if [len(x or []) for x in theirs] != [len(y or []) for y in ours] or any((a is None) != (b is None) for a, b in flat):
+        return True
+    for a, b in ((a, b) for a, b in flat if a is not None):
+        if set(a) != set(b) or any(a[k]["rank"] != b[k]["rank"] or a[k].get("decoded_token") != b[k].get("decoded_token")
+                                   or _far(a[k]["logprob"], b[k]["logprob"]) for k in a):
+            return True
+    return False
+
+
 def differing_aspect(case: Case, theirs: Outcome, ours: Outcome) -> str | None:
-    """The first of ASPECTS in which the two outcomes differ, or None. Text, finish_reason and
-    tokens count for greedy cases that both servers answered with 2xx only."""
+    """The first of ASPECTS in which the two outcomes differ, or None. Of a 2xx on both: the
+    prompt's token count (usage); and of greedy cases only, the texts, finish_reasons, token
+    ids, the sampled tokens' logprobs and the prompt_logprobs where asked (tokens equal,
+    values within LOGPROB_TOLERANCE), then the completion's token count."""
     if theirs.status // 100 != ours.status // 100 or theirs.stream_error != ours.stream_error:
         return "status"
     if theirs.status // 100 == 4 and theirs.param is not None and theirs.param != ours.param:
         return "param"
-    if not case.greedy or theirs.status // 100 != 2 or theirs.stream_error:
+    if theirs.status // 100 != 2 or theirs.stream_error:
+        return None
+    both = theirs.usage is not None and ours.usage is not None
+    if both and theirs.usage[0] != ours.usage[0]:
+        return "usage"
+    if not case.greedy:
         return None
     if theirs.texts != ours.texts:
         return "text"
@@ -157,4 +216,8 @@ def differing_aspect(case: Case, theirs: Outcome, ours: Outcome) -> str | None:
         return "finish_reason"
     if theirs.tokens is not None and ours.tokens is not None and theirs.tokens != ours.tokens:
         return "tokens"
-    return None
+    if _logprobs_differ(theirs.logprobs, ours.logprobs):
+        return "logprobs"
+    if _prompt_logprobs_differ(theirs.prompt_logprobs, ours.prompt_logprobs):
+        return "prompt_logprobs"
+    return "usage" if both and theirs.usage != ours.usage else None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from oracle_compare import Case, Outcome, differing_aspect, send, tokenize
 
 PARALLEL_CASES = 3  # cases in flight at once (each on both servers)
+DETAILED = ("usage", "text", "finish_reason", "tokens", "logprobs", "prompt_logprobs")  # aspects whose values a row shows
 
 
 @dataclass
@@ -51,10 +52,12 @@ def run_all(vllm_url: str, our_url: str, cases: list[Case]) -> list[Result]:
 
 def describe(outcome: Outcome | None, aspect: str | None) -> str:
     """The outcome as the table's cell writes it: its signature in backticks, and for a
-    difference in text, finish_reason or tokens, those (cut at 120 characters)."""
+    difference in DETAILED aspects, those values (cut at 120 characters)."""
     if outcome is None:
         return "`not sent`"
-    if aspect in ("text", "finish_reason", "tokens"):
-        detail = {"text": outcome.texts, "finish_reason": outcome.finish, "tokens": outcome.tokens}[aspect]
+    if aspect in DETAILED:
+        detail = {"text": outcome.texts, "finish_reason": outcome.finish, "tokens": outcome.tokens,
+                  "logprobs": outcome.logprobs, "usage": outcome.usage,
+                  "prompt_logprobs": outcome.prompt_logprobs}[aspect]
         return f"`{outcome.signature}` {aspect}={detail!r}"[:120].replace("|", "\\x7c")
     return f"`{outcome.signature}`"
