@@ -110,7 +110,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt's entries (text, logprob, alternatives or None), before those of `token_ids`."""
         result = CompletionLogprobs()
         entries = [(text, lp, None if top is None else dict(top)) for text, lp, top in prefix]
-        entries += [(text, lp, dict(top) if top_n else None)
+        entries += [(text, lp, {text: lp, **dict(top)})  # the chosen token, then the top N, as vLLM's
                     for text, lp, top in self._token_logprobs(out, token_ids, start, top_n)]
         for text, lp, top in entries:
             result.tokens.append(text)

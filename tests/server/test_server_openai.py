@@ -118,6 +118,9 @@ def test_logprobs_have_one_entry_per_token_with_the_top_alternatives(client):
     assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
     for chosen, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert len(top) == 2 and logprob <= 0 and top[chosen] == pytest.approx(logprob)  # greedy: the best
+    sampled = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, temperature=1.0, seed=1,
+                                        logprobs=0).choices[0].logprobs
+    assert [list(top) for top in sampled.top_logprobs] == [[t] for t in sampled.tokens]  # 0: the chosen, as vLLM
     chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, temperature=0, logprobs=True,
                                           top_logprobs=3)
     content = chat.choices[0].logprobs.content
