@@ -4,7 +4,8 @@
 requests, then scraped: equal family names, types, label names and bucket bounds, but for the
 rows of metric_differences.py (each with its reason; a row that no longer differs fails). With
 the MFU flag both count the same FLOPs for the same tokens (vLLM's formula, kvpilot/engine/perf_stats.py).
-Measured on the 2-core Zen 4: about 2 x 40 s (vLLM's eager start-up, ours loads meanwhile)."""
+Measured on the 2-core Zen 4: 100 s for the two scrapes (vLLM's eager start-up each time, ours loads
+meanwhile), about 15 s each for vLLM's checks of --custom-histogram-buckets and its MFU model."""
 
 from __future__ import annotations
 
@@ -146,3 +147,87 @@ def test_mfu_and_tool_parser_counters_count_as_vllms(scrapes):
         assert counts[0] >= 1 and counts[1] >= 1, (mode, counts)
     assert counter(vllm_text, "vllm:tool_call_parser_invocations_total", mode="non_streaming") == counter(
         ours_text, "vllm:tool_call_parser_invocations_total", mode="non_streaming") == 1
+
+
+BAD_BUCKETS = [{"nope": [1]}, {"request_latency": [2, 1]}, {"time_to_first_token": [0, 1]}, {"request_tokens": []},
+               {"request_latency": [True]}]
+VLLM_CHECK = """
+import json, sys
+from vllm.config.observability import ObservabilityConfig
+out = []
+for bad in json.loads(sys.argv[1]):
+    try:
+        ObservabilityConfig(custom_histogram_buckets=bad)
+        out.append(None)
+    except Exception as exc:  # pydantic's ValidationError, carrying the validator's message
+        out.append(str(exc))
+print(json.dumps(out))
+"""
+
+
+def test_bad_custom_buckets_get_vllms_messages():
+    """vLLM's own ObservabilityConfig (what `vllm serve --custom-histogram-buckets` builds; it
+    exits 1 with the ValidationError) refuses each value with the message kvpilot gives (kvpilot
+    serve exits 2 with it, a usage error as for its other flags)."""
+    from kvpilot.engine.entrypoints.metric_options import check_custom_histogram_buckets
+    from kvpilot.tuner.vllm_runtime import vllm_serve_command
+
+    done = subprocess.run([vllm_serve_command()[0], "-P", "-c", VLLM_CHECK, json.dumps(BAD_BUCKETS)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for bad, theirs in zip(BAD_BUCKETS, json.loads(done.stdout.strip().splitlines()[-1])):
+        with pytest.raises(ValueError) as ours:
+            check_custom_histogram_buckets(bad)
+        assert theirs is not None and str(ours.value) in theirs, (bad, str(ours.value), theirs)
+
+
+VLLM_PERF = """
+import json, sys
+from vllm.v1.metrics.perf import AttentionMetrics, ExecutionContext, FfnMetrics, UnembedMetrics
+def estimate(m, batches):
+  common = dict(num_hidden_layers=m["L"], hidden_size=m["D"], activation_byte_size=m["b"], pp_size=m["pp"],
+              weight_byte_size=m["b"])
+  parts = [AttentionMetrics(**common, num_attention_heads=m["q"], tp_size=m["tp"], num_key_value_heads=m["kv"],
+                          head_dim=m["d"], cache_byte_size=m["b"]),
+         FfnMetrics(**common, ffn_tp_size=m["tp"], ffn_ep_size=1, intermediate_size=m["I"], num_moe_layers=0),
+         UnembedMetrics(hidden_size=m["D"], vocab_size=m["V"], weight_byte_size=m["b"], activation_byte_size=m["b"],
+                        tp_size=m["tp"])]
+  out = []
+  for batch in batches:
+    ctx = ExecutionContext()
+    for n, c, p in batch:
+      ctx.add(n, c, p)
+    out.append([sum(f(ctx) for f in fs) for fs in ([p.get_num_flops for p in parts], [p.get_read_bytes for p in parts],
+                                                   [p.get_write_bytes for p in parts])])
+  return out
+shapes, batches = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(json.dumps([estimate(m, batches) for m in shapes]))
+"""
+
+
+def test_the_mfu_estimate_is_vllms_perf_model():
+    """kvpilot/engine/perf_stats.py against vLLM's own AttentionMetrics + FfnMetrics +
+    UnembedMetrics (vllm/v1/metrics/perf.py) for SmolLM2's shape, prefills, decodes and a
+    mixed chunked step, per device under tensor and pipeline parallelism."""
+    import dataclasses
+
+    from kvpilot.engine import EngineArgs
+    from kvpilot.engine.perf_stats import PerfEstimator
+    from kvpilot.tuner.vllm_runtime import vllm_serve_command
+
+    base = EngineArgs(max_model_len=2048, num_gpu_blocks_override=64, dtype="bfloat16",
+                      quantization="none").create_engine_config()
+    configs = [dataclasses.replace(base, parallel=dataclasses.replace(base.parallel, tensor_parallel_size=tp,
+                                                                      pipeline_parallel_size=pp))
+               for tp, pp in ((1, 1), (3, 2))]
+    mc = base.model
+    shapes = [{"L": mc.num_layers, "D": mc.hidden_size, "q": mc.num_heads, "kv": mc.num_kv_heads, "d": mc.head_dim,
+               "I": mc.intermediate_size, "V": mc.vocab_size, "b": 2, "tp": c.parallel.tensor_parallel_size,
+               "pp": c.parallel.pipeline_parallel_size} for c in configs]
+    batches = [[[100, 100, True]], [[1, 50, False], [1, 70, False]], [[37, 137, True], [1, 20, False], [5, 9, True]]]
+    done = subprocess.run([vllm_serve_command()[0], "-P", "-c", VLLM_PERF, json.dumps(shapes), json.dumps(batches)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [[[p.flops, p.read_bytes, p.write_bytes] for p in map(PerfEstimator(c).step, batches)] for c in configs]
+    assert ours == theirs
