@@ -27,6 +27,12 @@ REFUSED_FIELDS = [  # test_server_request_fields: kvpilot answers 400 naming the
 ]
 NOOP = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0, "logits_processors": None,
         "include_stop_str_in_output": False, "spaces_between_special_tokens": True, "store": False}
+PENALIZED = {  # test_penalties_logit_bias_and_bad_words_change_a_greedy_answer, at 12 tokens
+    "plain": {}, "bad_words Paris": {"bad_words": ["Paris"]}, "logit_bias 1e6": {"logit_bias": {"34": 1e6}},
+    "logit_bias 100": {"logit_bias": {"34": 100}}, "repetition_penalty 1.8": {"repetition_penalty": 1.8},
+    "frequency_penalty 2": {"frequency_penalty": 2.0}, "presence_penalty 2": {"presence_penalty": 2.0},
+    "stop include_stop_str_in_output": {"stop": ["."], "include_stop_str_in_output": True},
+}
 FULL_MESSAGES = [{"role": "user", "content": "Hi"},
                  {"role": "assistant", "content": "Hello", "refusal": None, "annotations": None, "audio": None,
                   "function_call": None, "tool_calls": None},
@@ -45,7 +51,11 @@ def _fields_cases() -> list[Case]:
         Case("fields/min_p 1 at temperature 2", CMPL, {**COMPLETION, "temperature": 2.0, "seed": 9, "min_p": 1.0}),
         Case("fields/truncate_prompt_tokens 3 echo", CMPL, {**COMPLETION, "truncate_prompt_tokens": 3, "echo": True,
                                                              "max_tokens": 1}),
-    ]
+        Case("fields/seed -1 n 2", CMPL, {**COMPLETION, "temperature": 1.0, "seed": -1, "n": 2}),
+        Case("fields/token prompt clamped", CMPL, {**COMPLETION, "prompt": [42] * 2040, "max_tokens": 50,
+                                                   "ignore_eos": True}),
+    ] + [Case(f"fields/12 tokens {name}", CMPL, {**COMPLETION, "max_tokens": 12, "ignore_eos": True, **fields})
+         for name, fields in PENALIZED.items()]
 
 
 ERRORS = {  # test_server_errors.CASES: name -> (path, body)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from oracle_compare import Case, Outcome, differing_aspect, send, tokenize
 
-PARALLEL_CASES = 3  # cases in flight at once (each on both servers)
+PARALLEL_CASES = 8  # cases in flight at once (each on both servers)
 DETAILED = ("usage", "text", "finish_reason", "tokens", "logprobs", "prompt_logprobs")  # aspects whose values a row shows
 
 

@@ -9,6 +9,8 @@ listed) goes to the test log."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from oracle_cases import request_test_cases
 from oracle_cases_structured import structured_cases
@@ -41,10 +43,11 @@ def test_fuzz_cases_are_the_same_for_the_same_seed():
 @pytest.mark.timeout(900)  # about 3 minutes on an idle 2-core machine, vLLM's start-up included
 def test_every_case_answers_as_vllm_does_or_as_the_table_says(servers, capsys):
     vllm, ours = servers
+    start = time.monotonic()
     results = run_all(vllm.url, ours.url, all_cases())
     rows = read_table()
     with capsys.disabled():
-        print("\n" + table_summary(results, rows))
+        print(f"\n{table_summary(results, rows)}; sent in {time.monotonic() - start:.0f} s")
     assert vllm.alive(), f"vLLM's server died during the run:\n{vllm.log_tail()}"
     problems = check_table(results, rows)
     assert not problems, "\n".join(problems)
