@@ -3,7 +3,8 @@ test_server_errors.py, test_server_openai.py, test_server_tokenize.py; the struc
 and tool cases are in oracle_cases_structured.py), rewritten for the differential test: greedy
 (temperature 0) wherever the original allows it so that texts compare, small max_tokens, and
 the context bounds of the oracle's max_model_len (2048) instead of the shared server's 1024.
-Each id names its source: fields/, errors/, openai/, tokenize/."""
+Each id names its source: fields/, errors/, openai/, tokenize/; chat/ are message shapes
+(system, developer and tool roles, text parts, continued assistant turns)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,27 @@ def _openai_cases() -> list[Case]:
     ]
 
 
+SYSTEM = {"role": "system", "content": "Answer in one word."}
+CHAT_SHAPES = {  # chat/: how messages become a prompt (the chat template), compared by usage and text
+    "system message": {"messages": [SYSTEM, *FRUIT]},
+    "text parts": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Name a"},
+                                                             {"type": "text", "text": "fruit."}]}]},
+    "assistant turn": {"messages": FULL_MESSAGES},
+    "named user": {"messages": [{"role": "user", "content": "Hi", "name": "ann"}]},
+    "developer role": {"messages": [{"role": "developer", "content": "Be brief."}, *FRUIT]},
+    "tool result": {"messages": [*FRUIT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "apple"}]},
+    "empty content": {"messages": [{"role": "user", "content": ""}]},
+    "no generation prompt": {"messages": FRUIT, "add_generation_prompt": False},
+    "continue final message": {"messages": [*FRUIT, {"role": "assistant", "content": "Apple is"}],
+                               "continue_final_message": True, "add_generation_prompt": False},
+    "echo": {"messages": [*FRUIT, {"role": "assistant", "content": "Apple is"}], "echo": True,
+             "continue_final_message": True, "add_generation_prompt": False},
+    "chat_template_kwargs": {"messages": FRUIT, "chat_template_kwargs": {"enable_thinking": False}},
+    "unknown role": {"messages": [{"role": "wizard", "content": "Hi"}]},
+    "stream include_usage": {"messages": FRUIT, "stream": True, "stream_options": {"include_usage": True}},
+}
 TOKENIZE = [  # test_server_tokenize.py
     ("prompt", "/tokenize", {"prompt": PROMPTS[0], "add_special_tokens": False}),
     ("prompt with token strs", "/tokenize", {"prompt": PROMPTS[0], "return_token_strs": True}),
@@ -146,4 +168,5 @@ def request_test_cases() -> list[Case]:
     """Every case of this module."""
     errors = [Case(f"errors/{name}", path, body) for name, (path, body) in ERRORS.items()]
     tokenize = [Case(f"tokenize/{name}", path, body) for name, path, body in TOKENIZE]
-    return _fields_cases() + errors + _openai_cases() + tokenize
+    chat = [Case(f"chat/{name}", CHAT, {"max_tokens": 6, "temperature": 0, **body}) for name, body in CHAT_SHAPES.items()]
+    return _fields_cases() + errors + _openai_cases() + tokenize + chat

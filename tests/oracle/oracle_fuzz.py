@@ -12,7 +12,7 @@ from oracle_cases import CHAT, CMPL
 from oracle_compare import Case
 
 SEED = 48
-COUNT = 40
+COUNT = 64  # the first 40 are those of the first version: ids stay
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
 MESSAGES = [[{"role": "user", "content": text}] for text in
             ("Name a fruit.", "\u202e\u2066abc", "e\u0301" * 10, "Hi\x00there")]
