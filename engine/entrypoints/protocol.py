@@ -126,12 +126,18 @@ class _SamplingRequest(_Request):
         """OpenAI's and vLLM's n may be null, meaning 1."""
         return 1 if value is None else value
 
+    @field_validator("echo", check_fields=False)
+    @classmethod
+    def _null_echo_is_false(cls, value: bool | None) -> bool:
+        """vLLM takes echo: null as false."""
+        return bool(value)
+
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. prompt: text, token ids, or a batch of either."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    echo: bool = False
+    echo: bool | None = False  # null: false, as vLLM
     logprobs: int | None = Field(None, ge=-1, le=INT32_MAX)  # -1: every token's; bounded by --max-logprobs
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)

@@ -33,7 +33,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "chat_template_kwargs": ((None, {}), "the chat template takes no extra arguments"),
     "continue_final_message": ((False,), "the last message is never continued"),
     "add_special_tokens": ((False,), "the chat template adds the special tokens"),  # chat; completions implement it
-    "echo": ((False,), "chat completions do not echo (completions do)"),  # chat; completions implement it
+    "echo": ((False, None), "chat completions do not echo (completions do)"),  # chat; completions implement it
     "mm_processor_kwargs": ((None,), _NO_MEDIA),
     "audio": ((None,), _NO_MEDIA),
     "modalities": ((None, ["text"]), _NO_MEDIA),

@@ -33,11 +33,18 @@ from kvpilot.engine.outputs import RequestOutput
 from kvpilot.engine.structured_output_params import StructuredOutputsParams
 
 
+def _knows_developer_role(chat_template: str | None) -> bool:
+    """Whether a chat template renders the developer role itself (vLLM's test: it names it)."""
+    return bool(chat_template) and ('"developer"' in chat_template or "'developer'" in chat_template)
+
+
 def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     """Token ids of the conversation with the generation prompt. Content may be a string
     or a list of text parts; other parts (images, audio) are refused with 400. Messages' name,
     tool_calls and tool_call_id, and the request's tools, go to the chat template as vLLM
-    gives them (the builtin SmolLM2's template renders none of them)."""
+    gives them (the builtin SmolLM2's template renders none of them). OpenAI's `developer` role is
+    given as `system` to a template that does not name it (vLLM's `_convert_developer_to_system`,
+    vllm/renderers/hf.py)."""
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
@@ -52,6 +59,8 @@ def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         extra = {k: v for k, v in (("name", m.name), ("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id))
                  if v is not None}
         messages.append({"role": m.role, "content": content or "", **extra})
+    if not _knows_developer_role(getattr(state.tokenizer, "chat_template", None)):
+        messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if getattr(req, "tools", None) else None
     try:
         out = state.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
