@@ -24,6 +24,7 @@ import torch
 
 from kvpilot.engine.sampling_params import SamplingParams
 
+
 @dataclass
 class _Request:
     params: SamplingParams
@@ -63,9 +64,6 @@ class LogitsAdjustments:
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._requests
 
     def active(self, request_ids: list[str]) -> bool:
         """Whether any of a step's rows has an adjustment."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kvpilot.engine.structured_output_params import StructuredOutputsParams
 
-_GREEDY_EPS = 1e-5
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 _MIN_TEMPERATURE = 1e-2  # vLLM's _MAX_TEMP: a smaller positive temperature is raised to it
 MAX_TEMPERATURE = 2.0  # vLLM's bound (SamplingParams._verify_args) and OpenAI's
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what torch.Generator.manual_seed takes
@@ -133,7 +133,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
+        return self.temperature < GREEDY_EPS
 
     @property
     def penalized(self) -> bool:

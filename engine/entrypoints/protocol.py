@@ -42,7 +42,6 @@ from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # torch.iinfo(torch.long), vLLM's _LONG_INFO
 INT32_MAX = 2**31 - 1
 MAX_N = 16  # choices per prompt (kvpilot's cap; vLLM only asks n >= 1)
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's top_logprobs cap
 MAX_ALLOWED_TOKEN_IDS = 1 << 20  # kvpilot's cap on the list (larger than any vocabulary it serves)
 MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS (it counts them after tokenization too)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from kvpilot.engine.entrypoints.errors import bad_request
 from kvpilot.engine.entrypoints.protocol import _SamplingRequest
+from kvpilot.engine.sampling_params import GREEDY_EPS
 
-GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 LOGIT_BIAS_BOUND = 100.0  # vLLM clamps each bias into [-100, 100] (OpenAI's range)
 
 
@@ -38,13 +38,19 @@ def check_sampling_fields(req: _SamplingRequest, vocab_size: int, max_logprobs: 
         field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
         raise bad_request(f"{field}={max_tokens} cannot be greater than max_model_len={max_model_len}. Please "
                           f"request fewer output tokens.", param=field)
-    if req.n > 1 and req.temperature is not None and req.temperature < GREEDY_TEMPERATURE:
+    if req.n > 1 and req.temperature is not None and req.temperature < GREEDY_EPS:
         raise bad_request(f"n must be 1 when using greedy sampling, got {req.n}", param="n")
     logit_bias_ids(req.logit_bias, vocab_size)
     field, value = requested_logprobs(req)
+    check_max_logprobs("sample", value, vocab_size, max_logprobs, field)
+
+
+def check_max_logprobs(kind: str, value: int | None, vocab_size: int, max_logprobs: int, field: str) -> None:
+    """400 (param `field`) when `value` logprobs per position (-1: vocab_size) exceed
+    --max-logprobs (-1: vocab_size), in vLLM's words ("Requested {kind} logprobs of ...")."""
     limit = vocab_size if max_logprobs == -1 else max_logprobs
     if value is not None and resolve_logprobs(value, vocab_size) > limit:
-        raise bad_request(f"Requested sample logprobs of {resolve_logprobs(value, vocab_size)}, which is greater "
+        raise bad_request(f"Requested {kind} logprobs of {resolve_logprobs(value, vocab_size)}, which is greater "
                           f"than max allowed: {limit} (the server's --max-logprobs)", param=field)
 
 

@@ -163,7 +163,7 @@ class OpenAIServing(ABC):
                          default_max_tokens: int | None, logprobs: int | None, index: int = 0,
                          structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """Builds the engine's sampling parameters for one prompt. 400 when max_tokens is not
-        positive, when prompt + max_tokens exceeds max_model_len, or a value is out of range.
+        positive, when the prompt leaves no room for an output token, or a value is out of range.
         Sample `index` of a seeded request gets seed + index, wrapped into int64 (seed -1: unseeded,
         as vLLM's). max_tokens (or the default) is clamped to what the context leaves."""
         limit = self.state.max_model_len

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from kvpilot.engine.entrypoints.errors import bad_request
 from kvpilot.engine.entrypoints.protocol import _SamplingRequest
+from kvpilot.engine.entrypoints.sampling_fields import check_max_logprobs, requested_logprobs
 from kvpilot.engine.outputs import Logprob
 
 LOGPROB_FLOOR = -9999.0  # what vLLM answers for -inf (JSON has no infinity)
@@ -29,7 +30,7 @@ def requested_prompt_logprobs(req: _SamplingRequest) -> int | None:
     `to_sampling_params`. -1 is the whole vocabulary."""
     value = getattr(req, "prompt_logprobs", None)
     if value is None and getattr(req, "echo", False):
-        value = req.top_logprobs if isinstance(getattr(req, "logprobs", None), bool) else req.logprobs
+        value = requested_logprobs(req)[1]
     return value
 
 
@@ -40,13 +41,7 @@ def check_prompt_logprobs(req: _SamplingRequest, vocab_size: int, max_logprobs: 
     asked = getattr(req, "prompt_logprobs", None)
     if asked is not None and req.stream and (asked > 0 or asked == -1):
         raise bad_request("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
-    value = requested_prompt_logprobs(req)
-    if value:
-        value = vocab_size if value == -1 else value
-        limit = vocab_size if max_logprobs == -1 else max_logprobs
-        if value > limit:
-            raise bad_request(f"Requested prompt logprobs of {value}, which is greater than max allowed: {limit} "
-                              f"(the server's --max-logprobs)", param="prompt_logprobs")
+    check_max_logprobs("prompt", requested_prompt_logprobs(req), vocab_size, max_logprobs, "prompt_logprobs")
 
 
 def decoded_tokens(tokenizer, token_ids: list[int]) -> dict[int, str]:
