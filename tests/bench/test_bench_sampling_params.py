@@ -1,6 +1,6 @@
-"""`kvpilot bench sampling-params`, as benchmarks/README.md shows it, on a small run: every mode makes the same number of tokens
-(ignore_eos), the modes set what they say on every request, and the ratios are against the
-run's own no-parameter mode."""
+"""`kvpilot bench sampling-params`, as benchmarks/README.md shows it, on a small run: every
+mode makes the same number of tokens (ignore_eos), the modes set what they say on every
+request, and the ratios are against the run's own no-parameter mode."""
 from __future__ import annotations
 
 import json
