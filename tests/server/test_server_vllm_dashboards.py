@@ -30,6 +30,22 @@ FLAGS = ["--enable-prefix-caching", "--enable-mfu-metrics", "--kv-cache-metrics"
 JOB = "vllm"
 
 
+def hold_until_scraped(url: str, prometheus: Prometheus) -> None:
+    """One long request at a time until a scrape has seen a request running and tokens counted:
+    the Service Status dashboard's output speed divides by the 5 min average of
+    vllm:num_requests_running and has no sample while every scrape saw 0 (as in vLLM); the
+    short requests of `drive` can all fall between two 1 s scrapes on a loaded machine."""
+    client = httpx.Client(base_url=url, timeout=180)
+    seen = f'max_over_time(vllm:num_requests_running{{job="{JOB}"}}[5m]) > 0'
+    for _ in range(5):
+        client.post("/v1/completions", json={"prompt": "Count:", "max_tokens": 200,
+                                             "ignore_eos": True}).raise_for_status()
+        time.sleep(1.5)  # the scrape after it
+        if prometheus.value(seen) is not None:
+            return
+    raise AssertionError(f"no scrape saw a request running in 5 tries: {seen}")
+
+
 def drive(url: str) -> None:
     """Four concurrent 60-token prompts that must preempt (16 blocks of 16 tokens), one prompt
     three times (prefix-cache hits on the same blocks: reuse gaps), then new prompts that
@@ -59,6 +75,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict:
         wait_until(lambda: prometheus.value(f'vllm:num_requests_running{{job="{JOB}"}}') is not None, 60, 0.5,
                    "the first scrape")
         start = time.time() - 2
+        hold_until_scraped(server.url, prometheus)
         drive(server.url)
         time.sleep(3.0)  # the last samples scraped
         end = time.time()
