@@ -44,6 +44,11 @@ links="$(pip_setting find-links)"
 if [ -n "$links" ] && [ -d "$links" ]; then
     args+=(-v "$links:/run/kvpilot-build/wheels:ro" --build-arg PIP_FIND_LINKS=/run/kvpilot-build/wheels)
 fi
+# A layer that does not fit fails inside podman's commit with a bare "read/write on closed pipe";
+# the free space before and at a failure says whether that was the disk.
+free_space() { df -h --output=avail,target "$STORE" | tail -1 | awk '{print $1 " free on " $2}'; }
+echo "image store $STORE: $(free_space)"
+trap 'echo "make images failed with $(free_space) (a fresh build of every target needs about 17 GB)" >&2' ERR
 for target in "${TARGETS[@]}"; do
     echo "building kvpilot/$target:$VERSION"
     for stage in "$target-deps" "$target-build"; do  # those the Containerfile has (engine-vllm-cpu: -build only)

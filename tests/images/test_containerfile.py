@@ -156,12 +156,15 @@ def test_the_operator_image_has_the_sharegpt_data_and_what_reads_it():
 
 
 def test_the_vllm_image_is_engine_cpu_plus_one_venv_built_on_its_deps():
-    """engine-vllm-cpu shares engine-cpu's layers (its torch, the baked model) and adds /opt/vllm
-    only, built by scripts/install-vllm.sh on engine-cpu-deps, whose torch the venv reuses at the
+    """engine-vllm-cpu shares engine-cpu's layers (its torch, the baked model, the project) and
+    adds /opt/vllm only, built by scripts/install-vllm.sh on engine-cpu-deps, whose torch the venv reuses at the
     same path (/opt/kvpilot/venv): one torch in the image."""
     build, final = STAGES["engine-vllm-cpu-build"], STAGES["engine-vllm-cpu"]
-    assert build.parent == "engine-cpu-deps" and final.parent == "engine-cpu"
-    assert final.all("COPY") == ["--from=engine-vllm-cpu-build /opt/vllm /opt/vllm"]
+    assert build.parent == "engine-cpu-deps" and final.parent == STAGES["engine-cpu"].parent
+    # the project's files come last, after the apt and /opt/vllm layers, as in engine-cpu: a source
+    # change rebuilds megabytes, not the 2 GB under them
+    assert final.all("COPY") == ["--from=engine-vllm-cpu-build /opt/vllm /opt/vllm", "--from=engine-cpu-build /stage/ /"]
+    assert STAGES["engine-cpu"].all("COPY") == ["--from=engine-cpu-build /stage/ /"]
     # the build sees the pin and the installer only, so the repository's other changes keep its cache
     assert build.all("COPY") == ["api/vllm.py /src/api/vllm.py", "scripts/install-vllm.sh /src/scripts/install-vllm.sh"]
     run = " ".join(build.all("RUN"))
