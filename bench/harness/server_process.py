@@ -48,13 +48,16 @@ def refusal_message(log: str) -> str:
 
 class ServerProcess:
     """`command` (a list, without --port) started with `--port P` appended, its stdout and
-    stderr in `log_path`, in the environment `env` (default: this process's). Use as a context
+    stderr in `log_path`, in the environment `env` (default: this process's) and the folder `cwd`
+    (default: this process's). Use as a context
     manager: entering waits for health."""
 
     def __init__(self, command: list[str], log_path: Path, *, port: int = 0, host: str = "127.0.0.1",
                  startup_timeout_s: float = 300.0, stop_timeout_s: float = 30.0, health_path: str = "/health",
-                 env: Mapping[str, str] | None = None, on_spawn: Callable[[int], None] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, on_spawn: Callable[[int], None] | None = None,
+                 cwd: Path | None = None) -> None:
         self.command = list(command)
+        self.cwd = cwd  # vLLM runs outside the repository, whose operator/ shadows the standard library's
         self.env = dict(os.environ if env is None else env)
         self.on_spawn = on_spawn  # called with the pid right after the spawn (e.g. a cgroup's add)
         self.log_path = Path(log_path)
@@ -82,7 +85,7 @@ class ServerProcess:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**self.env, "PYTHONUNBUFFERED": "1"})
+                                         env={**self.env, "PYTHONUNBUFFERED": "1"}, cwd=self.cwd)
         if self.on_spawn is not None:
             self.on_spawn(self.proc.pid)
         while time.monotonic() - t0 < self.startup_timeout_s:

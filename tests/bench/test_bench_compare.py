@@ -63,7 +63,7 @@ def test_markdown_table_has_a_row_per_rate_and_peer():
 
 def test_unknown_peer_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
-        compare.main(["--peers", "kvpilot,vllm"])
+        compare.main(["--peers", "kvpilot,sglang"])
     assert exc.value.code == 2 and "--peers takes names from" in capsys.readouterr().err
 
 
