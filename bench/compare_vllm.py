@@ -80,11 +80,22 @@ def dense_model_dir(model: str) -> Path:
     return Path(resolve_model_path(model)).resolve()
 
 
+KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+
+
 def vllm_command(python: str, model_dir: Path, a: argparse.Namespace, dtype: str) -> list[str]:
-    """`vllm serve` of model_dir (ServerProcess appends --port)."""
+    """`vllm serve` of model_dir (ServerProcess appends --port). Unless --vllm-arg sizes its KV
+    cache, vLLM gets the KV cache bytes kvpilot serve takes on CPU (VLLM_CPU_KVCACHE_SPACE, 4 GiB
+    when unset: engine/memory.py): the same cache for both, and vLLM 0.32 on CPU otherwise
+    reserves --gpu-memory-utilization (0.92) of the machine's memory and refuses to start
+    when other processes hold more than 8 % of it."""
+    from kvpilot.engine.memory import cpu_kvcache_space_bytes
+
+    sized = any(arg.split("=", 1)[0] in KV_CACHE_FLAGS for arg in a.vllm_arg)
+    kv = [] if sized else ["--kv-cache-memory-bytes", str(cpu_kvcache_space_bytes(dict(os.environ)))]
     return [python, "-P", "-m", VLLM_MODULE, "serve", str(model_dir), *flag_words("served_model_name", a.model_name),
             "--host", "127.0.0.1", *to_flags({"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs,
-                                               "dtype": dtype}), *a.vllm_arg]
+                                               "dtype": dtype}), *kv, *a.vllm_arg]
 
 
 def vllm_env(threads: int, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -79,6 +79,21 @@ def test_vllm_serves_the_dense_directory_in_the_dtype_with_the_same_limits():
     assert cmd[-1] == "--enforce-eager"
 
 
+def test_vllm_gets_kvpilots_kv_cache_bytes_unless_told(monkeypatch):
+    """Both engines the same KV cache: VLLM_CPU_KVCACHE_SPACE's bytes (4 GiB unset), unless a
+    --vllm-arg sizes vLLM's own."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    a, _ = parse("--max-concurrency", "1", "--vllm-python", "/venv/bin/python")
+    cmd, _ = compare_peers.peer_command("vllm", Path("m.gguf"), a, [], model_dir=Path("/m"))
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(4 << 30)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    cmd, _ = compare_peers.peer_command("vllm", Path("m.gguf"), a, [], model_dir=Path("/m"))
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
+    a, _ = parse("--max-concurrency", "1", "--vllm-python", "/venv/bin/python", "--vllm-arg=--gpu-memory-utilization=0.5")
+    cmd, _ = compare_peers.peer_command("vllm", Path("m.gguf"), a, [], model_dir=Path("/m"))
+    assert "--kv-cache-memory-bytes" not in cmd and cmd[-1] == "--gpu-memory-utilization=0.5"
+
+
 def test_kvpilot_dense_gets_the_dequantized_weights_in_vllms_dtype_and_kvpilot_its_defaults():
     a, serve_args = parse("--max-concurrency", "1", "--max-model-len", "2048", "--max-num-seqs", "16",
                           "--quantization", "gguf")
