@@ -80,7 +80,7 @@ def dense_model_dir(model: str) -> Path:
     return Path(resolve_model_path(model)).resolve()
 
 
-KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+KV_CACHE_FLAGS = tuple(BY_NAME[name].flag for name in ("kv_cache_memory_bytes", "gpu_memory_utilization"))
 
 
 def vllm_command(python: str, model_dir: Path, a: argparse.Namespace, dtype: str) -> list[str]:
@@ -92,7 +92,7 @@ def vllm_command(python: str, model_dir: Path, a: argparse.Namespace, dtype: str
     from kvpilot.engine.memory import cpu_kvcache_space_bytes
 
     sized = any(arg.split("=", 1)[0] in KV_CACHE_FLAGS for arg in a.vllm_arg)
-    kv = [] if sized else ["--kv-cache-memory-bytes", str(cpu_kvcache_space_bytes(dict(os.environ)))]
+    kv = [] if sized else flag_words("kv_cache_memory_bytes", cpu_kvcache_space_bytes(dict(os.environ)))
     return [python, "-P", "-m", VLLM_MODULE, "serve", str(model_dir), *flag_words("served_model_name", a.model_name),
             "--host", "127.0.0.1", *to_flags({"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs,
                                                "dtype": dtype}), *kv, *a.vllm_arg]
