@@ -81,8 +81,8 @@ SETTINGS: tuple[Setting, ...] = (
       "ignores (as does VLLM_CPU_KVCACHE_SPACE on CPU). Unset: sized from gpuMemoryUtilization"),
     S("enable_chunked_prefill", "--enable-chunked-prefill", bool, True, "split long prompts to fit the token "
       "budget, decodes first", crd="enableChunkedPrefill", live=True),
-    S("enable_prefix_caching", "--enable-prefix-caching", bool, False, "reuse KV blocks of shared prompt prefixes",
-      crd="enablePrefixCaching"),
+    S("enable_prefix_caching", "--enable-prefix-caching", bool, True, "reuse KV blocks of shared prompt prefixes "
+      "(on unless turned off, vLLM v1's default)", crd="enablePrefixCaching"),
     S("tensor_parallel_size", "--tensor-parallel-size", int, 1, "devices one layer is split over; must divide "
       "the attention and KV heads", crd="tensorParallelSize", minimum=1, maximum=64, short="-tp"),
     S("pipeline_parallel_size", "--pipeline-parallel-size", int, 1, "stages the layers are split into; must not "

@@ -32,7 +32,7 @@ def test_grid_replay_and_confirm_on_the_engine(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     table = json.loads(grid_json.read_text())
     entry = table["scenarios"]["quick"]
-    defaults = EngineSettings(max_model_len=256)
+    defaults = EngineSettings(max_model_len=256, enable_prefix_caching=False)  # every scenario keeps it off
     assert [EngineSettings(**p["settings"]) for p in entry["points"]] == [defaults.replace(max_num_seqs=2), defaults]
     windows = [w for p in entry["points"] for w in p["windows"]]
     assert len(windows) == 2 and all(w["failed"] == 0 and len(w["ttft_s"]) == 2 for w in windows)

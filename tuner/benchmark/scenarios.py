@@ -38,7 +38,10 @@ class Scenario:
     prompt_len: (low, high) tokens of the ShareGPT prompts taken; output_len: tokens per reply;
     axes: setting -> the grid's values (settings not on an axis keep the engine defaults);
     slo_percentiles: SLO limit -> the percentile of the points' median p95s it is set at;
-    no_preemption: the SLO allows no preemption (else preemptions are not limited).
+    no_preemption: the SLO allows no preemption (else preemptions are not limited);
+    enable_prefix_caching: off in every scenario (the engine's default is on, as vLLM v1's): each
+    point replays the same requests, and a cache kept from the warm-up would make them hits
+    (the recorded grids were measured with it off).
     Raises ValueError naming the value to change."""
 
     max_model_len: int
@@ -50,6 +53,7 @@ class Scenario:
     axes: dict[str, list[Any]] = field(default_factory=dict)
     slo_percentiles: dict[str, float] = field(default_factory=dict)
     no_preemption: bool = False
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("max_model_len", self.max_model_len), ("num_gpu_blocks_override", self.kv_blocks)):
@@ -74,8 +78,9 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
     def defaults(self) -> EngineSettings:
-        """The engine's own defaults at this max_model_len: the point the tuner starts from."""
-        return EngineSettings(max_model_len=self.max_model_len)
+        """The engine's own defaults at this max_model_len, prefix caching as the scenario says:
+        the point the tuner starts from."""
+        return EngineSettings(max_model_len=self.max_model_len, enable_prefix_caching=self.enable_prefix_caching)
 
     def points(self) -> list[EngineSettings]:
         """Every combination of the axes' values, the defaults' other settings kept."""
