@@ -60,6 +60,7 @@ from kvpilot.bench.compare_peers import (
     GGUF_NAME,
     PEERS,
     PIP_COMMAND,
+    check_common,
     environment,
     has_llama_cpp,
     llama_cpp_command,
@@ -177,13 +178,7 @@ def check_peers(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple
         rates = parse_rates(a.request_rates or RATES)
     except ValueError as exc:
         parser.error(str(exc))
-    names = [n.strip() for n in (a.peers or DEFAULT_PEERS).split(",") if n.strip()]
-    if not names or (bad := [n for n in names if n not in COMPARE_PEERS]):
-        parser.error(f"--peers takes names from {','.join(COMPARE_PEERS)}, got {a.peers!r}")
-    if bad := [m for m in a.metadata if "=" not in m]:
-        parser.error(f"--metadata takes KEY=VALUE pairs, got {bad}")
-    if a.threads < 1:
-        parser.error("--threads must be >= 1")
+    names = check_common(parser, a, DEFAULT_PEERS)
     if "llama-cpp-python" in names and not has_llama_cpp(a.llama_cpp_python):
         print(f"error: llama_cpp is not importable by {a.llama_cpp_python}. Build and install it with:\n"
               f"  {PIP_COMMAND}\nor pass --llama-cpp-python PYTHON of an environment that has it", file=sys.stderr)

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvpilot.bench import compare_vllm
 from kvpilot.bench.compare_concurrency_report import summarize, write_reports
-from kvpilot.bench.compare_peers import COMPARE_PEERS, peer_command, peer_env, smollm2_gguf
+from kvpilot.bench.compare_peers import check_common, peer_command, peer_env, smollm2_gguf
 from kvpilot.bench.harness import machine
 from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.engine.settings import BY_NAME
@@ -87,13 +87,7 @@ def check(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list[
         levels = parse_levels(a.max_concurrency)
     except ValueError as exc:
         parser.error(str(exc))
-    names = list(dict.fromkeys(n.strip() for n in (a.peers or DEFAULT_PEERS).split(",") if n.strip()))
-    if not names or (bad := [n for n in names if n not in COMPARE_PEERS]):
-        parser.error(f"--peers takes names from {','.join(COMPARE_PEERS)}, got {a.peers!r}")
-    if bad := [m for m in a.metadata if "=" not in m]:
-        parser.error(f"--metadata takes KEY=VALUE pairs, got {bad}")
-    if a.threads < 1:
-        parser.error("--threads must be >= 1")
+    names = check_common(parser, a, DEFAULT_PEERS)
     if a.request_rates is not None:
         parser.error("give --request-rates (Poisson mode) or --max-concurrency (concurrency mode), not both")
     if a.repeats < 1:

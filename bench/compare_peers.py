@@ -142,3 +142,17 @@ def peer_env(name: str, a: argparse.Namespace) -> dict[str, str] | None:
 
         return vllm_env(a.threads, omp_wait.without_default())
     return omp_wait.without_default()
+
+
+def check_common(parser: argparse.ArgumentParser, a: argparse.Namespace, default_peers: str) -> list[str]:
+    """The peer names (--peers, else `default_peers`; order kept, duplicates dropped) after the
+    checks both modes of `kvpilot bench compare` share: known peers, KEY=VALUE metadata,
+    --threads >= 1. A failed check exits 2 through parser.error with what to change."""
+    names = list(dict.fromkeys(n.strip() for n in (a.peers or default_peers).split(",") if n.strip()))
+    if not names or [n for n in names if n not in COMPARE_PEERS]:
+        parser.error(f"--peers takes names from {','.join(COMPARE_PEERS)}, got {a.peers!r}")
+    if bad := [m for m in a.metadata if "=" not in m]:
+        parser.error(f"--metadata takes KEY=VALUE pairs, got {bad}")
+    if a.threads < 1:
+        parser.error("--threads must be >= 1")
+    return names
