@@ -36,8 +36,9 @@ def llm():
     with cpu_kernel_path.chosen(cpu_kernel_path.choose(bf16_gemm_max_rows=ROWS)):
         # dense weights: the bf16 kernel's packed copies serve every step (test_cpu_decode_stack_bf16_gguf.py
         # covers the default, which reads the GGUF's blocks for the smallest steps)
+        # no prefix cache: generations of the same prompts are compared bit for bit
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
-                  swap_space=0, quantization="none")
+                  swap_space=0, quantization="none", enable_prefix_caching=False)
 
 
 @pytest.mark.slow

@@ -30,8 +30,9 @@ def _path():
 @pytest.fixture(scope="module")
 def llm():
     with cpu_kernel_path.chosen(_path()):
+        # no prefix cache: generations of the same prompts are compared bit for bit
         yield LLM(MODEL, dtype="bfloat16", max_model_len=256, max_num_seqs=16, num_gpu_blocks_override=64,
-                  swap_space=0)
+                  swap_space=0, enable_prefix_caching=False)
 
 
 @pytest.mark.slow
