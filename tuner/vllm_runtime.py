@@ -32,17 +32,14 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE
+from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_MODULE, VLLM_VENV
 from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.engine_process import EngineProcess
 
-VLLM_MODULE = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
-VLLM_VENV = ".venv-vllm"  # scripts/install-vllm.sh's default, relative to the repository root
 REPO_ROOT = Path(__file__).resolve().parents[1]  # an editable install: the checkout
 VLLM_CPU_BLOCK_SIZE = VLLM_CPU_BLOCK_SIZE_MULTIPLE  # the smallest vLLM's CPU attention takes (kvpilot.api.vllm)
 VLLM_HELP = "--help=all"  # `vllm serve --help` lists its config groups only
-DEFAULT_ENVIRONMENT = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                       "VLLM_LOG_STATS_INTERVAL": "1"}
+DEFAULT_ENVIRONMENT = {**VLLM_CPU_UNPINNED_ENVIRONMENT, "VLLM_LOG_STATS_INTERVAL": "1"}
 OVERRIDES_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"
 
 

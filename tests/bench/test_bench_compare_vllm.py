@@ -170,8 +170,8 @@ def test_result_keys_are_read_from_a_save_result_json(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(VLLM_PYTHON is None, reason="no .venv-vllm: run `make vllm`")
 def test_vllm_and_kvpilot_dense_run_through_vllm_bench_serve(tmp_path):
+    assert VLLM_PYTHON is not None, "no .venv-vllm: `make test` installs it (`make vllm`)"
     out = tmp_path / "cmp"
     code = compare.main(["--max-concurrency", "2", "--num-prompts", "4", "--max-output-len", "16",
                          "--peers", "vllm,kvpilot-dense", "--threads", str(min(2, os.cpu_count() or 1)),
