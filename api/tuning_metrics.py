@@ -13,13 +13,29 @@ in api/, which all three may import:
     kvpilot_tuning_trials_total        trials finished, by verdict (measured, violates, pruned, ...)
     kvpilot_tuning_settings_info       1, with the engine settings of the last trial as labels
 
+Continuous tuning (spec.tuning.mode: continuous): after its study the tuner watches live traffic
+window by window and writes, for the last watch window,
+
+    kvpilot_tuning_slo_attainment      share (0..1) of the window's requests that met every SLO
+    kvpilot_tuning_slo_breached_windows  consecutive watch windows breaking an SLO (0: within)
+    kvpilot_workload_arrival_rate_rps  requests/s finished in the window
+    kvpilot_workload_prompt_tokens     prompt length quantiles, label quantile ("0.5", "0.9")
+    kvpilot_workload_output_tokens     output length quantiles, label quantile ("0.5", "0.9")
+    kvpilot_tuning_retunes_total       studies the watcher started, by reason (SLOBreached, WorkloadShifted)
+    kvpilot_tuning_watching            1 while it watches after a study, 0 during a study or when done
+
+A figure the window cannot give (no request finished: no quantile, no attainment) is exported as
+NaN, not left at the last window's value; the dashboard's queries drop NaN samples (`>= 0`), so
+Grafana draws a gap there rather than a stale line or a false zero.
+
 One registry per process (the operator's Kopf process runs one tuning session per
 InferenceService on threads), served once by `serve(port)`."""
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -50,6 +66,25 @@ BEST_OBJECTIVE = Gauge("kvpilot_tuning_best_objective", "The best measured trial
 TRIALS = Counter("kvpilot_tuning_trials", "Trials finished, by verdict.", [*LABELS, "verdict"], registry=REGISTRY)
 SETTINGS = Gauge("kvpilot_tuning_settings_info", "1, with the engine settings of the last trial as labels.",
                  [*LABELS, *SETTINGS_LABELS], registry=REGISTRY)
+
+ATTAINMENT = Gauge("kvpilot_tuning_slo_attainment", "Share (0..1) of the last watch window's requests that "
+                   "met every SLO (NaN: none finished).", LABELS, registry=REGISTRY)
+BREACHED_WINDOWS = Gauge("kvpilot_tuning_slo_breached_windows", "Consecutive watch windows breaking an SLO.",
+                         LABELS, registry=REGISTRY)
+ARRIVAL_RATE = Gauge("kvpilot_workload_arrival_rate_rps", "Requests/s finished in the last watch window.",
+                     LABELS, registry=REGISTRY)
+PROMPT_TOKENS = Gauge("kvpilot_workload_prompt_tokens", "Prompt length quantiles (tokens) of the last watch "
+                      "window (NaN: none finished).", [*LABELS, "quantile"], registry=REGISTRY)
+OUTPUT_TOKENS = Gauge("kvpilot_workload_output_tokens", "Output length quantiles (tokens) of the last watch "
+                      "window (NaN: none finished).", [*LABELS, "quantile"], registry=REGISTRY)
+RETUNES = Counter("kvpilot_tuning_retunes", "Studies started by the watcher, by reason.", [*LABELS, "reason"],
+                  registry=REGISTRY)
+WATCHING = Gauge("kvpilot_tuning_watching", "1 while the tuner watches live traffic after a study (continuous "
+                 "mode), 0 during a study or when done.", LABELS, registry=REGISTRY)
+RETUNE_REASONS = ("SLOBreached", "WorkloadShifted")
+# WorkloadShape.as_dict() key -> (gauge, quantile label)
+SHAPE_QUANTILES = {"prompt_tokens_p50": (PROMPT_TOKENS, "0.5"), "prompt_tokens_p90": (PROMPT_TOKENS, "0.9"),
+                   "output_tokens_p50": (OUTPUT_TOKENS, "0.5"), "output_tokens_p90": (OUTPUT_TOKENS, "0.9")}
 
 _served: set[int] = set()
 _lock = threading.Lock()
@@ -113,6 +148,38 @@ class TunerMetrics:
         goodput = ((top.user_attrs.get("measurement") or {}).get("goodput_rps") if top is not None else None)
         self.record(trial.number, attrs.get("verdict", "?"), top.values[0] if top is not None else None,
                     attrs.get("settings"), goodput)
+
+    def record_window(self, attainment: float, breached_windows: int, shape: Mapping[str, float]) -> None:
+        """One watch window: SLO attainment (0..1), consecutive windows breaking an SLO, and the
+        workload's shape (kvpilot.tuner.shape.WorkloadShape.as_dict(): arrival_rps and
+        prompt/output_tokens_p50/p90). A NaN or missing figure is exported as NaN (a gap on the
+        dashboard), never as the previous window's value."""
+        ATTAINMENT.labels(**self._labels).set(float(attainment))
+        BREACHED_WINDOWS.labels(**self._labels).set(int(breached_windows))
+        ARRIVAL_RATE.labels(**self._labels).set(float(shape.get("arrival_rps", math.nan)))
+        for key, (gauge, quantile) in SHAPE_QUANTILES.items():
+            gauge.labels(**self._labels, quantile=quantile).set(float(shape.get(key, math.nan)))
+        self._retunes_from_zero()
+
+    def record_retune(self, reason: str) -> None:
+        """The watcher started a study; `reason`: "SLOBreached" or "WorkloadShifted".
+        Raises ValueError on any other reason (a typo would split the dashboard's series)."""
+        if reason not in RETUNE_REASONS:
+            raise ValueError(f"retune reason {reason!r}: use one of {', '.join(RETUNE_REASONS)}")
+        self._retunes_from_zero()
+        RETUNES.labels(**self._labels, reason=reason).inc()
+
+    def set_watching(self, watching: bool) -> None:
+        """1 while the tuner watches live traffic after a study, 0 during a study or when done."""
+        WATCHING.labels(**self._labels).set(1 if watching else 0)
+        if watching:
+            self._retunes_from_zero()
+
+    def _retunes_from_zero(self) -> None:
+        # Exported at 0 from the first window on: increase() needs a sample before the first
+        # re-tune, or the dashboard would never show it.
+        for reason in RETUNE_REASONS:
+            RETUNES.labels(**self._labels, reason=reason)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         serve(port, addr)

@@ -1,11 +1,14 @@
 """The SLO and tuning series (kvpilot.api.tuning_metrics): kvpilot_slo_* from spec.slo or the
 tuner's SLO (seconds), kvpilot_tuning_* from the trials (settings info replaced, not
-accumulated), one registry however many sessions."""
+accumulated), one registry however many sessions; the watch windows of continuous tuning
+(attainment, workload shape, re-tunes by reason, watching)."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import generate_latest
 
 from kvpilot.api.spec import SLOSpec
@@ -55,3 +58,57 @@ def test_a_trial_sets_number_verdicts_best_goodput_and_replaces_the_settings_inf
     infos = [line for line in text.splitlines()
              if line.startswith("kvpilot_tuning_settings_info{") and 'inferenceservice="c"' in line]
     assert len(infos) == 1 and 'max_num_seqs="16"' in infos[0]
+
+
+SHAPE = {"arrival_rps": 2.5, "prompt_tokens_p50": 120.0, "prompt_tokens_p90": 480.0,
+         "output_tokens_p50": 64.0, "output_tokens_p90": 200.0}
+
+
+def test_a_watch_window_sets_attainment_breached_windows_and_the_workload_shape():
+    metrics = TunerMetrics("prod", "w")
+    metrics.record_window(0.875, 2, SHAPE)
+    labels = {"namespace": "prod", "inferenceservice": "w"}
+    assert sample("kvpilot_tuning_slo_attainment", **labels) == 0.875
+    assert sample("kvpilot_tuning_slo_breached_windows", **labels) == 2
+    assert sample("kvpilot_workload_arrival_rate_rps", **labels) == 2.5
+    assert sample("kvpilot_workload_prompt_tokens", **labels, quantile="0.5") == 120
+    assert sample("kvpilot_workload_prompt_tokens", **labels, quantile="0.9") == 480
+    assert sample("kvpilot_workload_output_tokens", **labels, quantile="0.5") == 64
+    assert sample("kvpilot_workload_output_tokens", **labels, quantile="0.9") == 200
+    # the re-tune counters exist from the first window at 0, so that increase() sees the first re-tune
+    assert sample("kvpilot_tuning_retunes_total", **labels, reason="SLOBreached") == 0
+    assert sample("kvpilot_tuning_retunes_total", **labels, reason="WorkloadShifted") == 0
+
+
+def test_a_window_without_finished_requests_exports_nan_not_the_last_windows_figures():
+    metrics = TunerMetrics("prod", "n")
+    metrics.record_window(0.9, 0, SHAPE)
+    metrics.record_window(math.nan, 0, {"arrival_rps": 0.0, "prompt_tokens_p50": math.nan})
+    labels = {"namespace": "prod", "inferenceservice": "n"}
+    assert math.isnan(sample("kvpilot_tuning_slo_attainment", **labels))
+    assert sample("kvpilot_workload_arrival_rate_rps", **labels) == 0
+    assert math.isnan(sample("kvpilot_workload_prompt_tokens", **labels, quantile="0.5"))
+    assert math.isnan(sample("kvpilot_workload_output_tokens", **labels, quantile="0.9"))  # missing key
+    assert 'kvpilot_workload_prompt_tokens{inferenceservice="n",namespace="prod",quantile="0.5"} NaN' in \
+        generate_latest(REGISTRY).decode()
+
+
+def test_retunes_count_by_reason_and_watching_flips():
+    metrics = TunerMetrics("prod", "r")
+    labels = {"namespace": "prod", "inferenceservice": "r"}
+    metrics.set_watching(True)
+    assert sample("kvpilot_tuning_watching", **labels) == 1
+    assert sample("kvpilot_tuning_retunes_total", **labels, reason="WorkloadShifted") == 0
+    metrics.record_retune("WorkloadShifted")
+    metrics.set_watching(False)
+    metrics.record_retune("SLOBreached")
+    metrics.record_retune("SLOBreached")
+    assert sample("kvpilot_tuning_watching", **labels) == 0
+    assert sample("kvpilot_tuning_retunes_total", **labels, reason="WorkloadShifted") == 1
+    assert sample("kvpilot_tuning_retunes_total", **labels, reason="SLOBreached") == 2
+
+
+def test_an_unknown_retune_reason_is_refused():
+    with pytest.raises(ValueError, match="SLOBreached, WorkloadShifted"):
+        TunerMetrics("prod", "x").record_retune("Shifted")
+    assert sample("kvpilot_tuning_retunes_total", namespace="prod", inferenceservice="x", reason="Shifted") is None
