@@ -152,6 +152,11 @@ def test_dashboard_has_the_panels_and_variables_and_slo_lines_from_kvpilot_slo()
     dashboard = load_dashboard()
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in dashboard["panels"])
+    cells = [(p["title"], x, y) for p in dashboard["panels"] for g in [p["gridPos"]]
+             for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])]
+    taken: dict[tuple[int, int], str] = {}
+    for title, x, y in cells:  # no two panels share a grid cell
+        assert taken.setdefault((x, y), title) == title, (title, taken[(x, y)], x, y)
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"datasource", "namespace", "isvc"} <= variables
     assert not [v for v in dashboard["templating"]["list"] if v["type"] == "textbox"]  # no hand-set SLOs
@@ -162,6 +167,10 @@ def test_dashboard_has_the_panels_and_variables_and_slo_lines_from_kvpilot_slo()
                    "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_bucket",
                    "vllm:prefix_cache_hits_total", "kvpilot:engine_config_info", "kvpilot_tuning_trial",
                    "kvpilot_tuning_best_goodput_rps", "kvpilot_tuning_trials_total", "kvpilot_tuning_settings_info",
+                   # issue 50: continuous tuning's watch windows
+                   "kvpilot_tuning_slo_attainment", "kvpilot_tuning_slo_breached_windows",
+                   "kvpilot_workload_arrival_rate_rps", "kvpilot_workload_prompt_tokens",
+                   "kvpilot_workload_output_tokens", "kvpilot_tuning_retunes_total", "kvpilot_tuning_watching",
                    # issue 42: the operator's own, in a row of their own
                    "kvpilot_operator_is_leader", "kvpilot_operator_reconcile_duration_seconds_bucket",
                    "kvpilot_operator_inferenceservice_condition", "kvpilot_operator_rollout_age_seconds",
