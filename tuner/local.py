@@ -25,7 +25,7 @@ from kvpilot.loadgen.metrics import RequestResult
 from kvpilot.tuner.capacity import find_capacity
 from kvpilot.tuner.engine_process import EngineProcess
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
-from kvpilot.tuner.objective import SLO, Measurement, constraint_names, slack
+from kvpilot.tuner.objective import SLO, Measurement, violations
 from kvpilot.tuner.scrape import ScrapeSource
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.window import EmptySeries, Snapshot, config_mismatches
@@ -69,11 +69,6 @@ class TrialCutShort(Exception):
     def __init__(self, measurement: Measurement, reason: str):
         super().__init__(reason)
         self.measurement, self.reason = measurement, reason
-
-
-def violations(m: Measurement, slo: SLO) -> dict[str, float]:
-    """{constraint: measured - limit} for the violated constraints."""
-    return {n: round(v, 3) for n, v in zip(constraint_names(slo), slack(m, slo)) if v > 0}
 
 
 def clearly_violates(m: Measurement, slo: SLO, min_requests: int = 10, margin: float = 1.5) -> bool:

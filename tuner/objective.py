@@ -116,6 +116,12 @@ def slack(m: Measurement, slo: SLO) -> list[float]:
     return out
 
 
+def violations(m: Measurement, slo: SLO) -> dict[str, float]:
+    """{constraint: measured - limit} for the violated constraints (names as in
+    `constraint_names`; ms for latencies, preemptions per minute, failed requests)."""
+    return {n: round(v, 3) for n, v in zip(constraint_names(slo), slack(m, slo)) if v > 0}
+
+
 def constraints_func(trial: optuna.trial.FrozenTrial) -> list[float]:
     """Optuna's `constraints_func` (Optuna 4): the slack stored on the trial. The loop
     stores it on every trial it tells COMPLETE, failed and infeasible ones included (with

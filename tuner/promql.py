@@ -36,6 +36,7 @@ from prometheus_api_client import PrometheusConnect
 
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 from kvpilot.tuner.objective import SLO, Measurement
+from kvpilot.tuner.shape import SHAPE_HISTOGRAMS, WorkloadShape, shape_between
 from kvpilot.tuner.window import (ABORTS, COUNTERS, E2E, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS, RUNNING,
                                   TPOT, TTFT, Buckets, EmptySeries, Snapshot, window_metrics)
 
@@ -141,16 +142,24 @@ class PrometheusSource:
 
     def measure(self, start: Snapshot, slo: SLO) -> Measurement:
         """The window from `start` to the first scrape after now."""
+        return self.observe_window(start, slo)[0]
+
+    def observe_window(self, start: Snapshot, slo: SLO) -> tuple[Measurement, WorkloadShape]:
+        """The window from `start` to the first scrape after now, with one end time for both:
+        the measurement (latency p95s by PromQL's histogram_quantile) and the workload's shape
+        (`shape_between` over the window's bucket increases of SHAPE_HISTOGRAMS and the
+        request counter). Raises EmptySeries, TimeoutError and TrialFailed as the queries do;
+        length histograms without series give NaN quantiles, not an error."""
         end = self.wait_for_scrape_after(self.clock())
-        end_snap = Snapshot(time_s=end)
-        end_snap.counters = {name: self.counter_delta(name, start.time_s, end) for name in (*COUNTERS, ABORTS)}
+        deltas = Snapshot(time_s=end)  # the window's increases, against an empty start
+        deltas.counters = {name: self.counter_delta(name, start.time_s, end) for name in (*COUNTERS, ABORTS)}
         if self.has_series(self._http_sel(errors=False), end):  # else the server has no HTTP metrics: aborts only
-            end_snap.counters[HTTP_ERRORS] = self.counter_delta(HTTP_ERRORS, start.time_s, end, missing_ok=True)
-        for name in (TTFT, TPOT, E2E):  # for the goodput estimate
-            end_snap.buckets[name] = self.bucket_delta(name, start.time_s, end)
-        m = window_metrics(Snapshot(time_s=start.time_s), end_snap, slo, self.name)
+            deltas.counters[HTTP_ERRORS] = self.counter_delta(HTTP_ERRORS, start.time_s, end, missing_ok=True)
+        for name in (TTFT, TPOT, E2E, *SHAPE_HISTOGRAMS):  # for the goodput estimate and the shape
+            deltas.buckets[name] = self.bucket_delta(name, start.time_s, end)
+        origin = Snapshot(time_s=start.time_s)
+        m = window_metrics(origin, deltas, slo, self.name)
         names = dict(zip(("ttft_p95_s", "itl_p95_s", "tpot_p95_s", "e2e_p95_s"), HISTOGRAMS))
         for attr, histogram in names.items():
             setattr(m, attr, self.quantile(0.95, histogram, start.time_s, end))
-        return m
-
+        return m, shape_between(origin, deltas)

@@ -12,13 +12,15 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.window import (ABORTS, CONFIG_INFOS, COUNTERS, HISTOGRAMS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS,
-                                  RUNNING, WAITING, EmptySeries, Snapshot, window_metrics)
+from kvpilot.tuner.shape import WorkloadShape, shape_between
+from kvpilot.tuner.window import (ABORTS, CONFIG_INFOS, COUNTERS, HTTP_ERRORS, HTTP_REQUESTS, REQUESTS, RUNNING,
+                                  SNAPSHOT_HISTOGRAMS, WAITING, EmptySeries, Snapshot, window_metrics)
 
 
 def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: float | None = None) -> Snapshot:
     """A Snapshot of the vLLM metrics in a `/metrics` page, summing the series whose labels
-    include `labels` (e.g. {"model_name": "smollm2"}); other metrics are ignored. Counters
+    include `labels` (e.g. {"model_name": "smollm2"}); other metrics are ignored. Buckets are
+    kept for SNAPSHOT_HISTOGRAMS (latencies and request lengths). Counters
     are keyed by their sample name (`vllm:num_preemptions_total`). `vllm:cache_config_info`
     (read also when it lacks the filter's labels: vLLM labels it by config only) and kvpilot's
     `kvpilot:engine_config_info` (scheduler limits, parallel sizes, dtype) merge into config_info.
@@ -37,7 +39,7 @@ def parse_metrics(text: str, labels: Mapping[str, str] | None = None, time_s: fl
             info = family.name in CONFIG_INFOS or sample.name in CONFIG_INFOS
             if any(sample.labels.get(k, v if info else None) != v for k, v in wanted.items()):
                 continue
-            if name.endswith("_bucket") and name[: -len("_bucket")] in HISTOGRAMS:
+            if name.endswith("_bucket") and name[: -len("_bucket")] in SNAPSHOT_HISTOGRAMS:
                 le = sample.labels.get("le", "+Inf")
                 bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
                 hist = snap.buckets.setdefault(name[: -len("_bucket")], {})
@@ -81,4 +83,11 @@ class ScrapeSource:
 
     def measure(self, start: Snapshot, slo: SLO) -> Measurement:
         """The window from `start` to now."""
-        return window_metrics(start, self.snapshot(), slo, self.name)
+        return self.observe_window(start, slo)[0]
+
+    def observe_window(self, start: Snapshot, slo: SLO) -> tuple[Measurement, WorkloadShape]:
+        """The window from `start` to now, from one reading at its end: the measurement
+        (as `measure` gives it) and the workload's shape (`shape_between`). Raises as
+        `snapshot` does."""
+        end = self.snapshot()
+        return window_metrics(start, end, slo, self.name), shape_between(start, end)

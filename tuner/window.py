@@ -22,6 +22,14 @@ ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E)
+# Request lengths in tokens, one observation per finished request (vLLM v1's
+# `vllm:request_prompt_tokens` / `vllm:request_generation_tokens`, 1-2-5 buckets up to
+# max_model_len): the workload's shape (`kvpilot.tuner.shape`). Snapshots keep their buckets
+# too (SNAPSHOT_HISTOGRAMS); the measurement (`window_metrics`) reads HISTOGRAMS only.
+PROMPT_TOKENS = "vllm:request_prompt_tokens"
+OUTPUT_TOKENS = "vllm:request_generation_tokens"
+SHAPE_HISTOGRAMS = (PROMPT_TOKENS, OUTPUT_TOKENS)
+SNAPSHOT_HISTOGRAMS = HISTOGRAMS + SHAPE_HISTOGRAMS
 PREEMPTIONS = "vllm:num_preemptions_total"
 REQUESTS = "vllm:request_success_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -102,7 +110,7 @@ def fraction_at_most(limit: float, buckets: Mapping[float, float]) -> float:
 @dataclass
 class Snapshot:
     """The engine's cumulative metrics at one instant (seconds since the epoch), summed
-    over the series that the source's selector matched."""
+    over the series that the source's selector matched; buckets of SNAPSHOT_HISTOGRAMS."""
 
     time_s: float
     counters: dict[str, float] = field(default_factory=dict)
@@ -126,6 +134,13 @@ def delta_buckets(end: Buckets, start: Buckets) -> Buckets:
     return out
 
 
+def increase(start: Snapshot, end: Snapshot, name: str) -> float:
+    """The counter's increase from `start` to `end` (0 when absent from both); a counter that
+    went down (an engine restart) counts from 0, as Prometheus's `increase` does."""
+    e, s = end.counters.get(name, 0.0), start.counters.get(name, 0.0)
+    return e - s if e >= s else e
+
+
 def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Measurement:
     """The server-side measurement of the window between two snapshots; failed counts
     aborted requests and 4xx/5xx answers (FAILURE_COUNTERS). Goodput is
@@ -135,8 +150,7 @@ def window_metrics(start: Snapshot, end: Snapshot, slo: SLO, source: str) -> Mea
     duration = max(end.time_s - start.time_s, 1e-9)
 
     def counter(name: str) -> float:
-        e, s = end.counters.get(name, 0.0), start.counters.get(name, 0.0)
-        return e - s if e >= s else e
+        return increase(start, end, name)
 
     hist = {name: delta_buckets(end.buckets.get(name, {}), start.buckets.get(name, {})) for name in HISTOGRAMS}
     requests = counter(REQUESTS)
