@@ -100,11 +100,25 @@ class SLOSpec:
 
 @dataclass(frozen=True)
 class TuningSpec:
+    """spec.tuning. mode once: one study, its winner deployed, done; continuous: after the
+    study the tuner watches live traffic every watchSeconds and starts a new study (of
+    retuneTrials) when the SLOs break for breachWindows windows in a row or the workload's
+    shape moves by more than shiftRatio, at most maxStudiesPerHour and never within
+    cooldownSeconds of the last (kvpilot.tuner.watch). pinned: spec.engine keys the tuner
+    never changes."""
     enabled: bool = False
     maxTrials: int = 20
     trialSeconds: int = 120
     workload: str = "synthetic"
     objective: str = "throughput"
+    mode: str = "once"
+    watchSeconds: int = 60
+    breachWindows: int = 3
+    shiftRatio: float = 2.0
+    cooldownSeconds: int = 600
+    maxStudiesPerHour: int = 2
+    retuneTrials: int = 6
+    pinned: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,7 +162,8 @@ class InferenceServiceSpec:
             resources=ResourcesSpec(**_known(ResourcesSpec, resources)),
             parallelism=ParallelismSpec(nnodes=int((spec.get("parallelism") or {}).get("nnodes", 1))),
             slo=SLOSpec(**_known(SLOSpec, spec.get("slo") or {})),
-            tuning=TuningSpec(**_known(TuningSpec, spec.get("tuning") or {})),
+            tuning=TuningSpec(**{**_known(TuningSpec, spec.get("tuning") or {}),
+                                 "pinned": tuple(str(p) for p in (spec.get("tuning") or {}).get("pinned") or ())}),
         )
 
 

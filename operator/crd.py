@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kvpilot.engine.settings import CRD_FIELDS, RULES, SETTINGS, Rule, Setting, deploy_defaults
+from kvpilot.engine.settings import CRD_FIELDS, RULES, SETTINGS, TUNED_SETTINGS, Rule, Setting, deploy_defaults
 
 BASE = Path(__file__).with_name("crd_base.yaml")
 FILE_NAME = "inferenceservices.kvpilot.dev.yaml"
@@ -73,7 +73,8 @@ def engine_rules() -> list[dict[str, str]]:
 
 
 def build_crd() -> dict[str, Any]:
-    """The CRD as a dict: the base, with the settings inserted after spec.engine.imagePullPolicy."""
+    """The CRD as a dict: the base, with the settings inserted after spec.engine.imagePullPolicy
+    and spec.tuning.pinned's choices the spec.engine keys of the tuned settings."""
     crd = copy.deepcopy(yaml.safe_load(BASE.read_text()))
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     engine = spec["properties"]["engine"]
@@ -86,6 +87,8 @@ def build_crd() -> dict[str, Any]:
             properties.update(generated)
     engine["properties"] = properties
     engine["x-kubernetes-validations"] = engine_rules()
+    pinned = spec["properties"]["tuning"]["properties"]["pinned"]["items"]
+    pinned["enum"] = [CRD_FIELDS[name] for name in TUNED_SETTINGS if name in CRD_FIELDS]
     return crd
 
 

@@ -3,6 +3,7 @@
     kvpilot tune --local [--model M] [--trials 8] [--slo-ttft-ms 2000 --slo-itl-ms 200] ...
     kvpilot tune --local --runtime vllm --engine-arg=--kv-cache-memory-bytes=64M ...
     kvpilot tune --namespace NS --name NAME [--prometheus-url URL] [--target-url URL] ...
+    kvpilot tune --local --continuous --port 8000 --live-seconds 60 [--watch-seconds 60] ...
 
 Local mode restarts (or live-reconfigures) a `kvpilot serve` process per trial and drives
 ShareGPT load at it (--runtime vllm: upstream vLLM's `vllm serve`, a restart per trial,
@@ -11,6 +12,10 @@ rollout and measures through Prometheus (or a direct scrape). Both write a repor
 (report.json, report.txt) and print the table. Exit 0 when a feasible setting was found,
 1 when none met the SLOs, 2 on bad flags (also an engine that is not found or lacks a flag the
 trials need).
+
+--continuous (local; in a cluster spec.tuning.mode continuous) keeps watching the live traffic
+that others send to --port after the study and re-tunes when the SLOs break or the workload
+moves (`kvpilot.tuner.continuous`); it runs until --max-windows watch windows or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -68,7 +73,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_flags(p)
     _add_workload_flags(p)
     _add_output_flags(p)
+    _add_continuous_flags(p)
     return p
+
+
+def _add_continuous_flags(p: argparse.ArgumentParser) -> None:
+    """Continuous mode: the watcher's windows, triggers and guard rails (kvpilot.tuner.watch)."""
+    c = p.add_argument_group("continuous tuning (local; a cluster reads spec.tuning)")
+    c.add_argument("--continuous", action="store_true", help="after the study, watch the live traffic and re-tune "
+                   "on an SLO breach or a workload shift (needs --live-seconds and --port)")
+    c.add_argument("--live-seconds", type=float, default=0.0, help="measure each trial on the live traffic others "
+                   "send to --port for this long instead of driving ShareGPT load")
+    c.add_argument("--watch-seconds", type=float, default=60.0, help="one watch window")
+    c.add_argument("--breach-windows", type=int, default=3, help="windows in a row breaking an SLO that re-tune")
+    c.add_argument("--shift-ratio", type=float, default=2.0, help="a rate or length quantile moving by more than this "
+                   "factor re-tunes")
+    c.add_argument("--cooldown-s", type=float, default=600.0, help="no study within this long after the last")
+    c.add_argument("--max-studies-per-hour", type=int, default=2)
+    c.add_argument("--retune-trials", type=int, default=6, help="trials of a study the watcher starts")
+    c.add_argument("--pin", default="", metavar="SETTING[,SETTING]", help="settings no trial changes, e.g. "
+                   "max_num_seqs,enable_chunked_prefill")
+    c.add_argument("--max-windows", type=int, default=None, help="stop after this many watch windows")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -191,6 +216,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
                               max_prompt_len=a.max_prompt_len, warmup_requests=a.warmup_requests, seed=a.seed)
     except ValueError as e:
         p.error(str(e))
+    a.pinned = tuple(n for n in a.pin.split(",") if n)
+    try:
+        a.space.pin(a.pinned)
+    except ValueError as e:
+        p.error(f"--pin: {e}")
+    if a.continuous and not (a.local and a.live_seconds > 0 and a.port):
+        p.error("--continuous needs --local, --live-seconds S (trials observe the live traffic) and --port P "
+                "(where that traffic goes); in a cluster set spec.tuning.mode: continuous")
+    if a.continuous and (a.watch_seconds < 1 or a.breach_windows < 1 or a.shift_ratio <= 1
+                         or a.max_studies_per_hour < 1 or a.retune_trials < 1):
+        p.error("--watch-seconds >= 1, --breach-windows >= 1, --shift-ratio > 1, --max-studies-per-hour >= 1 and "
+                "--retune-trials >= 1")
     a.slo = SLO(a.slo_ttft_ms, a.slo_itl_ms, a.slo_e2e_ms, a.max_preemptions_per_min)
     a.engine_args = [part for arg in a.engine_arg for part in arg.split("=", 1)]
     a.serve_command = None  # kvpilot serve
@@ -223,6 +260,11 @@ def main(argv: list[str]) -> int:
         from kvpilot.tuner.local_session import SetupError, run_local
 
         try:
+            if a.continuous:
+                from kvpilot.tuner.local_continuous import run_local_continuous
+
+                run_local_continuous(a)
+                return 0
             report = run_local(a)
         except SetupError as e:  # the engine refuses a flag, or the session lacks one it needs
             print(f"kvpilot tune: error: {e}", file=sys.stderr)

@@ -195,12 +195,13 @@ class KubernetesRunner:
         return m
 
     def finish(self, best: EngineSettings | None, original: EngineSettings, best_trial: int | None,
-               best_objective: float | None) -> EngineSettings:
+               best_objective: float | None, phase: str = "Done") -> EngineSettings:
         """Writes the best settings (or, when no trial met the SLOs, the original ones) into
-        spec.engine, waits for that rollout, and marks the tuning Done. Returns what runs."""
+        spec.engine, waits for that rollout, and sets status.tuning.phase to `phase` (Done; a
+        continuous session: Watching). Returns what runs."""
         final = best or original
         self.wait_rollout(self.apply(final), final)
-        fields: dict[str, Any] = {"phase": "Done", "bestEngine": final.to_engine_spec()}
+        fields: dict[str, Any] = {"phase": phase, "bestEngine": final.to_engine_spec()}
         if best_trial is not None:
             fields.update(bestTrial=best_trial, bestObjective=best_objective)
         self.write_tuning(**fields)

@@ -28,7 +28,7 @@ from kvpilot.api.kube import KubeClient
 from kvpilot.api.models import is_gguf_source
 from kvpilot.api.spec import InferenceServiceSpec, service_url
 from kvpilot.api.tuning_metrics import TunerMetrics
-from kvpilot.engine.settings import flag_value, resolve_quantization
+from kvpilot.engine.settings import BY_CRD, flag_value, resolve_quantization
 from kvpilot.tuner import artifacts
 from kvpilot.tuner import report as reports
 from kvpilot.tuner.cluster import KubernetesRunner
@@ -38,6 +38,7 @@ from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.reseed import prepare
 from kvpilot.tuner.remote_tokenizer import RemoteTokenizer
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.study import open_study
@@ -103,62 +104,95 @@ def hardware_of(spec: InferenceServiceSpec, a: argparse.Namespace) -> Hardware:
 
 
 def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Callable[[], bool] = lambda: False,
-                on_event: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+                on_event: Callable[..., None] | None = None) -> dict[str, Any]:
     """Tunes one InferenceService; returns the report (also written under a.report_dir).
     stop: checked between trials (raises TuningStopped; status.tuning stays Running so a
-    restarted tuner resumes); on_event(reason, message): e.g. Kubernetes events."""
-    event = on_event or (lambda reason, message: None)
+    restarted tuner resumes); on_event(reason, message[, type]): e.g. Kubernetes events.
+    With spec.tuning.mode continuous the session then watches the live traffic and re-tunes
+    (`kvpilot.tuner.cluster_continuous`) until stop() or the mode changes."""
+    event = on_event or (lambda reason, message, type="Normal": None)
     kube = kube or KubeClient.from_environment(a.kubeconfig, user_agent="kvpilot-tuner")
     obj = kube.get_isvc(a.namespace, a.name)
     spec = InferenceServiceSpec.from_dict(obj.get("spec") or {})
     if not spec.tuning.enabled:
         raise SystemExit(f"{a.namespace}/{a.name}: spec.tuning.enabled is false; set it to let the tuner patch "
                          f"spec.engine")
-    slo = slo_of(spec)
+    session = ClusterStudies(a, kube, obj, spec, event)
     original = EngineSettings.from_spec(obj["spec"])
-    objective = a.objective or spec.tuning.objective
-    # status.url once the operator has written it; before that (tuning on from the first apply,
-    # when this session starts as the operator creates the children) the same Service URL
-    url = (obj.get("status") or {}).get("url") or service_url(a.name, a.namespace, spec)
-    target = (a.target_url or url.removesuffix("/v1")).rstrip("/")
-    a.api_key = engine_api_key(kube, a.namespace, spec, a.api_key)
-    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
-    measurer = _window_measurer(a, spec, slo, original, target)
-    runner = KubernetesRunner(kube, a.namespace, a.name, lambda n, s: measurer.measure(target, headers, s),
-                              rollout_timeout_s=a.rollout_timeout)
-    storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
-    study = open_study(a.study_name or f"kvpilot-{a.namespace}-{a.name}", storage, objective, a.sampler, a.seed)
-    metrics = TunerMetrics(a.namespace, a.name)
-    metrics.set_slo(slo)
-    if a.metrics_port:
-        metrics.serve(a.metrics_port)
+    if spec.tuning.mode == "continuous":
+        from kvpilot.tuner.cluster_continuous import run_watching
 
-    def on_trial(t: optuna.trial.FrozenTrial) -> None:
-        best = best_measured(study)
-        metrics.record_trial(t, best)
-        runner.record(study, t)
-        settings = EngineSettings(**t.user_attrs["settings"]).describe()
-        line = f"trial {t.number}: {settings} -> {t.user_attrs.get('verdict')}"
-        print(f"[{line}]", file=sys.stderr, flush=True)
-        event("TuningTrial", line)
+        return run_watching(session, original, stop)
+    return session.run_study(session.base_name, original, a.trials or spec.tuning.maxTrials, stop)[0]
 
-    n_trials = a.trials or spec.tuning.maxTrials
-    model = resolve_model(spec.model.source)
-    tuner = Tuner(study, a.space, original, model, hardware_of(spec, a), slo, runner,
-                  TunerConfig(objective=objective, latency=a.latency, n_trials=n_trials,
-                              remeasure_top=a.remeasure_top), on_trial=on_trial)
-    event("TuningStarted", f"tuning {n_trials} trials against {vars(slo)}")
-    try:
-        tuner.run(stop)
-    except TuningStopped:
-        raise
-    except BaseException as e:
-        runner.write_tuning(phase="Failed")
-        event("TuningFailed", f"{type(e).__name__}: {e}"[:1000])
-        raise
-    rep = reports.build(study, slo, objective, {"mode": "cluster", "namespace": a.namespace, "name": a.name,
-                                                "target": target})
-    return _apply_best(a, rep, study, runner, obj, spec, slo, original, event)
+
+class ClusterStudies:
+    """One InferenceService's tuning context (SLOs, objective, measurer, runner, the study
+    storage, the tuner's metrics) and `run_study`, which the one-shot session runs once and the
+    continuous one (`kvpilot.tuner.cluster_continuous`) once per study."""
+
+    def __init__(self, a: argparse.Namespace, kube: KubeClient, obj: dict[str, Any], spec: InferenceServiceSpec,
+                 event: Callable[..., None]):
+        self.a, self.kube, self.obj, self.spec, self.event = a, kube, obj, spec, event
+        self.slo = slo_of(spec)
+        self.objective = a.objective or spec.tuning.objective
+        # status.url once the operator has written it; before that (tuning on from the first apply,
+        # when this session starts as the operator creates the children) the same Service URL
+        url = (obj.get("status") or {}).get("url") or service_url(a.name, a.namespace, spec)
+        self.target = (a.target_url or url.removesuffix("/v1")).rstrip("/")
+        a.api_key = engine_api_key(kube, a.namespace, spec, a.api_key)
+        self.headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+        self.measurer = _window_measurer(a, spec, self.slo, EngineSettings.from_spec(obj["spec"]), self.target)
+        self.runner = KubernetesRunner(kube, a.namespace, a.name,
+                                       lambda n, s: self.measurer.measure(self.target, self.headers, s),
+                                       rollout_timeout_s=a.rollout_timeout)
+        self.storage = configmap_storage(kube, obj) if a.storage in (None, "configmap") else a.storage
+        self.base_name = a.study_name or f"kvpilot-{a.namespace}-{a.name}"
+        self.metrics = TunerMetrics(a.namespace, a.name)
+        self.metrics.set_slo(self.slo)
+        if a.metrics_port:
+            self.metrics.serve(a.metrics_port)
+        self.model = resolve_model(spec.model.source)
+        self.space = a.space.pin(tuple(BY_CRD[p].name for p in spec.tuning.pinned if p in BY_CRD))
+
+    def run_study(self, name: str, running: EngineSettings, n_trials: int, stop: Callable[[], bool] = lambda: False,
+                  final_phase: str = "Done") -> tuple[dict[str, Any], EngineSettings, optuna.Study]:
+        """Runs (or resumes) study `name` from `running`, seeded from the journal when the watcher
+        started it (`kvpilot.tuner.reseed.prepare`; its best known settings are what a trial cut
+        short restores), deploys the outcome and leaves status.tuning.phase `final_phase`.
+        Returns the report, the settings deployed and the study."""
+        a, slo, event = self.a, self.slo, self.event
+        study = open_study(name, self.storage, self.objective, a.sampler, a.seed)
+        pinned = tuple(BY_CRD[p].name for p in self.spec.tuning.pinned if p in BY_CRD)
+        best_known = prepare(study, self.storage, self.base_name, running, self.space, self.model, pinned)
+        self.runner.best_settings, self.runner.best_trial = best_known, None
+
+        def on_trial(t: optuna.trial.FrozenTrial) -> None:
+            self.metrics.record_trial(t, best_measured(study))
+            self.runner.record(study, t)
+            if self.runner.best_settings is None:
+                self.runner.best_settings = best_known
+            line = f"trial {t.number}: {EngineSettings(**t.user_attrs['settings']).describe()} -> " \
+                   f"{t.user_attrs.get('verdict')}"
+            print(f"[{line}]", file=sys.stderr, flush=True)
+            event("TuningTrial", line)
+
+        tuner = Tuner(study, self.space, running, self.model, hardware_of(self.spec, a), slo, self.runner,
+                      TunerConfig(objective=self.objective, latency=a.latency, n_trials=n_trials,
+                                  remeasure_top=a.remeasure_top), on_trial=on_trial)
+        event("TuningStarted", f"study {name}: tuning {n_trials} trials against {vars(slo)}")
+        try:
+            tuner.run(stop)
+        except TuningStopped:
+            raise
+        except BaseException as e:
+            self.runner.write_tuning(phase="Failed")
+            event("TuningFailed", f"{type(e).__name__}: {e}"[:1000], "Warning")
+            raise
+        rep = reports.build(study, slo, self.objective, {"mode": "cluster", "namespace": a.namespace,
+                                                         "name": a.name, "target": self.target})
+        final = _apply_best(a, rep, study, self.runner, self.obj, self.spec, slo, running, event, final_phase)
+        return rep, final, study
 
 
 def _window_measurer(a: argparse.Namespace, spec: InferenceServiceSpec, slo: SLO,
@@ -182,12 +216,13 @@ def _window_measurer(a: argparse.Namespace, spec: InferenceServiceSpec, slo: SLO
 
 def _apply_best(a: argparse.Namespace, rep: dict[str, Any], study: optuna.Study, runner: KubernetesRunner,
                 obj: dict[str, Any], spec: InferenceServiceSpec, slo: SLO, original: EngineSettings,
-                event: Callable[[str, str], None]) -> dict[str, Any]:
+                event: Callable[..., None], final_phase: str = "Done") -> EngineSettings:
     """Patches spec.engine with the best trial when it beats the original beyond the noise (else
-    keeps the original), then writes the report, the tuned manifest and the plots; returns rep."""
+    keeps the original), then writes the report (rep["applied"]: the spec.engine now), the tuned
+    manifest and the plots; returns the settings deployed."""
     best = rep.get("best") if (rep.get("decision") or {}).get("replace", True) else None  # beyond the noise only
     final = runner.finish(EngineSettings(**best["settings"]) if best else None, original,
-                          best["number"] if best else None, best["median"] if best else None)
+                          best["number"] if best else None, best["median"] if best else None, phase=final_phase)
     rep["applied"] = final.to_engine_spec()
     keep_reason = (rep.get("decision") or {}).get("reason", "no trial met the SLOs")
     event("TuningDone", f"spec.engine now {final.describe()}" + (f" (trial {best['number']})" if best else
@@ -198,4 +233,4 @@ def _apply_best(a: argparse.Namespace, rep: dict[str, Any], study: optuna.Study,
     artifacts.write_plots(a.report_dir, study, rep)
     print(reports.table(rep))
     print(f"\nspec.engine of {a.namespace}/{a.name} now: {final.describe()}; report: {a.report_dir}/report.json")
-    return rep
+    return final

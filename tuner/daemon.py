@@ -12,7 +12,9 @@ Configuration (the operator Deployment's environment):
     KVPILOT_TUNER_ARGS      more `kvpilot tune` flags, e.g. "--num-requests 32 --target-url URL"
     KVPILOT_PROMETHEUS_URL  measure through this Prometheus (default: scrape the engine)
 To tune again after Done, set spec.tuning.enabled to false (the daemon clears
-status.tuning), then back to true.
+status.tuning), then back to true. With spec.tuning.mode continuous the daemon does not end
+after the study: it watches the live traffic and re-tunes (`kvpilot.tuner.cluster_continuous`)
+until the mode or tuning.enabled changes; Kopf stops it when `wants_tuning` no longer holds.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ from kvpilot.tuner.loop import TuningStopped
 
 
 def wants_tuning(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    return bool((spec.get("tuning") or {}).get("enabled")) and (status.get("tuning") or {}).get("phase") != "Done"
+    """Tuning on and not Done; with spec.tuning.mode continuous, also after Done (a resource
+    switched from once to continuous starts watching)."""
+    tuning = spec.get("tuning") or {}
+    if not tuning.get("enabled"):
+        return False
+    return tuning.get("mode") == "continuous" or (status.get("tuning") or {}).get("phase") != "Done"
 
 
 def session_args(namespace: str, name: str, env: dict[str, str] | os._Environ = os.environ) -> list[str]:
@@ -52,7 +59,8 @@ def tune(namespace: str, name: str, body: kopf.Body, stopped: kopf.DaemonStopped
     kube = KubeClient.from_environment(a.kubeconfig, user_agent="kvpilot-tuner")
     try:
         run_cluster(a, kube, stop=lambda: bool(stopped),
-                    on_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message))
+                    on_event=lambda reason, message, type="Normal": kopf.event(body, type=type, reason=reason,
+                                                                             message=message))
     except TuningStopped as e:
         logger.info(f"tuning of {namespace}/{name} paused: {e}")
     except SystemExit as e:  # run_cluster's refusals (e.g. tuning turned off) carry their reason

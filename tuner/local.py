@@ -225,17 +225,20 @@ def _transient_errors() -> Iterator[None]:
 
 class LocalRunner:
     """engine: the process to (re)start; load: the requests (warm-up first), or a function
-    that builds them once the engine answers (`WindowMeasurer`); source_for:
+    that builds them once the engine answers (`WindowMeasurer`), or None to observe the
+    live traffic others send for `live_seconds` per trial; source_for:
     builds the measurement source for the running engine's URL (default: ScrapeSource);
     live: apply scheduler-only changes without a restart; capacity: (low, high, steps) to
     measure each trial's capacity (`find_capacity`) instead of one window."""
 
-    def __init__(self, engine: EngineProcess, workload: Workload, load: Load | Callable[[], Load], slo: SLO,
+    def __init__(self, engine: EngineProcess, workload: Workload, load: Load | Callable[[], Load] | None, slo: SLO,
                  model_name: str, source_for: Callable[[str], Source] | None = None, live: bool = True,
-                 idle_timeout_s: float = 120.0, capacity: tuple[float, float, int] | None = None):
+                 idle_timeout_s: float = 120.0, capacity: tuple[float, float, int] | None = None,
+                 live_seconds: float = 0.0):
         self.engine = engine
         self.slo, self.capacity = slo, capacity  # (low req/s, high req/s, bisection steps)
-        self.measurer = WindowMeasurer(workload, load, slo, model_name, source_for, idle_timeout_s)
+        self.measurer = WindowMeasurer(workload, load, slo, model_name, source_for, idle_timeout_s,
+                                       confirm_timeout_s=30.0 if load is None else 0.0, live_seconds=live_seconds)
         self.live = live
         self.applied: list[str] = []  # per trial: 'live', 'restart' or 'unchanged'
 

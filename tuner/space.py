@@ -32,13 +32,14 @@ Suggest calls follow Optuna's define-by-run API (`suggest_int(..., log=True)`,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from kvpilot.engine.config import ModelConfig, ParallelConfig
-from kvpilot.engine.settings import BY_NAME, SEARCH_RANGES
+from kvpilot.engine.settings import BY_NAME, SEARCH_RANGES, TUNED_SETTINGS
 from kvpilot.tuner.settings import EngineSettings
 
 
@@ -156,6 +157,24 @@ class SearchSpace:
             performance_mode=tuple(dict.fromkeys((*self.performance_mode, base.performance_mode)))
             if self.performance_mode else (),
         )
+
+    def pin(self, names: tuple[str, ...] | list[str]) -> SearchSpace:
+        """This space with the settings `names` (kvpilot.engine.settings.TUNED_SETTINGS names)
+        taken out, so every trial keeps their base value (an InferenceService's
+        spec.tuning.pinned). Pinning either parallel size pins the whole layout (tp, pp,
+        nnodes). Raises ValueError for a name the tuner does not search."""
+        unknown = sorted(set(names) - set(TUNED_SETTINGS))
+        if unknown:
+            raise ValueError(f"cannot pin {unknown}: the tuner searches only {list(TUNED_SETTINGS)}")
+        cleared: dict[str, Any] = {}
+        for name in names:
+            if name in ("tensor_parallel_size", "pipeline_parallel_size"):
+                cleared.update(parallel=False, nnodes=None)
+            elif name in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_memory_bytes"):
+                cleared[name] = None
+            else:
+                cleared[name] = ()
+        return dataclasses.replace(self, **cleared)
 
     # ------------------------------------------------------------ sampling
     def suggest(self, trial: optuna.Trial, base: EngineSettings, model: ModelConfig) -> EngineSettings:

@@ -37,6 +37,7 @@ from kvpilot.engine.settings.table import (
     RULES,
     RUNTIMES,
     SEARCH_RANGES,
+    TUNED_SETTINGS,
     SETTINGS,
     Rule,
     check,
@@ -51,7 +52,7 @@ from kvpilot.engine.settings.table import (
 
 __all__ = [
     "ATTENTION_BACKENDS", "AUTO_MAX_MODEL_LEN", "BY_CRD", "BY_NAME", "CRD_FIELDS", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
-    "DEFAULT_MAX_NUM_SEQS", "ENGINE_SETTINGS", "LIVE_SETTINGS", "NOT_IN_VLLM", "PERFORMANCE_MODES", "RULES", "RUNTIMES", "SEARCH_RANGES",
+    "DEFAULT_MAX_NUM_SEQS", "ENGINE_SETTINGS", "LIVE_SETTINGS", "NOT_IN_VLLM", "PERFORMANCE_MODES", "RULES", "RUNTIMES", "SEARCH_RANGES", "TUNED_SETTINGS",
     "SETTINGS", "STRUCTURED_OUTPUTS_KEYS", "Rule", "Setting", "check", "default_max_num_batched_tokens",
     "default_max_num_seqs", "deploy_defaults", "flag_value", "flag_words", "human_readable_int",
     "human_readable_int_or_auto", "problems", "resolve_quantization", "rule_problems", "structured_outputs_config",

@@ -183,6 +183,12 @@ ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server
 
 
 SEARCH_RANGES: dict[str, tuple[Any, Any]] = {s.name: s.search for s in SETTINGS if s.search is not None}
+# The settings kvpilot's tuner may change (the axes of kvpilot.tuner.space.SearchSpace); an
+# InferenceService's spec.tuning.pinned names those it must never change, by spec.engine key.
+TUNED_SETTINGS: tuple[str, ...] = ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization",
+                                   "enable_chunked_prefill", "enable_prefix_caching", "block_size",
+                                   "tensor_parallel_size", "pipeline_parallel_size", "kv_cache_memory_bytes",
+                                   "performance_mode")
 
 
 def deploy_defaults() -> dict[str, Any]:
