@@ -6,11 +6,14 @@ The engine target gets the labels a PodMonitor adds in the cluster (namespace, i
 pod); the exporter's own namespace/inferenceservice labels are kept (honor_labels), as the
 operator's PodMonitor must do. The exporter also serves the operator's own families
 (kvpilot.operator.metrics, as `kvpilot operator --metrics-port` does): this replica leads,
-the resource's status is OPERATOR_STATUS, and the workload times reconciles of OPERATOR_RECONCILE_S."""
+the resource's status is OPERATOR_STATUS, and the workload times reconciles of OPERATOR_RECONCILE_S.
+The tuner watches live traffic from the start (FIRST_WINDOW); after the requests it records
+SHIFTED_WINDOW, re-tunes (RETUNE_REASON) and stops watching for the study."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +38,12 @@ TRIALS = [  # (verdict, settings, best goodput so far) as the tuner would record
     ("violates", {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "enable_chunked_prefill": False}, 0.5),
 ]
 
+# continuous tuning: the watch window before the workload (no request finished yet: no attainment, no
+# quantiles, exported as NaN), and the one after it, which breaks an SLO and starts a re-tune
+FIRST_WINDOW = (math.nan, 0, {"arrival_rps": 0.0})
+SHIFTED_WINDOW = (0.5, 1, {"arrival_rps": 1.25, "prompt_tokens_p50": 61.0, "prompt_tokens_p90": 240.0,
+                           "output_tokens_p50": 16.0, "output_tokens_p90": 48.0})
+RETUNE_REASON = "WorkloadShifted"
 
 ROLLOUT_STARTED_S = time.time() - 30  # the rollout the operator's status shows began 30 s before the stack
 OPERATOR_STATUS = {"conditions": [
@@ -61,6 +70,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     server = ServerProcess(workdir / "server.log", *engine_flags(**SETTINGS))
     tuner = TunerMetrics(TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"])
     tuner.set_slo(TEST_SLO)
+    tuner.set_watching(True)
+    tuner.record_window(*FIRST_WINDOW)
     tuning_metrics.REGISTRY.register(operator_metrics.Collector())
     operator_metrics.set_leader("kvpilot-operator", True)
     operator_metrics.observe(TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"],
@@ -87,6 +98,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 # session (tests/api, the operator's SLO metrics) leave series of other InferenceServices in it
 STACK_TRIAL = ('max(kvpilot_tuning_trial{namespace="%s",inferenceservice="%s"})'
                % (TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"]))
+STACK_RETUNES = ('sum(kvpilot_tuning_retunes_total{namespace="%s",inferenceservice="%s"})'
+                 % (TARGET_LABELS["namespace"], TARGET_LABELS["app_kubernetes_io_instance"]))
 MIN_WINDOW_S = 20.0  # the shortest workload window the rate panels are checked over
 
 
@@ -128,6 +141,9 @@ def workload(stack: Stack) -> dict:
     answers.append(client.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}).json())
     answers.append(stream({"prompt": "One two", "max_tokens": 3})[0])
+    stack.tuner.record_window(*SHIFTED_WINDOW)  # the watcher sees the shift and starts a study
+    stack.tuner.record_retune(RETUNE_REASON)
+    stack.tuner.set_watching(False)
     verdict, settings, best = TRIALS[1]
     stack.tuner.record(1, verdict, best, settings, best)
     for _ in range(3):  # the spec change of trial 1, reconciled by the operator
@@ -137,8 +153,8 @@ def workload(stack: Stack) -> dict:
               "generation": sum(a["usage"]["completion_tokens"] for a in answers),
               "client_ttft_s": [t for _, t in streamed]}
     wait_until(lambda: prometheus.value('sum(vllm:request_success_total{job="kvpilot"})') == totals["requests"]
-               and prometheus.value(STACK_TRIAL) == 1, 60, 0.5,
-               "Prometheus to scrape the finished requests and trials")
+               and prometheus.value(STACK_TRIAL) == 1 and prometheus.value(STACK_RETUNES) == 1, 60, 0.5,
+               "Prometheus to scrape the finished requests, trials and re-tune")
     time.sleep(2.0)  # two more scrapes: the window's last samples are the final counts
     # rate() over the window extrapolates the increase between its first and last samples (1 s
     # scrapes) to the whole window: up to w / (w - 2) too high. A fast engine finishes this workload

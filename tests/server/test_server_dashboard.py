@@ -3,7 +3,8 @@ Prometheus scraping the real engine and the tuner's real exporter (prometheus_st
 evaluated at the end of the workload with its values checked against what the client and the
 counters saw: the preemption rate equals the counter's delta over the window, TTFT p95 is
 within a bucket of the client's own p95, the SLO lines equal spec.slo, the tuning panels
-equal what the tuner recorded.
+equal what the tuner recorded; the watch-window panels (continuous tuning) show the shifted
+window at the end and, at the start, a gap where the first window had no figure (NaN).
 
 `$__rate_interval` is the workload's window: Grafana sets it to $__interval + the scrape
 interval (at least 4 scrapes), and $__interval is the window when one point covers it (a
@@ -17,7 +18,8 @@ import math
 from pathlib import Path
 
 import pytest
-from prometheus_stack import ROLLOUT_STARTED_S, SETTINGS, TARGET_LABELS, TEST_SLO, TRIALS
+from prometheus_stack import (RETUNE_REASON, ROLLOUT_STARTED_S, SETTINGS, SHIFTED_WINDOW, TARGET_LABELS, TEST_SLO,
+                              TRIALS)
 
 from kvpilot.engine.entrypoints.metrics import TTFT_BUCKETS
 
@@ -25,6 +27,18 @@ pytestmark = pytest.mark.slow
 
 DASHBOARD = json.loads((Path(__file__).resolve().parents[2] / "charts" / "kvpilot" / "dashboards"
                         / "kvpilot.json").read_text())
+
+
+_, _, SHAPE = SHIFTED_WINDOW
+# (panel, refId) -> (value at the workload's end, by quantile where it has one; at its start, None: a gap)
+WATCH_PANELS = {
+    ("SLO attainment (live)", "A"): (SHIFTED_WINDOW[0], None),
+    ("SLO attainment (live)", "B"): (SHIFTED_WINDOW[1], 0),
+    ("Workload shape", "A"): ({"0.5": SHAPE["prompt_tokens_p50"], "0.9": SHAPE["prompt_tokens_p90"]}, None),
+    ("Workload shape", "B"): ({"0.5": SHAPE["output_tokens_p50"], "0.9": SHAPE["output_tokens_p90"]}, None),
+    ("Workload shape", "C"): (SHAPE["arrival_rps"], 0),
+    ("Re-tunes", "B"): (0, 1),  # watching until the re-tune's study
+}
 
 
 def window_s(workload: dict) -> int:
@@ -80,11 +94,27 @@ def test_every_panel_query_returns_the_workloads_values(stack, workload):
         v = one(panel, target)
         assert math.isfinite(v) and v >= 0, v
 
+    def watching(panel, target):  # the shifted window at the end; at the start, the first (NaN: a gap)
+        if (panel["title"], target["refId"]) == ("Re-tunes", "A"):  # increase() extrapolates by up to w / (w - 2)
+            got = {r["metric"]["reason"]: float(r["value"][1]) for r in results(panel, target)}
+            assert got.keys() == {"SLOBreached", "WorkloadShifted"} and got["SLOBreached"] == 0, got
+            assert 1 <= got[RETUNE_REASON] <= 1.2, got
+            return
+        at_end, at_start = WATCH_PANELS[panel["title"], target["refId"]]
+        end = {r["metric"].get("quantile"): float(r["value"][1]) for r in results(panel, target)}
+        start = {r["metric"].get("quantile"): float(r["value"][1])
+                 for r in prometheus.query(substitute(target["expr"], w), workload["start_s"])}
+        assert end == (at_end if isinstance(at_end, dict) else {None: at_end}), (panel["title"], target["refId"], end)
+        assert start == ({} if at_start is None else {None: at_start}), (panel["title"], target["refId"], start)
+
     checks = {
         "Time to first token (p50/p95/p99)": ttft,
         "Inter-token latency (p50/p95/p99)": latency,
         "End-to-end request latency (p50/p95/p99)": latency,
         "Queue time (p50/p95)": queue,
+        "SLO attainment (live)": watching,
+        "Workload shape": watching,
+        "Re-tunes": watching,
     }
     checked = set()
     for panel in DASHBOARD["panels"]:
