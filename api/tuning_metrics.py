@@ -90,6 +90,10 @@ _served: set[int] = set()
 _lock = threading.Lock()
 
 
+def _figure(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
 def _label(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -152,13 +156,13 @@ class TunerMetrics:
     def record_window(self, attainment: float, breached_windows: int, shape: Mapping[str, float]) -> None:
         """One watch window: SLO attainment (0..1), consecutive windows breaking an SLO, and the
         workload's shape (kvpilot.tuner.shape.WorkloadShape.as_dict(): arrival_rps and
-        prompt/output_tokens_p50/p90). A NaN or missing figure is exported as NaN (a gap on the
-        dashboard), never as the previous window's value."""
-        ATTAINMENT.labels(**self._labels).set(float(attainment))
+        prompt/output_tokens_p50/p90; other keys ignored). A NaN, None (as_dict's NaN) or missing
+        figure is exported as NaN (a gap on the dashboard), never as the previous window's value."""
+        ATTAINMENT.labels(**self._labels).set(_figure(attainment))
         BREACHED_WINDOWS.labels(**self._labels).set(int(breached_windows))
-        ARRIVAL_RATE.labels(**self._labels).set(float(shape.get("arrival_rps", math.nan)))
+        ARRIVAL_RATE.labels(**self._labels).set(_figure(shape.get("arrival_rps")))
         for key, (gauge, quantile) in SHAPE_QUANTILES.items():
-            gauge.labels(**self._labels, quantile=quantile).set(float(shape.get(key, math.nan)))
+            gauge.labels(**self._labels, quantile=quantile).set(_figure(shape.get(key)))
         self._retunes_from_zero()
 
     def record_retune(self, reason: str) -> None:

@@ -83,11 +83,14 @@ def test_a_watch_window_sets_attainment_breached_windows_and_the_workload_shape(
 def test_a_window_without_finished_requests_exports_nan_not_the_last_windows_figures():
     metrics = TunerMetrics("prod", "n")
     metrics.record_window(0.9, 0, SHAPE)
-    metrics.record_window(math.nan, 0, {"arrival_rps": 0.0, "prompt_tokens_p50": math.nan})
+    # WorkloadShape.as_dict() writes NaN as None
+    metrics.record_window(math.nan, 0, {"duration_s": 60.0, "requests": 0.0, "arrival_rps": 0.0,
+                                        "prompt_tokens_p50": math.nan, "prompt_tokens_p90": None})
     labels = {"namespace": "prod", "inferenceservice": "n"}
     assert math.isnan(sample("kvpilot_tuning_slo_attainment", **labels))
     assert sample("kvpilot_workload_arrival_rate_rps", **labels) == 0
     assert math.isnan(sample("kvpilot_workload_prompt_tokens", **labels, quantile="0.5"))
+    assert math.isnan(sample("kvpilot_workload_prompt_tokens", **labels, quantile="0.9"))
     assert math.isnan(sample("kvpilot_workload_output_tokens", **labels, quantile="0.9"))  # missing key
     assert 'kvpilot_workload_prompt_tokens{inferenceservice="n",namespace="prod",quantile="0.5"} NaN' in \
         generate_latest(REGISTRY).decode()
