@@ -19,6 +19,7 @@
     kvpilot bench slow-clients   stalled and idle connections against a fresh server
     kvpilot bench tuning {grid,replay,confirm}  the tuner against a measured grid, random search and the defaults
     kvpilot bench multinode      one process against one engine over several `kvpilot serve --nnodes` processes
+    kvpilot bench retune         continuous tuning against a workload shift, beside tuning once
 
 Each subcommand's module exposes `main(argv: list[str]) -> int`; bad flags exit 2.
 tests/test_cli_and_packaging.py checks that this list names every command below.
@@ -52,6 +53,7 @@ BENCH_COMMANDS = {
     "slow-clients": "kvpilot.bench.reliability.slow_clients",
     "tuning": "kvpilot.tuner.benchmark.cli",  # issue 39: the tuning-quality benchmark (grid, replay, confirm)
     "multinode": "kvpilot.bench.multinode",  # issue 41: ready, tokens/s, comm share, restart over nodes
+    "retune": "kvpilot.tuner.benchmark.retune",  # issue 50: continuous tuning against a workload shift
 }
 
 

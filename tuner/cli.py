@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import secrets
 import sys
 import tempfile
@@ -240,7 +241,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             p.error(str(e))
         a.no_live = True  # vLLM has no live scheduler changes: every trial is a restart
     if a.local:
-        a.api_key = a.api_key or secrets.token_hex(8)
+        a.api_key = a.api_key or os.environ.get("VLLM_API_KEY") or secrets.token_hex(8)  # as vllm serve reads it
         a.trials = a.trials or 8
         a.objective = a.objective or "goodput"
     a.report_dir = Path(a.report_dir or tempfile.mkdtemp(prefix="kvpilot-tune-"))

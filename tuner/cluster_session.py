@@ -153,7 +153,10 @@ class ClusterStudies:
         if a.metrics_port:
             self.metrics.serve(a.metrics_port)
         self.model = resolve_model(spec.model.source)
-        self.space = a.space.pin(tuple(BY_CRD[p].name for p in spec.tuning.pinned if p in BY_CRD))
+        # spec.tuning.pinned (spec.engine keys) and the tuner's own --pin (setting names)
+        self.pinned = tuple(dict.fromkeys([*(BY_CRD[p].name for p in spec.tuning.pinned if p in BY_CRD),
+                                           *getattr(a, "pinned", ())]))
+        self.space = a.space.pin(self.pinned)
 
     def run_study(self, name: str, running: EngineSettings, n_trials: int, stop: Callable[[], bool] = lambda: False,
                   final_phase: str = "Done") -> tuple[dict[str, Any], EngineSettings, optuna.Study]:
@@ -163,8 +166,7 @@ class ClusterStudies:
         Returns the report, the settings deployed and the study."""
         a, slo, event = self.a, self.slo, self.event
         study = open_study(name, self.storage, self.objective, a.sampler, a.seed)
-        pinned = tuple(BY_CRD[p].name for p in self.spec.tuning.pinned if p in BY_CRD)
-        best_known = prepare(study, self.storage, self.base_name, running, self.space, self.model, pinned)
+        best_known = prepare(study, self.storage, self.base_name, running, self.space, self.model, self.pinned)
         self.runner.best_settings, self.runner.best_trial = best_known, None
 
         def on_trial(t: optuna.trial.FrozenTrial) -> None:

@@ -13,7 +13,10 @@ The session, on either site (`Site`: local engine processes or an InferenceServi
    (`kvpilot.tuner.reseed`: the nearest earlier workload's best trials first, the running
    settings as the baseline), which may replace the running settings only as the first did
    (beyond the measured noise), with the user's pinned settings never changed;
-4. the trigger window's shape becomes the workload the new settings were tuned on.
+4. the trigger window's shape is recorded as the workload the new study tuned for (the next
+   nearest-workload lookup reads it), and the watcher's reference is rebuilt from the first
+   windows after the study (the medians of WatchConfig.reference_windows windows, steadier
+   than one window at low rates).
 One rollout at a time holds by construction: the session is sequential, and each trial and
 each restore waits for its rollout (`KubernetesRunner.wait_rollout`) before the next step.
 None of the systems we compare with re-tunes engine limits on a workload move: KServe and
@@ -158,7 +161,8 @@ def run_continuous(site: Site, storage: optuna.storages.BaseStorage, base_name: 
         record_shape(study, shape)  # what the new study tunes for (the nearest-workload lookup reads it)
         study, running = site.run_study(name, running, config.retune_trials)
         timeline.study(name, trigger.reason, trigger.message, running, len(study.trials))
-        watcher.study_ended(shape)
+        watcher.study_ended(None)
+        watcher.rebuild_reference()  # from the traffic the new settings serve
     _set_watching(metrics, False)
     return timeline
 

@@ -25,6 +25,7 @@ low rates) and take the reference from the study's whole traffic, not one window
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.tuner.objective import INFEASIBLE, SLO, Measurement, violations
-from kvpilot.tuner.shape import WorkloadShape, shifted
+from kvpilot.tuner.shape import FIGURES, WorkloadShape, shifted
 
 SLO_BREACHED, WORKLOAD_SHIFTED = "SLOBreached", "WorkloadShifted"
 HOUR_S = 3600.0
@@ -45,7 +46,9 @@ class WatchConfig:
     moving by more than this factor from the tuned-on shape for this many consecutive
     windows starts one; min_requests: fewer finished requests in a window judge nothing;
     cooldown_s: no study starts within this long after the last ended; max_studies_per_hour:
-    cap over a sliding hour. Raises ValueError on values that cannot work."""
+    cap over a sliding hour; reference_windows: judged windows whose figures' medians make
+    the reference when there is none (after a study: the traffic its settings serve). Raises
+    ValueError on values that cannot work."""
 
     window_s: float = 60.0
     breach_windows: int = 3
@@ -54,6 +57,7 @@ class WatchConfig:
     min_requests: int = 10
     cooldown_s: float = 600.0
     max_studies_per_hour: int = 2
+    reference_windows: int = 3
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -63,9 +67,10 @@ class WatchConfig:
                              f"{self.breach_windows} and {self.shift_windows}")
         if not self.shift_ratio > 1:
             raise ValueError(f"shift_ratio must be > 1 (a factor, 2 = twice or half), got {self.shift_ratio}")
-        if self.min_requests < 1 or self.max_studies_per_hour < 1 or self.cooldown_s < 0:
-            raise ValueError(f"min_requests and max_studies_per_hour must be >= 1 and cooldown_s >= 0, got "
-                             f"{self.min_requests}, {self.max_studies_per_hour}, {self.cooldown_s}")
+        if self.min_requests < 1 or self.max_studies_per_hour < 1 or self.cooldown_s < 0 or self.reference_windows < 1:
+            raise ValueError(f"min_requests, max_studies_per_hour and reference_windows must be >= 1 and cooldown_s "
+                             f">= 0, got {self.min_requests}, {self.max_studies_per_hour}, {self.reference_windows}, "
+                             f"{self.cooldown_s}")
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,7 @@ class Watcher:
         self.studying = False
         self.cooldown_until = -math.inf
         self.study_starts: deque[float] = deque()
+        self._building: list[WorkloadShape] = []  # judged windows toward a reference
 
     def observe(self, m: Measurement, shape: WorkloadShape) -> WindowVerdict:
         """Judges one window: SLO breach first, then shift. A window with fewer than
@@ -148,9 +154,12 @@ class Watcher:
         moved: dict[str, tuple[float, float]] = {}
         if shape.requests >= self.config.min_requests:  # quantiles of a handful of requests say little
             if self.reference is None:
-                self.reference = shape
-            moved = shifted(self.reference, shape, self.config.shift_ratio)
-            self.shifted_windows = self.shifted_windows + 1 if moved else 0
+                self._building.append(shape)
+                if len(self._building) >= self.config.reference_windows:
+                    self.reference, self._building = median_shape(self._building), []
+            else:
+                moved = shifted(self.reference, shape, self.config.shift_ratio)
+                self.shifted_windows = self.shifted_windows + 1 if moved else 0
         trigger = self._trigger(m, broken, moved, attainment, shape)
         held = self._held() if trigger else None
         if held:
@@ -190,6 +199,11 @@ class Watcher:
         self.studying = True
         self.study_starts.append(self.clock())
 
+    def rebuild_reference(self) -> None:
+        """Forgets the reference: the next `reference_windows` judged windows make a new one
+        (after a study, the traffic its settings serve)."""
+        self.reference, self._building = None, []
+
     def study_ended(self, reference: WorkloadShape | None) -> None:
         """The study's workload becomes the reference (None keeps the old one), the counts
         reset and the cool-down starts."""
@@ -198,3 +212,14 @@ class Watcher:
         self.studying = False
         self.breached_windows = self.shifted_windows = 0
         self.cooldown_until = self.clock() + self.config.cooldown_s
+
+
+def median_shape(shapes: list[WorkloadShape]) -> WorkloadShape:
+    """The figure-by-figure median of several windows' shapes (NaN figures left out), with
+    their requests and durations summed: a reference steadier than any one window."""
+    def median(name: str) -> float:
+        values = sorted(v for s in shapes if not math.isnan(v := getattr(s, name)))
+        return statistics.median(values) if values else math.nan
+
+    return WorkloadShape(duration_s=sum(s.duration_s for s in shapes), requests=sum(s.requests for s in shapes),
+                         **{name: median(name) for name in FIGURES})

@@ -98,10 +98,26 @@ def test_a_breach_wins_over_a_shift_in_the_same_window():
 
 
 def test_without_a_reference_the_first_judged_window_becomes_it():
-    w = Watcher(SLOS, WatchConfig(shift_windows=1), clock=Clock())
+    w = Watcher(SLOS, WatchConfig(shift_windows=1, reference_windows=1), clock=Clock())
     w.observe(window(completed=2), moved(prompt_tokens_p50=50.0, requests=2))  # too small: not the reference
     assert w.observe(window(), BASE).trigger is None and w.reference == BASE
     assert w.observe(window(), moved(arrival_rps=3.0)).trigger.reason == WORKLOAD_SHIFTED
+
+
+def test_the_reference_is_the_median_of_several_windows_and_rebuilt_after_a_study():
+    w = Watcher(SLOS, WatchConfig(shift_windows=1, reference_windows=3), clock=Clock())
+    odd = moved(prompt_tokens_p90=BASE.prompt_tokens_p90 * 5)  # one odd window among three
+    for shape in (BASE, odd, BASE):
+        assert w.observe(window(), shape).trigger is None  # no shift is judged while the reference builds
+    assert w.reference.prompt_tokens_p90 == BASE.prompt_tokens_p90 and w.reference.requests == 3 * BASE.requests
+    assert w.observe(window(), moved(arrival_rps=3.0)).trigger.reason == WORKLOAD_SHIFTED
+    w.rebuild_reference()
+    assert w.reference is None
+    for _ in range(3):
+        w.observe(window(), moved(arrival_rps=3.0))
+    assert w.reference.arrival_rps == 3.0
+    with pytest.raises(ValueError, match="reference_windows"):
+        WatchConfig(reference_windows=0)
 
 
 def test_unchanged_noisy_traffic_starts_no_study_over_two_hours():
