@@ -137,9 +137,10 @@ def test_a_workload_shift_in_the_cluster_starts_a_seeded_retune_and_watching_res
         kubectl.apply(load_pod("load-a", 32, 900))
         first = poll(lambda: ready(kubectl, NAME), POD_START_TIMEOUT_S, "the InferenceService Ready")
         seen = Watch(kubectl)
-        # study 0: one trial on the spec as it is, then phase Watching and judged windows of phase A
-        poll(lambda: seen.get()["status"]["tuning"]["phase"] == "Watching" and len(seen.judged()) >= 2, 240,
-             "phase Watching with two judged windows of phase A")
+        # study 0: one trial on the spec as it is, then phase Watching; the watcher's reference is the
+        # median of its first 3 judged windows (WatchConfig.reference_windows), all of phase A
+        poll(lambda: seen.get()["status"]["tuning"]["phase"] == "Watching" and len(seen.judged()) >= 3, 240,
+             "phase Watching with three judged windows of phase A")
         phase_a = seen.judged()[-1]
         shift_at = time.monotonic()
         kubectl.apply(load_pod("load-b", 256, 600))
@@ -166,7 +167,8 @@ def test_a_workload_shift_in_the_cluster_starts_a_seeded_retune_and_watching_res
         kubectl("delete", "pod", "load-b", "--wait=false")
     duration = time.monotonic() - start
     print(f"\ncontinuous tuning e2e: {duration:.0f} s in the test (detection {detected_s:.0f} s after phase B "
-          f"started), {len(seen.windows)} watch windows seen; trigger: {event['message']}")
+          f"started), {len(seen.windows)} watch windows seen; trigger: {event['message']}; re-tune trials: "
+          f"{[(h['trial'], h['maxNumBatchedTokens'], h['verdict']) for h in after['status']['tuning']['history']]}")
 
     tuning = during["status"]["tuning"]
     assert (event["type"], event["reason"]) in {("Warning", r) for r in TRIGGERS}, operator_log[-3000:]
