@@ -11,7 +11,9 @@ WorkloadShifted, the figures in the message) and sets the resource's `Tuning` co
 (status True, the same reason and message; status False, reason Watching, once the study
 has deployed its outcome). The condition is written with the object's resourceVersion
 (optimistic concurrency, retried on 409), so the operator's own conditions, written by
-another process, are never lost. Sources: Kubernetes API conventions, "Typical status
+another process, are never lost; the operator may still write back an older Tuning condition
+from the object its handler was given, so every watch window checks it and sets it again when it
+differs from what the tuner last set. Sources: Kubernetes API conventions, "Typical status
 properties" (conditions) and "Concurrency Control and Consistency".
 
 The session ends when stop() turns true (the operator shuts down), or when the resource no
@@ -73,13 +75,33 @@ class ClusterSite:
     def __init__(self, studies: Any, stop: Callable[[], bool]):
         self.studies, self.stop = studies, stop
         self.window_s = float(studies.spec.tuning.watchSeconds)
+        self.condition: tuple[str, str, str] | None = None  # (status, reason, message) last set
+
+    def set_condition(self, status: str, reason: str, message: str) -> None:
+        a = self.studies.a
+        self.condition = (status, reason, message[:1000])
+        set_condition(self.studies.kube, a.namespace, a.name, status, reason, message)
+
+    def keep_condition(self) -> None:
+        """Sets the Tuning condition again when it no longer reads as last set: the operator
+        patches the conditions from the object its handler was given, which may predate the
+        tuner's last write."""
+        if self.condition is None:
+            return
+        a = self.studies.a
+        try:
+            conditions = (self.studies.kube.get_isvc(a.namespace, a.name).get("status") or {}).get("conditions")
+        except ApiError as e:
+            logger.warning("could not read the %s condition: %s", CONDITION, e)
+            return
+        now = next((c for c in conditions or () if c.get("type") == CONDITION), {})
+        if (now.get("status"), now.get("reason"), now.get("message")) != self.condition:
+            self.set_condition(*self.condition)
 
     def run_study(self, name: str, running: EngineSettings, n_trials: int) -> tuple[optuna.Study, EngineSettings]:
         _, final, study = self.studies.run_study(name, running, n_trials, self.stop, final_phase="Watching")
-        a = self.studies.a
-        set_condition(self.studies.kube, a.namespace, a.name, "False", "Watching",
-                      f"study {name} deployed {final.describe()}; watching the live traffic every "
-                      f"{self.window_s:.0f} s")
+        self.set_condition("False", "Watching", f"study {name} deployed {final.describe()}; watching the live "
+                                                f"traffic every {self.window_s:.0f} s")
         return study, final
 
     def observe(self) -> tuple[Measurement, WorkloadShape]:
@@ -92,12 +114,12 @@ class ClusterSite:
 
     def publish(self, status: dict[str, Any]) -> None:
         self.studies.runner.write_tuning(**status)
+        self.keep_condition()
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.studies.event(reason, message, "Warning" if warning else "Normal")
         if reason in (SLO_BREACHED, WORKLOAD_SHIFTED):
-            a = self.studies.a
-            set_condition(self.studies.kube, a.namespace, a.name, "True", reason, message)
+            self.set_condition("True", reason, message)
 
 
 def still_continuous(kube: Any, namespace: str, name: str) -> bool:

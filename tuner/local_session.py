@@ -53,8 +53,10 @@ def hardware_for(a: argparse.Namespace) -> Hardware:
                     shared_memory=not on_gpu, quantization=quantization, one_machine=True)
 
 
-# settings that --engine-arg may set and the defaults trial takes as its own (base_settings)
-SETTINGS_FROM_ARGS = ("performance_mode", "kv_cache_memory_bytes", "block_size")
+# settings that --engine-arg may set and the defaults trial takes as its own (base_settings): the
+# engine as it runs before tuning, e.g. limits a deployment settled on
+SETTINGS_FROM_ARGS = ("performance_mode", "kv_cache_memory_bytes", "block_size", "max_num_batched_tokens",
+                      "max_num_seqs")
 
 
 class SetupError(ValueError):
@@ -65,7 +67,8 @@ def base_settings(a: argparse.Namespace) -> EngineSettings:
     """The defaults trial's settings: the engine's defaults at --max-model-len, with the
     --engine-arg values of the settings that move them or the KV cache (--performance-mode
     throughput doubles the default limits; --kv-cache-memory-bytes sizes the cache, --block-size
-    divides it), so that trial 0 and the memory model see the engine that runs."""
+    divides it; --max-num-batched-tokens and --max-num-seqs: the limits running before tuning),
+    so that trial 0 and the memory model see the engine that runs."""
 
     given = {name: (BY_NAME[name].parse or BY_NAME[name].type)(v)
              for name in SETTINGS_FROM_ARGS if (v := flag_value(a.engine_args, name)) is not None}

@@ -105,6 +105,9 @@ def test_daemon_builds_its_session_flags_from_the_environment():
     assert wants_tuning(spec={"tuning": {"enabled": True}}, status={})
     assert not wants_tuning(spec={"tuning": {"enabled": True}}, status={"tuning": {"phase": "Done"}})
     assert not wants_tuning(spec={"tuning": {"enabled": False}}, status={})
+    # continuous mode: the daemon keeps watching after a study, and starts on a resource switched to it
+    assert wants_tuning(spec={"tuning": {"enabled": True, "mode": "continuous"}}, status={"tuning": {"phase": "Done"}})
+    assert not wants_tuning(spec={"tuning": {"enabled": False, "mode": "continuous"}}, status={})
 
 
 def test_a_searched_setting_given_as_an_engine_arg_is_not_repeated_after_the_trials_flags():
@@ -116,3 +119,23 @@ def test_a_searched_setting_given_as_an_engine_arg_is_not_repeated_after_the_tri
     a = cli.parse(demo_args(CALIBRATION, CACHE, Path("/tmp")) + ["--engine-arg=--num-gpu-blocks-override=64"])
     assert base_settings(a).kv_cache_memory_bytes == CACHE.kv_cache_memory_bytes
     assert fixed_engine_args(a.engine_args) == ["--num-gpu-blocks-override", "64"]
+
+
+def test_the_limits_running_before_tuning_are_the_defaults_trial_and_not_repeated():
+    from kvpilot.tuner.local_session import base_settings, fixed_engine_args
+
+    a = cli.parse(["--local", "--engine-arg=--max-num-batched-tokens=64", "--engine-arg=--max-num-seqs=16",
+                   "--engine-arg=--num-gpu-blocks-override=64"])
+    base = base_settings(a)
+    assert (base.max_num_batched_tokens, base.max_num_seqs) == (64, 16)
+    assert fixed_engine_args(a.engine_args) == ["--num-gpu-blocks-override", "64"]
+
+
+def test_continuous_flags_are_checked():
+    ok = ["--local", "--continuous", "--live-seconds", "30", "--port", "8000"]
+    assert cli.parse(ok + ["--pin", "max_num_seqs"]).pinned == ("max_num_seqs",)
+    for bad in (["--local", "--continuous", "--port", "8000"], ok + ["--shift-ratio", "1"],
+                ok + ["--pin", "max_model_len"], ["--namespace", "n", "--name", "x", "--continuous"]):
+        with pytest.raises(SystemExit) as e:
+            cli.parse(bad)
+        assert e.value.code == 2, bad

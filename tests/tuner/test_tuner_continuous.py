@@ -156,3 +156,48 @@ def test_pinned_settings_never_change():
 def test_pinning_a_setting_the_tuner_does_not_search_is_refused():
     with pytest.raises(ValueError, match="cannot pin"):
         SPACE.pin(("max_model_len",))
+
+
+class FakeKube:
+    """An InferenceService's status, a resourceVersion, and merge patches that are refused
+    (409) when they carry an older resourceVersion, as the API server does."""
+
+    def __init__(self):
+        self.obj = {"metadata": {"resourceVersion": "1", "generation": 3},
+                    "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready"}]}}
+        self.patches = 0
+
+    def get_isvc(self, namespace, name):
+        import copy
+        return copy.deepcopy(self.obj)
+
+    def patch(self, path, body):
+        from kvpilot.api.kube import ApiError
+        if body["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
+        self.obj["status"].update(body["status"])
+        self.obj["metadata"]["resourceVersion"] = str(int(self.obj["metadata"]["resourceVersion"]) + 1)
+        self.patches += 1
+
+
+def test_the_tuning_condition_keeps_the_operators_and_is_set_again_when_overwritten():
+    from types import SimpleNamespace
+
+    from kvpilot.tuner.cluster_continuous import ClusterSite
+
+    kube = FakeKube()
+    studies = SimpleNamespace(kube=kube, a=SimpleNamespace(namespace="ns", name="x"),
+                              spec=SimpleNamespace(tuning=SimpleNamespace(watchSeconds=10)),
+                              runner=SimpleNamespace(write_tuning=lambda **f: None), event=lambda *a: None)
+    site = ClusterSite(studies, stop=lambda: False)
+    site.event("WorkloadShifted", "prompt_tokens_p50 35 -> 350 (x10)", warning=True)
+    conds = {c["type"]: c for c in kube.obj["status"]["conditions"]}
+    assert conds["Ready"]["status"] == "True"  # the operator's condition is kept
+    assert (conds["Tuning"]["status"], conds["Tuning"]["reason"]) == ("True", "WorkloadShifted")
+    assert conds["Tuning"]["observedGeneration"] == 3
+    kube.obj["status"]["conditions"] = [conds["Ready"], {**conds["Tuning"], "reason": "Old"}]  # a stale write-back
+    site.publish({"phase": "Watching"})
+    assert {c["type"]: c for c in kube.obj["status"]["conditions"]}["Tuning"]["reason"] == "WorkloadShifted"
+    before = kube.patches
+    site.publish({"phase": "Watching"})
+    assert kube.patches == before  # nothing to mend: no write
