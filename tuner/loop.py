@@ -20,13 +20,13 @@ The real outcome stays visible in the user attributes: `verdict`, `pruned_reason
 `failure_kind`, `failure_message`, `measurement`. Only a failure that says nothing about
 the settings is told FAIL: a transient one after its retry, and a trial interrupted by a
 killed tuner (`kvpilot.tuner.study.recover_interrupted`); both may be proposed again.
-The engine defaults are enqueued as the first trial; with `guided` (`kvpilot tune`'s default) the next
-trials come from `kvpilot.tuner.guide` (memory-model points, a repair of the SLO the
-defaults broke, neighbour moves from the best so far) and the sampler proposes when the
-guide has nothing left. At the end the best few feasible
-trials (and the incumbent, the defaults, when feasible) are measured again; the report's
-decision (`kvpilot.tuner.decision`) replaces the running settings only when the winner
-beats the incumbent beyond the measured spread.
+The engine defaults are enqueued as the first trial; with `guided` (`kvpilot tune`'s
+default) the next trials come from `kvpilot.tuner.guide` (memory-model points, a repair of
+the SLO the defaults broke, neighbour moves from the best so far) and the sampler proposes
+when the guide has nothing left. At the end the best few feasible trials (and the incumbent,
+the defaults, when feasible) are measured again; the report's decision
+(`kvpilot.tuner.decision`) replaces the running settings only when the winner beats the
+incumbent beyond the measured spread.
 """
 
 from __future__ import annotations
@@ -70,22 +70,23 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class TunerConfig:
-    """objective: 'goodput' | 'throughput' | 'multi'; latency: the p95 that 'multi'
-    minimises ('ttft' | 'itl' | 'e2e'); n_trials: deployments to spend (measured or failed
-    trials; pruned and duplicate ones are free); remeasure_top: how many of the best
-    feasible trials to measure again at the end (the incumbent, trial 0, too when it is
-    feasible); max_asks: stop after this many asks even if the budget is not spent (a space
-    that is mostly infeasible); max_windows: windows per trial, more than one measures a
-    second and keeps going up to max_windows while their relative spread exceeds
-    wide_spread (`kvpilot.tuner.decision.window_figure`); guided: propose trials with
-    `kvpilot.tuner.guide` before the sampler; request_tokens: the workload's request sizes
-    (prompt + output tokens) the guide's memory-model points use (None: max_model_len)."""
+    """objective: 'goodput' | 'throughput' | 'multi'; latency: the p95 that 'multi' minimises ('ttft' | 'itl' | 'e2e');
+    n_trials: deployments to spend (measured or failed trials; pruned and duplicate ones are free);
+    remeasure_top: how many of the best feasible trials to measure again at the end (the incumbent, trial 0, too
+    when it is feasible); max_asks: stop after this many asks even if the budget is not spent (a space that is
+    mostly infeasible); max_free_asks: stop after this many asks in a row that deploy nothing (duplicates,
+    refusals: a space with nothing new left, e.g. pinned); max_windows: windows per trial, more than one
+    measures a second and keeps going up to max_windows while their relative spread exceeds wide_spread
+    (`kvpilot.tuner.decision.window_figure`); guided: propose trials with `kvpilot.tuner.guide` before the
+    sampler; request_tokens: the workload's request sizes (prompt + output tokens) the guide's memory-model
+    points use (None: max_model_len)."""
 
     objective: str = "goodput"
     latency: str = "e2e"
     n_trials: int = 8
     remeasure_top: int = 2
     max_asks: int = 200
+    max_free_asks: int = 30
     max_windows: int = 1
     wide_spread: float = 0.15
     guided: bool = False
@@ -103,8 +104,8 @@ class Tuner:
         self.slo, self.runner, self.config = slo, runner, config
         self.on_trial = on_trial or (lambda _t: None)
         self.n_constraints = len(constraint_names(slo))
-        self.guide = Guide(self.space, base, model, hardware, slo, config.request_tokens,
-                           seed=len(study.trials)) if config.guided else None
+        self.guide = Guide(self.space, base, model, hardware, slo, config.request_tokens, seed=len(study.trials)) \
+            if config.guided else None
 
     # ------------------------------------------------------------ driver
     def run(self, stop: Callable[[], bool] = lambda: False) -> optuna.Study:
@@ -116,21 +117,23 @@ class Tuner:
             logger.info("resuming: trials %s were interrupted and are queued again", interrupted)
         if not any(t.user_attrs.get("is_defaults") for t in self.study.get_trials(deepcopy=False)):
             self.study.enqueue_trial(self.space.params_of(self.base, self.model), user_attrs={"is_defaults": True})
-        asks = 0
+        asks = free = 0
         while self.deployed() < self.config.n_trials and asks < self.config.max_asks:
             if stop():
                 raise TuningStopped(f"stopped after {self.deployed()} of {self.config.n_trials} trials")
             asks += 1
-            self.step()
+            free = free + 1 if self.step().user_attrs.get("verdict") in (DUPLICATE, PRUNED, KNOWN_FAILURE) else 0
+            if free >= self.config.max_free_asks:  # e.g. a space pinned down to a point or two
+                logger.warning("stopping: %d asks in a row deployed nothing new (the space is spent)", free)
+                break
         if self.config.objective != "multi":
             self.remeasure_best(stop)
         return self.study
 
     def deployed(self) -> int:
         """Trials that deployed settings (measured or failed), re-measurements not counted."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("verdict") in (MEASURED, VIOLATES, FAILED, CUT_SHORT)
-                   and "remeasure_of" not in t.user_attrs)
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if "remeasure_of" not in t.user_attrs
+                   and t.user_attrs.get("verdict") in (MEASURED, VIOLATES, FAILED, CUT_SHORT))
 
     def step(self) -> optuna.trial.FrozenTrial:
         """One ask (the guide's proposal when it has one), judge, (maybe) run, tell."""
@@ -276,8 +279,7 @@ def penalty_values(study: optuna.Study, objective: str, slo: SLO, latency: str =
 
 
 def best_measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Original (not duplicate, not re-measure) feasible trials, best first by their
-    first objective value."""
+    """Original (not duplicate, not re-measure) feasible trials, best first by their first objective value."""
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     found = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
              if t.user_attrs.get("verdict") == MEASURED and "remeasure_of" not in t.user_attrs]

@@ -201,3 +201,15 @@ def test_the_tuning_condition_keeps_the_operators_and_is_set_again_when_overwrit
     before = kube.patches
     site.publish({"phase": "Watching"})
     assert kube.patches == before  # nothing to mend: no write
+
+
+def test_a_space_pinned_to_one_point_ends_the_study_instead_of_asking_on():
+    study = open_study("p", None, "goodput", "tpe", 0)
+    world = World(shift_at=10**9)
+    site = Site(world, None, "p")
+    space = SPACE.pin(("max_num_batched_tokens", "max_num_seqs"))
+    Tuner(study, space, BASE, SMOL, Hardware(64 * GiB), SLOS, site,
+          TunerConfig(objective="goodput", n_trials=5, remeasure_top=0)).run()
+    verdicts = [t.user_attrs["verdict"] for t in study.trials]
+    assert verdicts[0] == "measured" and set(verdicts[1:]) == {"duplicate"}
+    assert len(verdicts) == 1 + TunerConfig().max_free_asks  # not max_asks (200)
