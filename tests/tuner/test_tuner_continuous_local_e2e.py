@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_shift_in_live_traffic_is_seen_and_re_tuned(tmp_path):
-    argv = ["--arms", "continuous", "--phase-a", "32,32,1.5", "--phase-b", "768,32,0.5", "--phase-a-s", "60",
+    argv = ["--arms", "continuous", "--phase-a", "32,16,1.5", "--phase-b", "64,128,1.2", "--phase-a-s", "60",
             "--phase-b-s", "90", "--watch-seconds", "10", "--live-seconds", "10", "--retune-trials", "3",
             "--report-dir", str(tmp_path)]
     assert retune.main(argv) == 0

@@ -4,10 +4,10 @@ Each arm runs what a user runs, `kvpilot tune --local --continuous` (a subproces
 the trials on live traffic, the watcher), and sends it live traffic with `kvpilot bench serve`
 (vLLM's `vllm bench serve` flags; random prompts of a fixed length at a Poisson rate): phase A
 for --phase-a-s seconds, then phase B (longer prompts and replies, another rate) for
---phase-b-s. The first study has --first-trials trials (1: the --settled settings, a small
-token budget, as a deployment tuned on phase A's short prompts settles on; phase B's long
-prompts then need many chunked-prefill steps each and queue: its TTFT breaks, while a larger
-budget serves them). Arms:
+--phase-b-s. The first study has --first-trials trials (1: the --settled settings, two
+requests at once, which phase A's short replies never exceed; phase B's long replies keep
+each request running 8x longer, so two at once serve half its rate, requests queue and TTFT
+breaks, while more at once serve it). Arms:
 - `continuous`: the watcher re-tunes when the SLOs break (--breach-windows) or the shape moves;
 - `once`: the same session with re-tunes held back for ever (a cool-down longer than the run),
   so its watch windows measure what tuning once leaves running after the shift.
@@ -50,8 +50,8 @@ def _phase(text: str) -> tuple[int, int, float]:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kvpilot bench retune", description=__doc__.split("\n\n")[0])
     p.add_argument("--arms", default="continuous,once")
-    p.add_argument("--phase-a", type=_phase, default=(32, 32, 1.5), metavar="IN,OUT,RATE")
-    p.add_argument("--phase-b", type=_phase, default=(768, 32, 0.35), metavar="IN,OUT,RATE")
+    p.add_argument("--phase-a", type=_phase, default=(32, 16, 1.5), metavar="IN,OUT,RATE")
+    p.add_argument("--phase-b", type=_phase, default=(64, 128, 1.0), metavar="IN,OUT,RATE")
     p.add_argument("--range-ratio", type=float, default=0.0, help="prompt and reply lengths vary by this "
                    "fraction (vllm bench serve's --random-range-ratio); 0: the phase's lengths exactly")
     p.add_argument("--phase-a-s", type=float, default=200.0)
@@ -61,13 +61,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--breach-windows", type=int, default=2)
     p.add_argument("--first-trials", type=int, default=1)
     p.add_argument("--retune-trials", type=int, default=4)
-    p.add_argument("--settled", default="max_num_batched_tokens=64,max_num_seqs=16", metavar="NAME=VALUE,...",
-                   help="the settings running before the shift (the first study's trial 0): a small token budget, "
-                   "what a deployment tuned for short prompts and a tight ITL settles on")
-    p.add_argument("--search", default="64:2048", metavar="LOW:HIGH", help="max_num_batched_tokens range searched; "
-                   "max_num_seqs, chunked prefill and the memory fraction are pinned")
+    p.add_argument("--settled", default="max_num_seqs=2", metavar="NAME=VALUE,...",
+                   help="the settings running before the shift (the first study's trial 0): two requests at once, "
+                   "plenty for phase A's short replies")
+    p.add_argument("--search", default="2:64", metavar="LOW:HIGH", help="max_num_seqs range searched; the token "
+                   "budget, chunked prefill and the memory fraction are pinned")
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--slo", default="ttft=6000,itl=2000,preemptions=0", help="ms; preemptions per minute")
+    p.add_argument("--slo", default="ttft=3000,itl=1000,preemptions=0", help="ms; preemptions per minute")
     p.add_argument("--tune-arg", action="append", default=[], help="more `kvpilot tune` flags")
     p.add_argument("--report-dir", type=Path, default=None)
     p.add_argument("--output-json", type=Path, default=None)
@@ -96,7 +96,7 @@ def tune_command(a: argparse.Namespace, arm: str, port: int, report_dir: Path) -
             "--breach-windows", str(a.breach_windows), "--trials", str(a.first_trials),
             "--retune-trials", str(a.retune_trials), "--remeasure-top", "0", "--max-model-len", str(a.max_model_len),
             *(f"--engine-arg=--{k.replace('_', '-')}={v}" for k, v in a.settled.items()),
-            "--max-num-batched-tokens", a.search, "--pin", "enable_chunked_prefill,max_num_seqs,gpu_memory_utilization",
+            "--max-num-seqs", a.search, "--pin", "enable_chunked_prefill,max_num_batched_tokens,gpu_memory_utilization",
             "--slo-ttft-ms", a.slo.get("ttft", "20000"), "--slo-itl-ms", a.slo.get("itl", "2000"),
             "--max-preemptions-per-min", a.slo.get("preemptions", "0"),
             "--cooldown-s", "0" if arm == "continuous" else "1e9", "--max-studies-per-hour", "60",
