@@ -71,7 +71,8 @@ class LocalSite:
         reports.write(rep, a.report_dir / name)
         replace = rep.get("best") and (rep.get("decision") or {}).get("replace", True)
         final = EngineSettings(**rep["best"]["settings"]) if replace else running
-        self.runner.apply(final)  # the engine serves the outcome while the watcher looks on
+        if not (self.engine.running and self.engine.settings == final):  # vLLM: no restart for nothing
+            self.runner.apply(final)  # the engine serves the outcome while the watcher looks on
         print(f"study {name} done: serving {final.describe()} ({(rep.get('decision') or {}).get('reason', '')})",
               file=sys.stderr, flush=True)
         return study, final
