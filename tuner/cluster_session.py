@@ -38,7 +38,7 @@ from kvpilot.tuner.local import WindowMeasurer
 from kvpilot.tuner.loop import Tuner, TunerConfig, TuningStopped, best_measured
 from kvpilot.tuner.objective import SLO
 from kvpilot.tuner.promql import PrometheusSource
-from kvpilot.tuner.reseed import prepare
+from kvpilot.tuner.reseed import prepare, study_names
 from kvpilot.tuner.remote_tokenizer import RemoteTokenizer
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.study import open_study
@@ -123,7 +123,10 @@ def run_cluster(a: argparse.Namespace, kube: KubeClient | None = None, stop: Cal
         from kvpilot.tuner.cluster_continuous import run_watching
 
         return run_watching(session, original, stop)
-    return session.run_study(session.base_name, original, a.trials or spec.tuning.maxTrials, stop)[0]
+    # after continuous mode: its last study (with the budget it started with), not the first
+    name = (study_names(session.storage, session.base_name) or [session.base_name])[-1]
+    n_trials = a.trials or (spec.tuning.maxTrials if name == session.base_name else spec.tuning.retuneTrials)
+    return session.run_study(name, original, n_trials, stop)[0]
 
 
 class ClusterStudies:
