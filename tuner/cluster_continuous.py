@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 
 from kvpilot.api.kube import ApiError, isvc_path
-from kvpilot.tuner.continuous import ContinuousConfig, run_continuous
+from kvpilot.tuner.continuous import ContinuousConfig, run_continuous, watch_window
 from kvpilot.tuner.objective import Measurement
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.shape import WorkloadShape
@@ -105,12 +105,8 @@ class ClusterSite:
         return study, final
 
     def observe(self) -> tuple[Measurement, WorkloadShape]:
-        source = self.studies.measurer.source_for(self.studies.target)
-        start = source.begin()
-        deadline = time.monotonic() + self.window_s
-        while time.monotonic() < deadline and not self.stop():
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        return source.observe_window(start, self.studies.slo)
+        return watch_window(self.studies.measurer.source_for(self.studies.target), self.studies.slo, self.window_s,
+                            WatchConfig().min_requests, self.stop)
 
     def publish(self, status: dict[str, Any]) -> None:
         self.studies.runner.write_tuning(**status)

@@ -167,6 +167,27 @@ def run_continuous(site: Site, storage: optuna.storages.BaseStorage, base_name: 
     return timeline
 
 
+MAX_WINDOW_GROWTH = 10  # a watch window grows to at most this many times window_s
+
+
+def watch_window(source: Any, slo: SLO, window_s: float, min_requests: int,
+                 stop: Callable[[], bool] = lambda: False) -> tuple[Measurement, WorkloadShape]:
+    """One watch window from `source` (ScrapeSource or PrometheusSource): window_s long, and
+    longer, by whole window_s, until it holds min_requests finished (or failed) requests, up to
+    MAX_WINDOW_GROWTH times window_s. An overloaded engine finishes few requests: a fixed window
+    would then judge nothing while its queue grows (seen with vLLM at 2 requests at once and
+    545 waiting); a grown one judges them. stop() ends the wait early."""
+    start = source.begin()
+    for _ in range(MAX_WINDOW_GROWTH):
+        deadline = time.monotonic() + window_s
+        while time.monotonic() < deadline and not stop():
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        m, shape = source.observe_window(start, slo)
+        if m.completed + m.failed >= min_requests or stop():
+            break
+    return m, shape
+
+
 def _set_watching(metrics: Any, watching: bool) -> None:
     if metrics is not None:
         metrics.set_watching(watching)

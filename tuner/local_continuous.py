@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 import optuna
 
 from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.tuner import report as reports
-from kvpilot.tuner.continuous import ContinuousConfig, Timeline, run_continuous
+from kvpilot.tuner.continuous import ContinuousConfig, Timeline, run_continuous, watch_window
 from kvpilot.tuner.feasibility import resolve_model
 from kvpilot.tuner.local import LocalRunner
 from kvpilot.tuner.local_session import hardware_for, local_engine, progress_printer
@@ -78,10 +77,8 @@ class LocalSite:
         return study, final
 
     def observe(self) -> tuple[Measurement, WorkloadShape]:
-        source = self.source_for(self.engine.base_url)
-        start = source.begin()
-        time.sleep(self.a.watch_seconds)
-        return source.observe_window(start, self.a.slo)
+        return watch_window(self.source_for(self.engine.base_url), self.a.slo, self.a.watch_seconds,
+                            WatchConfig().min_requests)
 
     def publish(self, status: dict[str, Any]) -> None:
         watch = status.get("watch")

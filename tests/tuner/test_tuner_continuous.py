@@ -213,3 +213,29 @@ def test_a_space_pinned_to_one_point_ends_the_study_instead_of_asking_on():
     verdicts = [t.user_attrs["verdict"] for t in study.trials]
     assert verdicts[0] == "measured" and set(verdicts[1:]) == {"duplicate"}
     assert len(verdicts) == 1 + TunerConfig().max_free_asks  # not max_asks (200)
+
+
+def test_a_watch_window_grows_until_it_holds_enough_requests():
+    from kvpilot.tuner.continuous import MAX_WINDOW_GROWTH, watch_window
+
+    class Source:
+        """An overloaded engine: 4 requests finish per window_s."""
+
+        def __init__(self):
+            self.reads = 0
+
+        def begin(self):
+            return None
+
+        def observe_window(self, start, slo):
+            self.reads += 1
+            return Measurement(duration_s=self.reads, completed=4 * self.reads, ttft_p95_s=60.0), SHORT
+
+    source = Source()
+    m, _ = watch_window(source, SLOS, 0.01, min_requests=10)
+    assert source.reads == 3 and m.completed == 12  # judged: a fixed window of 4 requests would not be
+    idle = Source()
+    idle.observe_window = lambda start, slo: (Measurement(duration_s=1, completed=0), SHORT)
+    calls = []
+    watch_window(idle, SLOS, 0.01, min_requests=10, stop=lambda: calls.append(1) and False)
+    assert len(calls) >= MAX_WINDOW_GROWTH  # gives up after MAX_WINDOW_GROWTH windows
