@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from kvpilot.engine.cpu_info import detect_cpu
+from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.benchmark.windows import DEFAULT_MODEL
 
 ARMS = ("continuous", "once")
@@ -66,7 +67,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "plenty for phase A's short replies")
     p.add_argument("--search", default="2:64", metavar="LOW:HIGH", help="max_num_seqs range searched; the token "
                    "budget, chunked prefill and the memory fraction are pinned")
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument(BY_NAME["max_model_len"].flag, type=int, default=2048)
     p.add_argument("--slo", default="ttft=3000,itl=1000,preemptions=0", help="ms; preemptions per minute")
     p.add_argument("--tune-arg", action="append", default=[], help="more `kvpilot tune` flags")
     p.add_argument("--report-dir", type=Path, default=None)
@@ -91,12 +92,12 @@ def _free_port() -> int:
 
 def tune_command(a: argparse.Namespace, arm: str, port: int, report_dir: Path) -> list[str]:
     """The `kvpilot tune --local --continuous` command of one arm."""
-    return [sys.executable, "-P", "-m", "kvpilot.cli.main", "tune", "--local", "--continuous", "--port", str(port),
+    return [sys.executable, "-P", "-m", "kvpilot.cli.main", "tune", "--local", "--continuous", BY_NAME["port"].flag, str(port),
             "--live-seconds", str(a.live_seconds), "--watch-seconds", str(a.watch_seconds),
             "--breach-windows", str(a.breach_windows), "--trials", str(a.first_trials),
-            "--retune-trials", str(a.retune_trials), "--remeasure-top", "0", "--max-model-len", str(a.max_model_len),
+            "--retune-trials", str(a.retune_trials), "--remeasure-top", "0", BY_NAME["max_model_len"].flag, str(a.max_model_len),
             *(f"--engine-arg=--{k.replace('_', '-')}={v}" for k, v in a.settled.items()),
-            "--max-num-seqs", a.search, "--pin", "enable_chunked_prefill,max_num_batched_tokens,gpu_memory_utilization",
+            BY_NAME["max_num_seqs"].flag, a.search, "--pin", "enable_chunked_prefill,max_num_batched_tokens,gpu_memory_utilization",
             "--slo-ttft-ms", a.slo.get("ttft", "20000"), "--slo-itl-ms", a.slo.get("itl", "2000"),
             "--max-preemptions-per-min", a.slo.get("preemptions", "0"),
             "--cooldown-s", "0" if arm == "continuous" else "1e9", "--max-studies-per-hour", "60",
@@ -110,7 +111,7 @@ def load_command(base_url: str, phase: tuple[int, int, float], seconds: float, s
     return [sys.executable, "-P", "-m", "kvpilot.cli.main", "bench", "serve", "--base-url", base_url,
             "--dataset-name", "random", "--random-input-len", str(i), "--random-output-len", str(o),
             "--random-range-ratio", str(range_ratio), "--request-rate", str(rate), "--num-prompts", str(max(1, int(rate * seconds))),
-            "--ignore-eos", "--disable-tqdm", "--seed", str(seed), "--model", DEFAULT_MODEL]
+            "--ignore-eos", "--disable-tqdm", BY_NAME["seed"].flag, str(seed), "--model", DEFAULT_MODEL]
 
 
 def wait_for_engine(base_url: str, key: str, timeout_s: float = 300.0) -> None:
