@@ -1,7 +1,7 @@
 """`kvpilot tune --local --continuous` end to end on one machine, through `kvpilot bench
 retune`'s code path: the real engine (`kvpilot serve`, builtin SmolLM2, a small KV cache), live
-traffic from `kvpilot bench serve` (short prompts, then prompts 12x longer with longer replies,
-which preempt), the watcher on the engine's /metrics, and a re-tune seeded from the first study.
+traffic from `kvpilot bench serve` (short replies, then replies 8x longer, which two requests at once
+cannot serve), the watcher on the engine's /metrics, and a re-tune seeded from the first study.
 Short windows keep it near two minutes; `kvpilot bench retune`'s defaults measure it properly."""
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def test_a_shift_in_live_traffic_is_seen_and_re_tuned(tmp_path):
     assert arm["windows_met_before"] is not None and arm["windows"][0] >= 2  # phase A was watched
     timeline = json.loads((tmp_path / "continuous" / "timeline.json").read_text())
     windows = [e for e in timeline if e["kind"] == "window"]
-    assert all(w["shape"]["prompt_tokens_p50"] is None or w["shape"]["prompt_tokens_p50"] < 100
-               for w in windows if w["time_s"] < timeline[0]["time_s"] + 30)  # phase A's short prompts seen
-    assert max(w["shape"]["prompt_tokens_p50"] or 0 for w in windows) > 150  # and phase B's long ones
+    assert all(w["shape"]["output_tokens_p50"] is None or w["shape"]["output_tokens_p50"] < 40
+               for w in windows if w["time_s"] < timeline[0]["time_s"] + 30)  # phase A's short replies seen
+    assert max(w["shape"]["output_tokens_p50"] or 0 for w in windows) > 100  # and phase B's long ones
     # each study's report; the re-tune started from the running settings (its baseline)
     studies = sorted(p.name for p in (tmp_path / "continuous").iterdir() if p.is_dir())
     assert len(studies) == 2
