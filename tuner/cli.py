@@ -33,7 +33,10 @@ from kvpilot.engine.settings import BY_NAME, PERFORMANCE_MODES, RUNTIMES, SEARCH
 from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
 from kvpilot.tuner.space import SearchSpace
 from kvpilot.tuner.study import SAMPLERS
+from kvpilot.tuner.watch import WatchConfig
 from kvpilot.tuner.workload import Workload
+
+WATCH = WatchConfig()  # the watcher's defaults, which the continuous flags start from
 
 
 def _range(kind):
@@ -85,12 +88,12 @@ def _add_continuous_flags(p: argparse.ArgumentParser) -> None:
                    "on an SLO breach or a workload shift (needs --live-seconds and --port)")
     c.add_argument("--live-seconds", type=float, default=0.0, help="measure each trial on the live traffic others "
                    "send to --port for this long instead of driving ShareGPT load")
-    c.add_argument("--watch-seconds", type=float, default=60.0, help="one watch window")
-    c.add_argument("--breach-windows", type=int, default=3, help="windows in a row breaking an SLO that re-tune")
-    c.add_argument("--shift-ratio", type=float, default=2.0, help="a rate or length quantile moving by more than this "
+    c.add_argument("--watch-seconds", type=float, default=WATCH.window_s, help="one watch window")
+    c.add_argument("--breach-windows", type=int, default=WATCH.breach_windows, help="windows in a row breaking an SLO that re-tune")
+    c.add_argument("--shift-ratio", type=float, default=WATCH.shift_ratio, help="a rate or length quantile moving by more than this "
                    "factor re-tunes")
-    c.add_argument("--cooldown-s", type=float, default=600.0, help="no study within this long after the last")
-    c.add_argument("--max-studies-per-hour", type=int, default=2)
+    c.add_argument("--cooldown-s", type=float, default=WATCH.cooldown_s, help="no study within this long after the last")
+    c.add_argument("--max-studies-per-hour", type=int, default=WATCH.max_studies_per_hour)
     c.add_argument("--retune-trials", type=int, default=6, help="trials of a study the watcher starts")
     c.add_argument("--pin", default="", metavar="SETTING[,SETTING]", help="settings no trial changes, e.g. "
                    "max_num_seqs,enable_chunked_prefill")

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import optuna
 
 from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.reseed import record_shape, study_names
+from kvpilot.tuner.reseed import record_shape, shape_of, study_names
 from kvpilot.tuner.settings import EngineSettings
 from kvpilot.tuner.shape import WorkloadShape
 from kvpilot.tuner.watch import WatchConfig, Watcher, WindowVerdict
@@ -88,7 +88,7 @@ class Timeline:
                  "attainment": _finite(v.attainment), "violations": v.violations,
                  "breached_windows": v.breached_windows, "shifted_windows": v.shifted_windows,
                  "shift": {k: list(pair) for k, pair in v.shift.items()}, "held": v.held,
-                 "trigger": v.trigger.reason if v.trigger else None, "shape": _finite_dict(shape.as_dict()),
+                 "trigger": v.trigger.reason if v.trigger else None, "shape": shape.as_dict(),
                  "completed": m.completed, "ttft_p95_s": _finite(m.ttft_p95_s), "itl_p95_s": _finite(m.itl_p95_s),
                  "preemptions": m.preemptions}
         self.entries.append(entry)
@@ -101,10 +101,6 @@ class Timeline:
 
 def _finite(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-
-def _finite_dict(d: dict[str, float]) -> dict[str, float | None]:
-    return {k: _finite(v) for k, v in d.items()}
 
 
 def run_continuous(site: Site, storage: optuna.storages.BaseStorage, base_name: str, running: EngineSettings,
@@ -126,7 +122,7 @@ def run_continuous(site: Site, storage: optuna.storages.BaseStorage, base_name: 
     timeline.study(name, "Initial" if first else "Resumed", "", running, len(study.trials))
     watcher = Watcher(slo, config.watch, reference=None, clock=clock)
     watcher.study_ended(None)
-    tuned_on_recorded = "workload_shape" in study.user_attrs
+    tuned_on_recorded = shape_of(study) is not None
     windows = 0
     while not stop() and (config.max_windows is None or windows < config.max_windows):
         _set_watching(metrics, True)

@@ -38,6 +38,7 @@ import httpx
 from kvpilot.engine.cpu_info import detect_cpu
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.benchmark.windows import DEFAULT_MODEL
+from kvpilot.tuner.engine_process import free_port
 
 ARMS = ("continuous", "once")
 
@@ -82,14 +83,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tune_command(a: argparse.Namespace, arm: str, port: int, report_dir: Path) -> list[str]:
     """The `kvpilot tune --local --continuous` command of one arm."""
     return [sys.executable, "-P", "-m", "kvpilot.cli.main", "tune", "--local", "--continuous", BY_NAME["port"].flag, str(port),
@@ -131,7 +124,7 @@ def run_arm(a: argparse.Namespace, arm: str) -> dict[str, Any]:
     """One arm: the tuner, phase A's load, then phase B's; returns the arm's figures."""
     out = a.report_dir / arm
     out.mkdir(parents=True, exist_ok=True)
-    port, key = _free_port(), secrets.token_hex(8)
+    port, key = free_port(), secrets.token_hex(8)
     base_url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "VLLM_API_KEY": key, "OPENAI_API_KEY": key}  # never on a command line
     load_before = os.getloadavg()
