@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench.harness.server_process import KVPILOT_SERVE
-from kvpilot.engine import omp_wait
+from kvpilot.engine.cpu import omp_wait
 from kvpilot.engine.settings import flag_words, to_flags
 
 WHEEL_DIR = "~/.cache/kvpilot/wheels"

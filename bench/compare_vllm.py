@@ -5,9 +5,9 @@ concurrency mode.
   beside it); default the repository's .venv-vllm (`make vllm`). Nothing is installed into the
   project's environment. It is started as `PY -P -m vllm.entrypoints.cli.main`, in a folder
   outside the repository (kvpilot.api.vllm's VLLM_MODULE and VLLM_VENV, which
-  kvpilot.tuner.vllm_runtime starts it with too).
+  kvpilot.tuner.local.vllm_runtime starts it with too).
 - What it serves: the builtin model's dense weights (the safetensors conversion of the GGUF,
-  `kvpilot.engine.model_loader.resolve_model_path`, the directory `kvpilot.tuner.feasibility.
+  `kvpilot.engine.model_loader.resolve_model_path`, the directory `kvpilot.tuner.search.feasibility.
   model_directory` names) in --dtype, with --served-model-name, --max-model-len, --max-num-seqs
   and every --vllm-arg (e.g. --enforce-eager).
 - Its environment: kvpilot.api.vllm's VLLM_CPU_UNPINNED_ENVIRONMENT (no CPU reserved, no thread

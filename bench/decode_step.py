@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 from kvpilot.engine.settings import BY_NAME
 
 
@@ -54,7 +54,7 @@ _MODES = {
 def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int,
                     quantization: str | None = None):
     """An engine loaded with the kernel path of `mode` (see _MODES and --cpu-kernel)."""
-    from kvpilot.engine import cpu_kernel_path
+    from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 
     with cpu_kernel_path.chosen(cpu_kernel_path.choose(**_MODES[mode])):
         return _engine(model, dtype, max_batch, prompt_len, steps, quantization)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need at least one dtype, batch sizes >= 1, --steps >= 1 and --rounds >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+    from kvpilot.engine.cpu.info import choose_cpu_dtype, detect_cpu
 
     load_before = os.getloadavg()
     modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]

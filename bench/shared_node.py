@@ -45,7 +45,7 @@ from kvpilot.bench.harness.cgroups import CgroupUnavailable, CpuGroup, busy_loop
 from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.shared_node_report import ARRANGEMENTS, ratios, render
 from kvpilot.bench.sweep import fit_requests
-from kvpilot.engine import omp_wait
+from kvpilot.engine.cpu import omp_wait
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests

@@ -35,8 +35,8 @@ GRAMMARS = {"json_schema (4 fields)": {"json": SCHEMA}, "json_schema (40 fields)
 def time_compiles(tokenizer, vocab_size: int, repeats: int = 50) -> dict:
     """Seconds to build the compiler (TokenizerInfo) and to compile each of GRAMMARS cold and
     cached (median of `repeats`), on a fresh compiler whose cache is empty."""
-    from kvpilot.engine.structured_output import GrammarCompiler
-    from kvpilot.engine.structured_output_params import StructuredOutputsParams
+    from kvpilot.engine.structured_output.backend_xgrammar import GrammarCompiler
+    from kvpilot.engine.structured_output.params import StructuredOutputsParams
 
     t0 = time.perf_counter()
     compiler = GrammarCompiler(tokenizer, vocab_size)
@@ -60,7 +60,7 @@ MODES = {"without_schema": None, "json_schema": False, "json_schema_compact": Tr
 def run_once(llm, prompts: list[list[int]], max_tokens: int, compact: bool | None) -> dict:
     """One pass over prompts; compact None: no grammar, else SCHEMA with disable_any_whitespace=compact."""
     from kvpilot.engine.sampling_params import SamplingParams
-    from kvpilot.engine.structured_output_params import StructuredOutputsParams
+    from kvpilot.engine.structured_output.params import StructuredOutputsParams
 
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, structured_outputs=None
                              if compact is None else StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=compact))

@@ -4,7 +4,7 @@ tokens/s and the share of step time each rank spends communicating.
     python -m kvpilot.bench.tensor_parallel --sizes 1x1 3x1 1x2 1x3 --num-prompts 8 --max-tokens 32
 
 A size is TPxPP. Communication per rank is host wall time inside torch.distributed calls
-(engine/parallel_state.py keeps the tally): the step-input broadcast (driver), the
+(engine/distributed/parallel_state.py keeps the tally): the step-input broadcast (driver), the
 all-reduces and the logits all-gather (tensor parallel), and the point-to-point sends and
 receive waits between stages (pipeline parallel). A blocking call's time includes waiting
 for the slowest peer, so on the driver of a pipeline the receive wait for the logits also

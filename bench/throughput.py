@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from kvpilot.engine import LLM
-    from kvpilot.engine.cpu_info import choose_auto_dtype, detect_cpu
+    from kvpilot.engine.cpu.info import choose_auto_dtype, detect_cpu
 
     console = Console()
     cpu = detect_cpu()

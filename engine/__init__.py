@@ -6,14 +6,14 @@ that the OpenMP wait policy is in the environment before torch loads libgomp (om
 
 from importlib import import_module
 
-from kvpilot.engine import omp_wait
+from kvpilot.engine.cpu import omp_wait
 
 omp_wait.apply()  # before anything loads torch (and with it libgomp, which reads the wait policy once)
 
 _EXPORTS = {
     "EngineArgs": "kvpilot.engine.arg_utils",
-    "LLM": "kvpilot.engine.llm",
-    "LLMEngine": "kvpilot.engine.llm_engine",
+    "LLM": "kvpilot.engine.entrypoints.llm",
+    "LLMEngine": "kvpilot.engine.engine.llm_engine",
     "SamplingParams": "kvpilot.engine.sampling_params",
     "RequestOutput": "kvpilot.engine.outputs",
     "CompletionOutput": "kvpilot.engine.outputs",

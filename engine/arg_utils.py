@@ -22,7 +22,7 @@ from kvpilot.engine.config import (
     SchedulerConfig,
     resolve_dtype,
 )
-from kvpilot.engine.cpu_info import choose_auto_dtype
+from kvpilot.engine.cpu.info import choose_auto_dtype
 from kvpilot.engine.memory import cpu_kvcache_space_bytes
 from kvpilot.engine.settings.cli_args import DEFAULT_MODEL, add_engine_args
 
@@ -102,7 +102,7 @@ class EngineArgs:
         quantization = settings.resolve_quantization(self.quantization, gguf_source(self.model) is not None,
                                                      device == "cpu")
         if quantization == "gguf" and device == "cpu":  # a bad KVPILOT_GGUF_ACTIVATIONS fails here, before any load
-            from kvpilot.engine import cpu_kernel_path
+            from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 
             cpu_kernel_path.current()
         if self.performance_mode == "interactivity":

@@ -206,12 +206,12 @@ def node_ranks(world_size: int, nnodes: int, node_rank: int) -> range:
 class ParallelConfig:
     """Tensor and pipeline parallel sizes (world size = tp x pp), and the nodes the ranks run
     on. Pipeline stages get contiguous layer ranges split as vLLM's get_pp_indices does
-    (engine/parallel_layout.py), so pipeline_parallel_size need not divide the layers.
+    (engine/distributed/parallel_layout.py), so pipeline_parallel_size need not divide the layers.
 
     nnodes / node_rank / master_addr / master_port: vLLM's multi-node settings
     (`vllm serve --nnodes --node-rank --master-addr --master-port`): node r runs the
     world / nnodes contiguous global ranks from r x (world / nnodes); every node meets the
-    others at node 0's master_addr:master_port (engine/rendezvous.py). Raises ValueError
+    others at node 0's master_addr:master_port (engine/distributed/rendezvous.py). Raises ValueError
     when nnodes does not divide the world or node_rank is not below nnodes."""
 
     tensor_parallel_size: int = _default("tensor_parallel_size")

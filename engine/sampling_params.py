@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvpilot.engine.structured_output_params import StructuredOutputsParams
+from kvpilot.engine.structured_output.params import StructuredOutputsParams
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 _MIN_TEMPERATURE = 1e-2  # vLLM's _MAX_TEMP: a smaller positive temperature is raised to it
@@ -28,7 +28,7 @@ class SamplingParams:
     allowed_token_ids: None, or the only token ids the output may hold (non-empty).
     structured_outputs: None, or the grammar the output must follow (json schema, regex,
         choice, EBNF grammar, any JSON); compiled by the engine's xgrammar compiler and
-        enforced with a token bitmask each step (engine/grammar_bitmask.py).
+        enforced with a token bitmask each step (engine/structured_output/bitmask.py).
     seed: per-request seed; the same seed and prompt give the same output.
     max_tokens: output tokens at most (None: up to max_model_len).
     stop: strings that end the output (not included in the text).

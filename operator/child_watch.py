@@ -19,11 +19,11 @@ from typing import Any
 
 from kvpilot.api.kube import isvc_path
 
-from .builders import ISVC_LABEL
-from .context import Context
-from .drift import covers
-from .reconcile import desired_children
-from .validation import SPEC_ERRORS, runnable_spec
+from kvpilot.operator.render.builders import ISVC_LABEL
+from kvpilot.operator.context import Context
+from kvpilot.operator.drift import covers
+from kvpilot.operator.reconcile import desired_children
+from kvpilot.operator.validation import SPEC_ERRORS, runnable_spec
 
 
 def owner_if_settled(ctx: Context, child: Mapping[str, Any]) -> Mapping[str, Any] | None:

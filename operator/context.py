@@ -12,9 +12,9 @@ from typing import Any
 
 from kvpilot.api.kube import AsyncKubeClient
 
-from .builders import Images
-from .network import NetworkPolicyConfig
-from .policy import Policy
+from kvpilot.operator.render.builders import Images
+from kvpilot.operator.render.network import NetworkPolicyConfig
+from kvpilot.operator.policy import Policy
 
 
 RECONCILE_SLOTS = 64  # twice the API client's threads (kvpilot.api.kube.WORKERS), so they stay busy

@@ -1,7 +1,7 @@
 """Keeps the groups of a multi-pod InferenceService (spec.parallelism.nnodes > 1) whole, and
 says how many are ready.
 
-A group is one engine over nnodes pods (operator/group_builders.py): node 0 (the leader pod
+A group is one engine over nnodes pods (operator/render/group_builders.py): node 0 (the leader pod
 NAME-i) and the workers NAME-i-1 .. NAME-i-(nnodes-1). An engine cannot take a node back once
 it lost it (torch's process group is fixed at rendezvous), so:
 
@@ -31,8 +31,8 @@ from typing import Any
 
 from kvpilot.api.kube import AsyncKubeClient, object_path
 
-from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
-from .group_builders import GROUP_LABEL, POD_INDEX_LABEL, headless_service_name, worker_statefulset_name
+from kvpilot.operator.render.builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
+from kvpilot.operator.render.group_builders import GROUP_LABEL, POD_INDEX_LABEL, headless_service_name, worker_statefulset_name
 
 
 OLD_CONFIGURATION = "run an old configuration"  # the end of a rollout's restart reason

@@ -8,13 +8,13 @@ and the garbage collector removes them), and a finalizer would make `kubectl del
 hang once the operator is uninstalled. So the drift-repair resync is one operator-wide loop
 over the resources the watch has seen, not a per-object `@kopf.timer`. (The tuner daemon,
 when loaded, still holds Kopf's finalizer while a resource is being tuned: see
-kvpilot.tuner.daemon.) With leader election (`kvpilot operator --leader-elect`, the chart's
+kvpilot.tuner.cluster.daemon.) With leader election (`kvpilot operator --leader-elect`, the chart's
 two replicas) Kopf, and so this loop, runs only in the replica that holds the Lease
-(kvpilot.operator.leader). Under Kopf peering instead, Kopf pauses its own handlers in a
+(kvpilot.operator.runtime.leader). Under Kopf peering instead, Kopf pauses its own handlers in a
 replica that is not the active one, but not this loop; it only re-applies the same desired
 state, so that is safe but may post a DriftRepaired event twice.
 
-Every reconcile is timed into kvpilot.operator.metrics by handler, and every watch event
+Every reconcile is timed into kvpilot.operator.runtime.metrics by handler, and every watch event
 sets the resource's condition, rollout and tuning series there.
 """
 from __future__ import annotations
@@ -30,9 +30,11 @@ import kopf
 from kvpilot.api.crd import GROUP, PLURAL, VERSION
 from kvpilot.api.kube import AsyncKubeClient, isvc_path
 
-from . import child_watch, kopf_session, metrics  # noqa: F401  (kopf_session: registers Kopf's login)
-from .builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
-from .reconcile import Context, OperatorConfig, reconcile, refresh_status
+from kvpilot.operator import child_watch  # noqa: F401  (kopf_session: registers Kopf's login)
+from kvpilot.operator.runtime import kopf_session
+from kvpilot.operator.runtime import metrics
+from kvpilot.operator.render.builders import HASH_ANNOTATION, ISVC_LABEL, ROLE_LABEL
+from kvpilot.operator.reconcile import Context, OperatorConfig, reconcile, refresh_status
 
 CONFIG = OperatorConfig.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "kvpilot-operator"}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvpilot.api.spec import InferenceServiceSpec
 
-from .validation import InvalidSpec
+from kvpilot.operator.validation import InvalidSpec
 
 
 def _split(value: str) -> tuple[str, ...]:

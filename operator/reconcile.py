@@ -15,17 +15,17 @@ import kopf
 from kvpilot.api.kube import ApiError, AsyncKubeClient, manifest_path, object_path
 from kvpilot.api.spec import InferenceServiceSpec
 
-from .builders import (HASH_ANNOTATION, admin_secret_name, build_admin_secret, build_configmap, build_deployment,
+from kvpilot.operator.render.builders import (HASH_ANNOTATION, admin_secret_name, build_admin_secret, build_configmap, build_deployment,
                        build_podmonitor, build_service, configmap_name)
-from .context import Context, OperatorConfig
-from .drift import covers, merge_patch
-from .events import announce
-from .group_builders import build_group_children
-from .groups import delete_group_children
-from .network import build_networkpolicy
-from .status import failed_conditions, merge_conditions
-from .status_refresh import now_iso, refresh_status, write_status
-from .validation import SPEC_ERRORS, InvalidSpec, runnable_spec
+from kvpilot.operator.context import Context, OperatorConfig
+from kvpilot.operator.drift import covers, merge_patch
+from kvpilot.operator.events import announce
+from kvpilot.operator.render.group_builders import build_group_children
+from kvpilot.operator.groups import delete_group_children
+from kvpilot.operator.render.network import build_networkpolicy
+from kvpilot.operator.status import failed_conditions, merge_conditions
+from kvpilot.operator.status_refresh import now_iso, refresh_status, write_status
+from kvpilot.operator.validation import SPEC_ERRORS, InvalidSpec, runnable_spec
 
 DRIFT_CAUSES = ("resync", "drift")  # the resync loop; a child's own watch (operator/child_watch.py)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .builders import HASH_ANNOTATION
-from .groups import OLD_CONFIGURATION, GroupPlan
+from kvpilot.operator.render.builders import HASH_ANNOTATION
+from kvpilot.operator.groups import OLD_CONFIGURATION, GroupPlan
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Failed")
 

@@ -12,14 +12,14 @@ import kopf
 from kvpilot.api.kube import ApiError, AsyncKubeClient, isvc_path, object_path
 from kvpilot.api.spec import InferenceServiceSpec, service_url
 
-from .builders import HASH_ANNOTATION, build_deployment, selector_string
-from .context import Context
-from .engine_args import engine_command
-from .events import announce
-from .group_builders import group_hash
-from .groups import OLD_CONFIGURATION, sync_groups
-from .status import deployment_conditions, group_conditions, merge_conditions
-from .validation import SPEC_ERRORS, runnable_spec
+from kvpilot.operator.render.builders import HASH_ANNOTATION, build_deployment, selector_string
+from kvpilot.operator.context import Context
+from kvpilot.operator.render.engine_args import engine_command
+from kvpilot.operator.events import announce
+from kvpilot.operator.render.group_builders import group_hash
+from kvpilot.operator.groups import OLD_CONFIGURATION, sync_groups
+from kvpilot.operator.status import deployment_conditions, group_conditions, merge_conditions
+from kvpilot.operator.validation import SPEC_ERRORS, runnable_spec
 
 
 def now_iso() -> str:

@@ -15,9 +15,9 @@ from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_DEFAULT_BLOCK_SIZE, VLLM_VERSION
 from kvpilot.engine import settings
 
-from .builders import OPERATOR_ENV
-from .engine_args import engine_settings
-from .extra_args import extra_args_problem
+from kvpilot.operator.render.builders import OPERATOR_ENV
+from kvpilot.operator.render.engine_args import engine_settings
+from kvpilot.operator.render.extra_args import extra_args_problem
 
 
 class InvalidSpec(ValueError):

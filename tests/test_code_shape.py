@@ -67,3 +67,22 @@ def test_checker_sees_a_long_function_and_its_reason(tmp_path):
     reasoned.write_text("# long: a flat table reads best in one piece\n@staticmethod\ndef f():\n" + body)
     assert long_functions(bare, tmp_path) == ["bare.py:1 f (61 lines)"]
     assert long_functions(reasoned, tmp_path) == []
+
+
+MAX_FILES_PER_FOLDER = 15
+GROUPED_PACKAGES = ("engine", "tuner", "operator")
+
+
+def test_no_engine_tuner_or_operator_folder_holds_more_than_15_files():
+    """Issue 51: the folders show the architecture (vLLM v1's core / engine / worker / executor /
+    metrics, the tuner's search / measure / local / cluster / report, the operator's render /
+    runtime); a folder that grows past 15 files at one level is split, not left flat."""
+    crowded = []
+    for pkg in GROUPED_PACKAGES:
+        for folder in [ROOT / pkg, *(d for d in (ROOT / pkg).rglob("*") if d.is_dir())]:
+            if folder.name == "__pycache__":
+                continue
+            files = [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".pyc")]
+            if len(files) > MAX_FILES_PER_FOLDER:
+                crowded.append(f"{folder.relative_to(ROOT)} ({len(files)} files)")
+    assert not crowded, "folders over 15 files: " + ", ".join(crowded)

@@ -42,15 +42,15 @@ def test_the_layering_contracts_hold():
 
 @pytest.mark.parametrize("module, added, broken", [
     ("tuner/cli.py", "import kvpilot.operator.handlers", "kvpilot.tuner is not allowed to import kvpilot.operator"),
-    ("operator/builders.py", "import kvpilot.tuner.loop", "kvpilot.operator is not allowed to import kvpilot.tuner"),
-    ("api/spec.py", "import kvpilot.tuner.settings", "kvpilot.api is not allowed to import kvpilot.tuner"),
-    ("operator/builders.py", "import torch", "kvpilot.operator is not allowed to import torch"),
+    ("operator/render/builders.py", "import kvpilot.tuner.search.loop", "kvpilot.operator is not allowed to import kvpilot.tuner"),
+    ("api/spec.py", "import kvpilot.tuner.search.settings", "kvpilot.api is not allowed to import kvpilot.tuner"),
+    ("operator/render/builders.py", "import torch", "kvpilot.operator is not allowed to import torch"),
     # torch through the engine: the LLM class loads the model code at module level
-    ("tuner/cli.py", "from kvpilot.engine.llm import LLM", "kvpilot.tuner is not allowed to import torch"),
+    ("tuner/cli.py", "from kvpilot.engine.entrypoints.llm import LLM", "kvpilot.tuner is not allowed to import torch"),
     ("kernels/__init__.py", "import kvpilot.engine.config", "kvpilot.kernels is not allowed to import kvpilot.engine"),
     # issue 32: the CPU kernels' home is under the same contract, its build script stays stdlib-only,
     # and engine/layers never import engine/attention (the loop that used to run between them)
-    ("kernels/cpu/attention.py", "import kvpilot.engine.cpu_info", "kvpilot.kernels is not allowed to import kvpilot.engine"),
+    ("kernels/cpu/attention.py", "import kvpilot.engine.cpu.info", "kvpilot.kernels is not allowed to import kvpilot.engine"),
     ("kernels/cpu/build.py", "import torch", "kvpilot.kernels.cpu.build is not allowed to import torch"),
     ("engine/layers/linear.py", "import kvpilot.engine.attention.backend",
      "kvpilot.engine.layers is not allowed to import kvpilot.engine.attention"),
@@ -62,17 +62,30 @@ def test_the_layering_contracts_hold():
      "kvpilot.engine.arg_utils is not allowed to import kvpilot.engine.entrypoints"),
     ("engine/attention/backend.py", "from kvpilot.engine.entrypoints import errors",
      "kvpilot.engine.attention is not allowed to import kvpilot.engine.entrypoints"),
-    ("operator/extra_args.py", "import kvpilot.engine.exit_codes",
+    ("operator/render/extra_args.py", "import kvpilot.engine.exit_codes",
      "kvpilot.operator is not allowed to import kvpilot.engine"),
     # issue 39: the load library sits below the benchmarks and the tuner, and loads no torch
     ("loadgen/metrics.py", "import kvpilot.bench.report", "kvpilot.loadgen is not allowed to import kvpilot.bench"),
-    ("loadgen/datasets.py", "import kvpilot.tuner.objective", "kvpilot.loadgen is not allowed to import kvpilot.tuner"),
+    ("loadgen/datasets.py", "import kvpilot.tuner.search.objective", "kvpilot.loadgen is not allowed to import kvpilot.tuner"),
     ("loadgen/request_client.py", "import torch", "kvpilot.loadgen is not allowed to import torch"),
     # the engine sits below everything that drives it, the load library included
-    ("engine/scheduler.py", "import kvpilot.loadgen.metrics", "kvpilot.engine is not allowed to import kvpilot.loadgen"),
+    ("engine/core/scheduler.py", "import kvpilot.loadgen.metrics", "kvpilot.engine is not allowed to import kvpilot.loadgen"),
     # issue 39: bench and tuner meet only in the load library and api/
-    ("bench/dashboard.py", "import kvpilot.tuner.objective", "kvpilot.bench is not allowed to import kvpilot.tuner"),
-    ("tuner/workload.py", "import kvpilot.bench.serve", "kvpilot.tuner is not allowed to import kvpilot.bench"),
+    ("bench/dashboard.py", "import kvpilot.tuner.search.objective", "kvpilot.bench is not allowed to import kvpilot.tuner"),
+    ("tuner/measure/workload.py", "import kvpilot.bench.serve", "kvpilot.tuner is not allowed to import kvpilot.bench"),
+    # issue 51: the engine core is torch-free bookkeeping, the search runs nothing, the renderers are pure
+    ("engine/core/sequence.py", "import torch", "kvpilot.engine.core is not allowed to import torch"),
+    ("engine/core/scheduler.py", "import kvpilot.engine.worker.model_runner",
+     "kvpilot.engine.core is not allowed to import kvpilot.engine.worker"),
+    ("tuner/search/loop.py", "import kvpilot.loadgen.request_client",
+     "kvpilot.tuner.search is not allowed to import kvpilot.loadgen"),
+    ("tuner/search/space.py", "import kubernetes.client", "kvpilot.tuner.search is not allowed to import kubernetes"),
+    ("tuner/search/objective.py", "import kvpilot.tuner.cluster.runner",
+     "kvpilot.tuner.search is not allowed to import kvpilot.tuner.cluster"),
+    ("operator/render/network.py", "import kopf", "kvpilot.operator.render is not allowed to import kopf"),
+    ("operator/render/engine_args.py", "from kvpilot.api.kube import AsyncKubeClient",
+     "kvpilot.operator.render is not allowed to import kvpilot.api.kube"),
+    ("operator/render/crd.py", "import kubernetes.client", "kvpilot.operator.render is not allowed to import kubernetes"),
 ])
 def test_a_forbidden_import_breaks_the_contract(tmp_path, module, added, broken):
     src = copy_sources(tmp_path)
@@ -134,6 +147,6 @@ def test_no_module_imports_itself_through_others():
 def test_an_added_import_loop_is_found(tmp_path):
     src = copy_sources(tmp_path)
     path = src / "kvpilot" / "engine" / "block_manager.py"  # the scheduler imports the block manager
-    path.write_text(path.read_text() + "\nimport kvpilot.engine.scheduler  # added by the test\n")
+    path.write_text(path.read_text() + "\nimport kvpilot.engine.core.scheduler  # added by the test\n")
     cycles = import_cycles(src)
-    assert ["kvpilot.engine.block_manager", "kvpilot.engine.scheduler"] in cycles, cycles
+    assert ["kvpilot.engine.core.block_manager", "kvpilot.engine.core.scheduler"] in cycles, cycles

@@ -7,7 +7,7 @@
 
 Local mode restarts (or live-reconfigures) a `kvpilot serve` process per trial and drives
 ShareGPT load at it (--runtime vllm: upstream vLLM's `vllm serve`, a restart per trial,
-`kvpilot.tuner.vllm_runtime`); cluster mode patches the InferenceService's spec.engine, waits for the
+`kvpilot.tuner.local.vllm_runtime`); cluster mode patches the InferenceService's spec.engine, waits for the
 rollout and measures through Prometheus (or a direct scrape). Both write a report folder
 (report.json, report.txt) and print the table. Exit 0 when a feasible setting was found,
 1 when none met the SLOs, 2 on bad flags (also an engine that is not found or lacks a flag the
@@ -30,11 +30,11 @@ import tempfile
 from pathlib import Path
 
 from kvpilot.engine.settings import BY_NAME, PERFORMANCE_MODES, RUNTIMES, SEARCH_RANGES, human_readable_int
-from kvpilot.tuner.objective import LATENCIES, OBJECTIVES, SLO
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import SAMPLERS
+from kvpilot.tuner.search.objective import LATENCIES, OBJECTIVES, SLO
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import SAMPLERS
 from kvpilot.tuner.watch import WatchConfig
-from kvpilot.tuner.workload import Workload
+from kvpilot.tuner.measure.workload import Workload
 
 WATCH = WatchConfig()  # the watcher's defaults, which the continuous flags start from
 
@@ -147,7 +147,7 @@ def _add_search_flags(p: argparse.ArgumentParser) -> None:
     o.add_argument("--remeasure-top", type=int, default=2, help="best trials to measure again")
     o.add_argument("--no-guide", dest="guide", action="store_false",
                    help="let the sampler propose every trial (default: memory-model points, SLO repairs and "
-                        "neighbour moves first, kvpilot.tuner.guide)")
+                        "neighbour moves first, kvpilot.tuner.search.guide)")
     for name, kind in (("max_num_batched_tokens", int), ("max_num_seqs", int), ("gpu_memory_utilization", float),
                        ("kv_cache_memory_bytes", human_readable_int)):  # search ranges, named as the setting
         bounds = SEARCH_RANGES.get(name)  # the one table of default ranges (kvpilot.engine.settings)
@@ -236,7 +236,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.engine_args = [part for arg in a.engine_arg for part in arg.split("=", 1)]
     a.serve_command = None  # kvpilot serve
     if a.runtime == "vllm":
-        from kvpilot.tuner.vllm_runtime import VLLMNotFound, vllm_serve_command
+        from kvpilot.tuner.local.vllm_runtime import VLLMNotFound, vllm_serve_command
 
         try:
             a.serve_command = vllm_serve_command(a.vllm_python)
@@ -261,11 +261,11 @@ def main(argv: list[str]) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.INFO if a.verbose else optuna.logging.WARNING)
     if a.local:
-        from kvpilot.tuner.local_session import SetupError, run_local
+        from kvpilot.tuner.local.session import SetupError, run_local
 
         try:
             if a.continuous:
-                from kvpilot.tuner.local_continuous import run_local_continuous
+                from kvpilot.tuner.local.continuous import run_local_continuous
 
                 run_local_continuous(a)
                 return 0
@@ -274,7 +274,7 @@ def main(argv: list[str]) -> int:
             print(f"kvpilot tune: error: {e}", file=sys.stderr)
             return 2
     else:
-        from kvpilot.tuner.cluster_session import run_cluster
+        from kvpilot.tuner.cluster.session import run_cluster
 
         report = run_cluster(a)
     return 0 if report.get("best") or report.get("pareto_front") else 1

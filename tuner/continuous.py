@@ -10,7 +10,7 @@ The session, on either site (`Site`: local engine processes or an InferenceServi
 3. when the watcher fires (SLOBreached: the SLOs broke K windows in a row; WorkloadShifted:
    the shape moved past the ratio), and its guard rails (cool-down, studies per hour) allow
    it, posts an event with the figures and starts a new study seeded from the journal
-   (`kvpilot.tuner.reseed`: the nearest earlier workload's best trials first, the running
+   (`kvpilot.tuner.search.reseed`: the nearest earlier workload's best trials first, the running
    settings as the baseline), which may replace the running settings only as the first did
    (beyond the measured noise), with the user's pinned settings never changed;
 4. the trigger window's shape is recorded as the workload the new study tuned for (the next
@@ -34,10 +34,10 @@ from typing import Any, Protocol
 
 import optuna
 
-from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.reseed import record_shape, shape_of, study_names
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.shape import WorkloadShape
+from kvpilot.tuner.search.objective import SLO, Measurement
+from kvpilot.tuner.search.reseed import record_shape, shape_of, study_names
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.measure.shape import WorkloadShape
 from kvpilot.tuner.watch import WatchConfig, Watcher, WindowVerdict
 
 logger = logging.getLogger("kvpilot.tuner")

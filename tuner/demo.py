@@ -31,14 +31,14 @@ every CPU kind (a fast AMX CPU and a slow AVX2 one differ by 10x in speed, not i
    prints each trial; `story.before_after` then prints the defaults against the winner in the
    guide's terms and writes before_after.png.
 With `--runtime vllm` (`python -m kvpilot.tuner.demo --runtime vllm`) the same story runs on
-upstream vLLM (`kvpilot.tuner.vllm_runtime`): calibration and trials start `vllm serve` (with
+upstream vLLM (`kvpilot.tuner.local.vllm_runtime`): calibration and trials start `vllm serve` (with
 --enforce-eager: about 30 s a start on 2 cores instead of 80-100 s compiled; a restart per trial,
 vLLM has no live changes), the cache is counted in its CPU block size (32), and the evidence
 of preemption is `vllm:num_preemptions_total`; its log shows only the symptom, stats lines
 each second (VLLM_LOG_STATS_INTERVAL=1) with the KV cache 100% used and requests sent back to
 waiting (vLLM 0.32 logs no line per preemption: `vllm_runtime`'s doc).
 On a machine that is not idle the story holds because the engine slows in proportion to the
-CPU it gets (engine/cpu_thread_adapter.py, engine/omp_wait.py): the calibration and the trials
+CPU it gets (engine/cpu/thread_adapter.py, engine/cpu/omp_wait.py): the calibration and the trials
 run the same engine process beside the same neighbours, so the SLOs it sets are what the
 trials can meet.
 """
@@ -126,12 +126,12 @@ def workload_args(max_output_len: int, burst: int = BURST) -> list[str]:
 def size_cache(longest_request_tokens: int, block_size: int | None = None) -> Cache:
     """The KV cache that holds CACHE_REQUESTS of the window's longest request at once (and at
     least one max_model_len one), priced with this machine's engine dtype
-    (`kvpilot.tuner.feasibility.Hardware`), in blocks of `block_size` tokens (default: the
+    (`kvpilot.tuner.search.feasibility.Hardware`), in blocks of `block_size` tokens (default: the
     engine default's)."""
     from kvpilot.engine.config import ParallelConfig
-    from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
-    from kvpilot.tuner.feasibility import Hardware, resolve_model
-    from kvpilot.tuner.settings import EngineSettings
+    from kvpilot.engine.distributed.parallel_layout import rank_kv_bytes_per_token
+    from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+    from kvpilot.tuner.search.settings import EngineSettings
 
     block_size = block_size or EngineSettings().block_size
     model = resolve_model(MODEL)
@@ -145,7 +145,7 @@ def window_request_tokens(max_output_len: int, burst: int = BURST) -> list[int]:
     """prompt + output tokens of each request the tuner sends (the same sample, its warm-up
     request first: the guide's memory-model points size from all of them too)."""
     from kvpilot.loadgen.tokenizers import load_tokenizer
-    from kvpilot.tuner.workload import Workload, load_requests
+    from kvpilot.tuner.measure.workload import Workload, load_requests
 
     w = Workload(num_requests=burst, max_prompt_len=MAX_PROMPT, max_output_len=max_output_len,
                  warmup_requests=WARMUP_REQUESTS)
@@ -157,13 +157,13 @@ def demo_engine(log_path: Path, serve_command: list[str] | None = None):
     """The engine the calibration runs and its default settings: `kvpilot serve`, or vLLM's
     `serve_command` (`vllm_runtime.vllm_serve_command`) with VLLM_ARGS, its CPU block size and
     a cache of CALIBRATION_KV_BYTES."""
-    from kvpilot.tuner.engine_process import EngineProcess
-    from kvpilot.tuner.settings import EngineSettings
+    from kvpilot.tuner.local.engine_process import EngineProcess
+    from kvpilot.tuner.search.settings import EngineSettings
 
     settings = EngineSettings(max_model_len=MAX_MODEL_LEN)
     if serve_command is None:
         return EngineProcess(MODEL, log_path, []), settings
-    from kvpilot.tuner.vllm_runtime import VLLM_CPU_BLOCK_SIZE, vllm_engine
+    from kvpilot.tuner.local.vllm_runtime import VLLM_CPU_BLOCK_SIZE, vllm_engine
 
     return (vllm_engine(MODEL, log_path, serve_command, VLLM_ARGS),
             settings.replace(block_size=VLLM_CPU_BLOCK_SIZE, kv_cache_memory_bytes=CALIBRATION_KV_BYTES))
@@ -174,7 +174,7 @@ def calibrate(requests: int = 2, serve_command: list[str] | None = None) -> Cali
     on the engine with its default settings (`demo_engine`: vLLM's with serve_command); raises
     RuntimeError when none succeeds, TrialFailed when the engine does not start."""
     from kvpilot.loadgen.tokenizers import load_tokenizer
-    from kvpilot.tuner.workload import Workload, drive, load_requests
+    from kvpilot.tuner.measure.workload import Workload, drive, load_requests
 
     w = Workload(num_requests=requests, max_prompt_len=MAX_PROMPT, max_output_len=16, warmup_requests=1)
     load = load_requests(load_tokenizer(MODEL), w, MAX_MODEL_LEN)
@@ -215,8 +215,8 @@ def main(argv: list[str]) -> int:
     import argparse
     import logging
 
-    from kvpilot.tuner import story
-    from kvpilot.tuner.vllm_runtime import VLLM_CPU_BLOCK_SIZE, VLLMNotFound, vllm_serve_command
+    from kvpilot.tuner.report import story
+    from kvpilot.tuner.local.vllm_runtime import VLLM_CPU_BLOCK_SIZE, VLLMNotFound, vllm_serve_command
 
     p = argparse.ArgumentParser(prog="python -m kvpilot.tuner.demo", add_help=False)
     p.add_argument("--runtime", choices=RUNTIMES, default="kvpilot")

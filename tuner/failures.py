@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpilot.tuner.search.objective import Measurement
 
 from kvpilot.engine import exit_codes
 
@@ -99,3 +103,12 @@ class FailureRecord:
     @classmethod
     def of(cls, error: TrialFailed) -> FailureRecord:
         return cls(error.kind, error.message[-2000:])
+
+
+class TrialCutShort(Exception):
+    """A live-traffic trial stopped early because it clearly breaks an SLO; carries the
+    partial measurement (the tuner records the trial as pruned)."""
+
+    def __init__(self, measurement: Measurement, reason: str):
+        super().__init__(reason)
+        self.measurement, self.reason = measurement, reason

@@ -6,7 +6,7 @@ Every window the driver hands over what it measured and the workload's shape
 for `breach_windows` windows in a row (SLOBreached: what users feel, judged first) or when
 a figure of the shape moved by more than `shift_ratio` from the shape the settings were
 tuned on for `shift_windows` windows in a row (WorkloadShifted; the ratio test and why are
-in `kvpilot.tuner.shape`). Consecutive windows play the part of the HPA's stabilization
+in `kvpilot.tuner.measure.shape`). Consecutive windows play the part of the HPA's stabilization
 window: one odd window starts nothing. A window with fewer than `min_requests` finished
 requests judges nothing (its p95s are a handful of samples) and leaves the counts as they
 are. Guard rails hold a trigger back while a study runs, for a cool-down after one ends and
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpilot.tuner.objective import INFEASIBLE, SLO, Measurement, violations
-from kvpilot.tuner.shape import FIGURES, WorkloadShape, shifted
+from kvpilot.tuner.search.objective import INFEASIBLE, SLO, Measurement, violations
+from kvpilot.tuner.measure.shape import FIGURES, WorkloadShape, shifted
 
 SLO_BREACHED, WORKLOAD_SHIFTED = "SLOBreached", "WorkloadShifted"
 HOUR_S = 3600.0
@@ -87,7 +87,7 @@ class Trigger:
 class WindowVerdict:
     """What one window showed. attainment: the share of its requests within every SLO
     (goodput_rps / throughput_rps; NaN without requests); violations: {constraint: measured
-    - limit} (`kvpilot.tuner.objective.violations`; {} when the window judged nothing);
+    - limit} (`kvpilot.tuner.search.objective.violations`; {} when the window judged nothing);
     shift: {figure: (reference, now)} past the ratio; breached_windows, shifted_windows: the
     consecutive counts so far; trigger: a study should start now; held: a trigger a guard
     rail holds back, and why."""

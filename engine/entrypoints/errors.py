@@ -13,8 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvpilot.engine.entrypoints.protocol import ErrorInfo, ErrorResponse
-from kvpilot.engine.entrypoints.request_fields import extra_field_message
+from kvpilot.engine.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from kvpilot.engine.entrypoints.openai.request_fields import extra_field_message
 
 logger = logging.getLogger("kvpilot.server")
 

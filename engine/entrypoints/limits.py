@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from kvpilot.engine.entrypoints.errors import APIError, bad_request
-from kvpilot.engine.entrypoints.protocol import _SamplingRequest
+from kvpilot.engine.entrypoints.openai.protocol import _SamplingRequest
 
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024

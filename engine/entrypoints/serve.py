@@ -12,7 +12,7 @@ vLLM's server shuts down on EngineDeadError; one request's own error never does 
 Several nodes (`--nnodes N`): node 0 (`--node-rank 0`) runs this server and the driver; its
 /health answers 200 only once every rank of every node has joined and loaded, and turns 503
 (then the process exits 5) when a rank on any node is gone. Every other node runs headless
-(engine/headless.py), implied by `--node-rank` > 0 (vLLM needs `--headless` there; kvpilot
+(engine/executor/headless.py), implied by `--node-rank` > 0 (vLLM needs `--headless` there; kvpilot
 accepts it), so one pod template with `--node-rank <pod index>` serves every node."""
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import uvicorn
 
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.entrypoints.api_server import build_app
-from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.engine_thread import EngineThread
+from kvpilot.engine.entrypoints.openai.api_server import build_app
+from kvpilot.engine.engine.async_engine import AsyncLLMEngine
+from kvpilot.engine.engine.engine_thread import EngineThread
 from kvpilot.engine.entrypoints.http_protocol import guarded_h11_protocol
-from kvpilot.engine.entrypoints.metrics import EngineMetrics
-from kvpilot.engine.entrypoints.metric_options import MetricOptions
-from kvpilot.engine.entrypoints.serving import ServerState
+from kvpilot.engine.metrics.engine_metrics import EngineMetrics
+from kvpilot.engine.metrics.options import MetricOptions
+from kvpilot.engine.entrypoints.openai.serving import ServerState
 from kvpilot.engine.exit_codes import (
     EXIT_BAD_ARGS,
     EXIT_ENGINE_DIED,
@@ -48,8 +48,8 @@ from kvpilot.engine.exit_codes import (
     KVCacheTooSmallError,
     report_failure,
 )
-from kvpilot.engine.headless import run_headless
-from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.executor.headless import run_headless
+from kvpilot.engine.engine.llm_engine import LLMEngine
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.engine.settings.cli_args import (
     ADMIN_TOKEN_ENV,

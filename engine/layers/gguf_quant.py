@@ -1,10 +1,10 @@
 """`--quantization gguf` on CPU: every linear layer and the LM head keep the GGUF's raw
 Q4_1 / Q8_0 blocks beside their dense float32 weight; decode-sized matmuls (at most
 the kernel path's `gguf_max_rows`: 8, 16 on AMX tiles, 64 with float32 activations; see
-engine/cpu_row_limits.py) read the blocks through the C kernel (kvpilot.kernels.cpu.gguf), larger
+engine/cpu/row_limits.py) read the blocks through the C kernel (kvpilot.kernels.cpu.gguf), larger
 ones (prefill) the dense weight. The kernel quantizes the activations to 8-bit blocks first
 (vLLM's GGUF path always does for small batches) unless the path's `gguf_activations` is float32
-(KVPILOT_GGUF_ACTIVATIONS=float32, engine/cpu_kernel_path.py) and keeps them exact;
+(KVPILOT_GGUF_ACTIVATIONS=float32, engine/cpu/kernel_path.py) and keeps them exact;
 `maybe_quantize` logs which at start-up.
 
 The dense weights still come from the safetensors the loader converted from the same GGUF
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.distributed import parallel_state as ps
 from kvpilot.engine.config import ModelConfig
 from kvpilot.kernels.cpu.gguf import BLOCK_BYTES, BLOCK_WEIGHTS
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine import parallel_state as ps
-from kvpilot.engine.cpu_row_limits import gguf_max_rows
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.distributed import parallel_state as ps
+from kvpilot.engine.cpu.row_limits import gguf_max_rows
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.gguf import amx_pack as gguf_amx_pack
 from kvpilot.kernels.cpu.gguf import gguf_matmul
@@ -83,16 +83,16 @@ def pack_weights_for_cpu(model: nn.Module) -> int:
     the output's scale), so a CPU or build without the op keeps the plain path.
 
     In bfloat16, where the engine's kernel path takes the AVX512_BF16 kernel of
-    kernels/cpu/bf16_gemm.py (engine/cpu_kernel_path.py), every layer (the
+    kernels/cpu/bf16_gemm.py (engine/cpu/kernel_path.py), every layer (the
     LM head too) also gets that kernel's copy (checked the same way), which serves matmuls of
-    up to the path's `bf16_gemm_max_rows` rows (by CPU kind, engine/cpu_row_limits.py).
+    up to the path's `bf16_gemm_max_rows` rows (by CPU kind, engine/cpu/row_limits.py).
 
     In float32, and in bfloat16 once the kernel's copy exists, the plain weight of a linear
     layer is dropped (an empty tensor: nothing reads it again, and a stray F.linear on it
     fails loudly), so the packed copies replace it; an embedding keeps its plain weight for
     the lookup and packs a copy for the (tied) LM head (two with the bf16 kernel). Otherwise in
     bfloat16 plain and packed copies stay. Either way a bfloat16 linear layer holds two copies
-    (tuner/feasibility.py counts them twice, and an embedding thrice with the kernel)."""
+    (tuner/search/feasibility.py counts them twice, and an embedding thrice with the kernel)."""
     extra = 0
     for module in model.modules():
         if not isinstance(module, _Linear) or module.packed is not None:

@@ -14,14 +14,14 @@ RoPE/KV-write/attention, RMSNorm, SiLU*mul) in the same order on the same buffer
 so its outputs are bit-identical to the module path.
 
 A model gets a stack only where the module path runs those same kernels: the kernel path
-(`apply` below, the one place a model's modules are set from engine/cpu_kernel_path.py's choice)
+(`apply` below, the one place a model's modules are set from engine/cpu/kernel_path.py's choice)
 has the decode stack, the C attention with its fused RoPE/K/V write, and the C norm and activation
 on (KVPILOT_DECODE_STACK=0 turns the stack off); tensor and pipeline parallel size 1; the torch
 attention backend; and either float32 with every layer's four linear layers quantized, at most as
 many rows as the layers' matmuls read the blocks for (the path's `gguf_max_rows`: 8 with 8-bit
 activations, 64 with float32 ones), or bfloat16 with every layer's linear layers packed for the
 bf16 kernel, at most their `bf16_max_rows` rows (the path's limit for this CPU kind,
-engine/cpu_row_limits.py); with `--quantization gguf` (the default for a GGUF model) the bf16
+engine/cpu/row_limits.py); with `--quantization gguf` (the default for a GGUF model) the bf16
 stack's matmuls of up to the layers' `qmax_tokens` rows read their GGUF blocks instead, as the
 modules do (decode_stack.c `matmul_bf16`). The weights are checked once, in `build`; the step's
 tensors once, where the model runner prepares them (model_runner.check_step_layout); the KV
@@ -40,8 +40,8 @@ import logging
 
 import torch
 
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_kernel_path import CpuKernelPath
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.kernel_path import CpuKernelPath
 from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.kernels.cpu import gguf
 from kvpilot.kernels.cpu.decode_stack import Layer as _Layer
@@ -52,7 +52,7 @@ from kvpilot.kernels.cpu.decode_stack import kernels as _kernels
 from kvpilot.kernels.cpu.decode_stack import load
 from kvpilot.kernels.cpu.loader import kernel_range
 
-logger = logging.getLogger("kvpilot.engine.cpu_kernel_path")  # the path's one start-up line
+logger = logging.getLogger("kvpilot.engine.cpu.kernel_path")  # the path's one start-up line
 
 
 def _blocks_ok(module, n: int, k: int) -> bool:
@@ -157,7 +157,7 @@ class DecodeStack:
         """A DecodeStack for `model` (a LlamaForCausalLM: float32 with the GGUF blocks attached,
         or bfloat16 packed for the bf16 kernel; its modules set by `apply`), or None where some
         layer would not run the C kernels (see the module docstring)."""
-        from kvpilot.engine import parallel_state as ps
+        from kvpilot.engine.distributed import parallel_state as ps
 
         cfg = model.config
         if (ps.get_tp_size() != 1 or not (model.is_first_stage and model.is_last_stage)

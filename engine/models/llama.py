@@ -4,7 +4,7 @@ The flattened batch has no padding: `input_ids` and `positions` are [num_tokens]
 attention layer reads and writes its layer's KV cache through the attention backend with
 the step's `AttentionMetadata`. Layers are tensor-parallel aware (see layers/linear.py).
 With pipeline parallelism the model holds only its stage's layers [start_layer,
-end_layer) (vLLM's get_pp_indices split, engine/parallel_layout.py; the other indices are
+end_layer) (vLLM's get_pp_indices split, engine/distributed/parallel_layout.py; the other indices are
 `PPMissingLayer` placeholders so checkpoint names keep their layer numbers), the
 embedding on the first stage and the final norm and LM head on the last; a stage other
 than the last returns its intermediate tensors for the next stage instead of hidden states.
@@ -19,14 +19,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from kvpilot.engine import parallel_state as ps
+from kvpilot.engine.distributed import parallel_state as ps
 from kvpilot.engine.attention.backend import AttentionBackend, AttentionMetadata
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from kvpilot.engine.layers.rotary_embedding import Rope, RotaryEmbedding
-from kvpilot.engine.parallel_layout import get_pp_indices
+from kvpilot.engine.distributed.parallel_layout import get_pp_indices
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 IntermediateTensors = dict[str, torch.Tensor]
@@ -101,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
     compute_logits(hidden [n, H]) -> [n, vocab_size] float32 (last stage only)."""
 
     # models/cpu_decode_stack.DecodeStack: small decode steps in one C call, and the CPU kernel path
-    # the modules were set to (engine/cpu_kernel_path.py): both given by cpu_decode_stack.apply
+    # the modules were set to (engine/cpu/kernel_path.py): both given by cpu_decode_stack.apply
     decode_stack = None
     kernel_path = None
 

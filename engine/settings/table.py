@@ -88,7 +88,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("pipeline_parallel_size", "--pipeline-parallel-size", int, 1, "stages the layers are split into; must not "
       "exceed the layer count", crd="pipelineParallelSize", minimum=1, maximum=64, short="-pp"),
     # issue 41: one engine over several nodes (pods) without Ray, as `vllm serve` runs it: every node runs
-    # the same command but --node-rank; node 0 serves HTTP (engine/rendezvous.py, engine/headless.py). No CRD field: the operator
+    # the same command but --node-rank; node 0 serves HTTP (engine/distributed/rendezvous.py, engine/executor/headless.py). No CRD field: the operator
     # renders them per pod from spec.parallelism.
     S("nnodes", "--nnodes", int, 1, "nodes (pods) the tensor_parallel_size x pipeline_parallel_size ranks are "
       "spread over, the same number on each; must divide tp x pp. Pipeline stages cross nodes first (rank = "
@@ -133,7 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
       "release hid). 0.11 brings back vllm:time_per_output_token_seconds; 0.10 (or 0.9) also "
       "vllm:gpu_cache_usage_perc and vllm:gpu_prefix_cache_queries/hits; 0.8 also vllm:num_requests_swapped; "
       "0.12 and later add nothing. An empty string renders no flag"),
-    # issue 48: vLLM's ObservabilityConfig metric flags (engine/entrypoints/metric_options.py)
+    # issue 48: vLLM's ObservabilityConfig metric flags (engine/metrics/options.py)
     S("enable_mfu_metrics", "--enable-mfu-metrics", bool, False, "Enable Model FLOPs Utilization (MFU) metrics: "
       "the vllm:estimated_flops/read_bytes/write_bytes_per_gpu_total counters count each step's estimate",
       server=True),
@@ -146,7 +146,7 @@ SETTINGS: tuple[Setting, ...] = (
       "upper bounds; families not listed keep their defaults. Known families: request_latency, "
       "time_to_first_token, inter_token_latency, iteration_tokens, request_params_n, request_num_preemptions, "
       "request_tokens, kv_cache_residency", metavar="JSON", max_length=4096, server=True),
-    # issue 40: tool calls as vLLM serves them (engine/entrypoints/tool_calls.py); server flags, as in vLLM's
+    # issue 40: tool calls as vLLM serves them (engine/entrypoints/openai/tool_parsers/calls.py); server flags, as in vLLM's
     # frontend. deploy_default None: unset renders no flag (vLLM's --enable-auto-tool-choice has no --no- form)
     S("enable_auto_tool_choice", "--enable-auto-tool-choice", bool, False, "let the model call tools on its own "
       "(tool_choice auto, the default when a request gives tools), found in its text by --tool-call-parser; "
@@ -183,7 +183,7 @@ ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server
 
 
 SEARCH_RANGES: dict[str, tuple[Any, Any]] = {s.name: s.search for s in SETTINGS if s.search is not None}
-# The settings kvpilot's tuner may change (the axes of kvpilot.tuner.space.SearchSpace); an
+# The settings kvpilot's tuner may change (the axes of kvpilot.tuner.search.space.SearchSpace); an
 # InferenceService's spec.tuning.pinned names those it must never change, by spec.engine key.
 TUNED_SETTINGS: tuple[str, ...] = ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization",
                                    "enable_chunked_prefill", "enable_prefix_caching", "block_size",

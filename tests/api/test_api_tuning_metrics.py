@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from kvpilot.api.spec import SLOSpec
 from kvpilot.api.tuning_metrics import REGISTRY, TunerMetrics
-from kvpilot.tuner.objective import SLO
+from kvpilot.tuner.search.objective import SLO
 
 
 def sample(name: str, **labels: str) -> float | None:

@@ -1,4 +1,4 @@
-"""`kvpilot bench decode-step --cpu-kernel ...`: every mode is a kernel path (engine/cpu_kernel_path.py)
+"""`kvpilot bench decode-step --cpu-kernel ...`: every mode is a kernel path (engine/cpu/kernel_path.py)
 the engine loads with. The comparison benchmarks/README.md shows, `--cpu-kernel onednn,bf16-gemm`:
 both engines load in one process, the `onednn` one with no bf16 kernel copy and no bf16 decode
 stack, the `bf16-gemm` one with the kernel (its AVX512_BF16 or AMX build where the CPU has one,
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from kvpilot.bench import decode_step
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 
 
 def test_every_cpu_kernel_mode_is_a_kernel_path():

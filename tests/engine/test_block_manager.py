@@ -8,9 +8,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence, SequenceStatus
+from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 
 
 def make_seq(rid: str, tokens: list[int]) -> Sequence:

@@ -11,12 +11,13 @@ import torch
 
 from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
-from kvpilot.engine import LLM, cpu_kernel_path
+from kvpilot.engine import LLM
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.attention import AttentionMetadata
 from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.engine.models import cpu_decode_stack
 from kvpilot.engine.models.cpu_decode_stack import DecodeStack
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + 9 + 5 * i)) for i in range(18)]  # 9..94 tokens each

@@ -6,7 +6,7 @@ built where a layer lacks the bf16 kernel's packed copy, and the start-up log sa
 decode steps take.
 
 The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16, up to 32 rows without AMX
-and 8 with it (engine/cpu_info.py). These tests load the engine with the kernel's own limit (32)
+and 8 with it (engine/cpu/info.py). These tests load the engine with the kernel's own limit (32)
 whatever the CPU; where it has no AVX512_BF16 the same library builds the same packed layout in
 plain C and that build serves (both paths call it), so the stack's glue is checked on every CPU
 the suite runs on.
@@ -19,8 +19,9 @@ import torch
 
 from decode_stack_helpers import assert_no_stack_without, generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
-from kvpilot.engine import LLM, cpu_kernel_path
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+from kvpilot.engine import LLM
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 from kvpilot.engine.models import cpu_decode_stack
 
 ROWS = ROW_LIMITS.bf16_kernel.rows  # the kernel's limit without AMX (32)
@@ -83,7 +84,7 @@ def test_a_layer_without_the_packed_copy_gets_no_bf16_stack(llm):
 @pytest.mark.slow
 def test_the_start_up_log_says_which_path_decode_steps_take(llm, caplog, monkeypatch):
     model = llm.engine.runner.model
-    caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
+    caplog.set_level("INFO", logger="kvpilot.engine.cpu.kernel_path")
     path = model.kernel_path
     try:
         cpu_decode_stack.apply(model, cpu_kernel_path.choose(env={"KVPILOT_DECODE_STACK": "0"}))

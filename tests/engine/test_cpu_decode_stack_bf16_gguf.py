@@ -13,8 +13,9 @@ import torch
 
 from decode_stack_helpers import generate, served_rows  # noqa: F401  (served_rows: a fixture)
 
-from kvpilot.engine import LLM, cpu_kernel_path
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS
+from kvpilot.engine import LLM
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 from kvpilot.engine.models import cpu_decode_stack
 
 MODEL = "smollm2-135m-instruct"
@@ -66,7 +67,7 @@ def test_the_stack_really_reads_the_blocks(llm, monkeypatch):
 
 @pytest.mark.slow
 def test_the_start_up_log_says_small_steps_read_the_blocks(llm, caplog):
-    caplog.set_level("INFO", logger="kvpilot.engine.cpu_kernel_path")
+    caplog.set_level("INFO", logger="kvpilot.engine.cpu.kernel_path")
     cpu_decode_stack.apply(llm.engine.runner.model, _path())
     assert (f"bfloat16 decode steps run the C decode stack (all layers in one call, up to "
             f"{ROWS} rows; matmuls of up to {QROWS} rows read the GGUF blocks)") in caplog.text

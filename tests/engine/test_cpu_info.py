@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvpilot.engine.arg_utils import EngineArgs
-from kvpilot.engine.cpu_info import CpuInfo, choose_auto_dtype, choose_cpu_dtype, detect_cpu
+from kvpilot.engine.cpu.info import CpuInfo, choose_auto_dtype, choose_cpu_dtype, detect_cpu
 from kvpilot.engine.memory import GiB, KVCachePlan, RankMemory, cpu_kvcache_space_bytes
 
 EPYC_AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2 adx"

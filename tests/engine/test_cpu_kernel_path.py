@@ -1,7 +1,7 @@
-"""The CPU decode path as one value (engine/cpu_kernel_path.py): `choose` reads the three
+"""The CPU decode path as one value (engine/cpu/kernel_path.py): `choose` reads the three
 environment switches and nothing else does, overrides make every comparison's mode a path, a path
 that contradicts itself is refused, `apply` sets a model's modules from it; the row limits come
-from one table (engine/cpu_row_limits.py), each with the measurement that set it."""
+from one table (engine/cpu/row_limits.py), each with the measurement that set it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_info import CpuInfo, has_bf16_matmul_kernel
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS, RowLimits, bf16_kernel_max_rows, gguf_max_rows
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.info import CpuInfo, has_bf16_matmul_kernel
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS, RowLimits, bf16_kernel_max_rows, gguf_max_rows
 from kvpilot.engine.layers.activation import SiluAndMul
 from kvpilot.engine.layers.layernorm import RMSNorm
 from kvpilot.engine.models.cpu_decode_stack import set_module_kernels

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot.engine import LLM, SamplingParams
-from kvpilot.engine import model_runner
-from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.worker import model_runner
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.layers.linear import (
     ColumnParallelLinear,
     RowParallelLinear,

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kvpilot.engine.cpu_thread_adapter import ThreadAdapter, adapter_from_env, candidate_counts, rows_bucket
+from kvpilot.engine.cpu.thread_adapter import ThreadAdapter, adapter_from_env, candidate_counts, rows_bucket
 
 
 class Clock:
@@ -48,7 +48,7 @@ def test_beside_a_busy_neighbour_it_moves_to_fewer_threads_and_back_when_it_leav
     clock = Clock()
     adapter = ThreadAdapter(2, clock=clock)
     run(adapter, clock, {2: 0.005, 1: 0.0075}, 200)
-    with caplog.at_level(logging.INFO, logger="kvpilot.engine.cpu_thread_adapter"):
+    with caplog.at_level(logging.INFO, logger="kvpilot.engine.cpu.thread_adapter"):
         run(adapter, clock, {2: 0.015, 1: 0.0083}, 100)  # the neighbour arrives
     assert adapter.choices() == {1: 1}
     assert "decode steps of up to 1 row(s) now run 1 thread(s)" in caplog.text and "busier" in caplog.text

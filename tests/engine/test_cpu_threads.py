@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kvpilot.engine.cpu_threads import (
+from kvpilot.engine.cpu.threads import (
     cgroup_cpu_quota,
     configure_cpu_threads,
     parse_cpu_list,
@@ -120,7 +120,7 @@ def test_a_limited_pod_runs_as_many_threads_as_its_limit(tmp_path, monkeypatch, 
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(4)
-        with caplog.at_level(logging.INFO, logger="kvpilot.engine.cpu_threads"):
+        with caplog.at_level(logging.INFO, logger="kvpilot.engine.cpu.threads"):
             assert configure_cpu_threads(1, root=cgroup_v1(tmp_path / "cg", 100_000)).threads == 1
         assert torch.get_num_threads() == 1
         assert "CPU threads: 1 per rank" in caplog.text and "cgroup CPU quota 1 CPUs" in caplog.text
@@ -137,7 +137,7 @@ def test_the_openmp_team_is_pinned_where_the_plan_says():
     cpu = max(os.sched_getaffinity(0))
     script = (
         "import json\n"
-        "from kvpilot.engine.cpu_threads import configure_cpu_threads\n"
+        "from kvpilot.engine.cpu.threads import configure_cpu_threads\n"
         "from kvpilot.kernels.cpu.threads import omp_thread_cpus\n"
         "plan = configure_cpu_threads(1)\n"
         "print(json.dumps({'cpus': plan.cpus, 'line': plan.describe(), 'ran_on': omp_thread_cpus(plan.threads)}))\n")

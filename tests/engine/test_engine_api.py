@@ -8,7 +8,7 @@ import math
 import pytest
 
 from kvpilot.engine import EngineArgs, SamplingParams
-from kvpilot.engine.sequence import SequenceStatus
+from kvpilot.engine.core.sequence import SequenceStatus
 
 PROMPT = "The three primary colors are"
 
@@ -114,7 +114,7 @@ def test_bad_sampling_params_raise(params, message):
 def test_invalid_engine_args_say_what_to_change(args, message):
     with pytest.raises(ValueError, match=message):
         config = EngineArgs(**args).create_engine_config()
-        from kvpilot.engine.llm_engine import LLMEngine
+        from kvpilot.engine.engine.llm_engine import LLMEngine
 
         LLMEngine(config)
 

@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from gguf.quants import dequantize
 from test_hf_parity import check_logprobs_close, generate, hf_outputs  # noqa: F401 (a fixture)
 
-from kvpilot.engine import LLM, EngineArgs, cpu_kernel_path
-from kvpilot.engine import parallel_state as ps
+from kvpilot.engine import LLM, EngineArgs
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.distributed import parallel_state as ps
 from kvpilot.engine.attention import get_attn_backend
 from kvpilot.engine.layers import gguf_quant
 from kvpilot.kernels.cpu import gguf as gguf_kernel
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS, gguf_max_rows
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS, gguf_max_rows
 from kvpilot.engine.model_loader import builtin_gguf_path, iter_weights, load_model_config
 from kvpilot.engine.models.llama import LlamaForCausalLM
 

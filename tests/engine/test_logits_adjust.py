@@ -1,4 +1,4 @@
-"""The batched logits adjustments (engine/logits_adjust.py) through the Sampler: penalties equal
+"""The batched logits adjustments (engine/sample/logits_adjust.py) through the Sampler: penalties equal
 vLLM's formula computed row by row, logit bias, bad words and min_tokens, each row's result the
 same alone as in a batch beside rows without adjustments, and the count slots growing past
 their first size."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kvpilot.engine.sampler import Sampler
+from kvpilot.engine.sample.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
 
 VOCAB = 50

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvpilot.engine.attention import AttentionMetadata
-from kvpilot.engine.model_runner import check_step_layout
+from kvpilot.engine.worker.model_runner import check_step_layout
 
 
 def _step(**change):

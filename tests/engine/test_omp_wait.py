@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kvpilot.engine import omp_wait
+from kvpilot.engine.cpu import omp_wait
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_the_users_wait_policy_wins(state, user):
 def test_an_engine_process_starts_with_the_wait_policy_and_says_so():
     """`kvpilot.engine` imported before torch (as `kvpilot serve` does): libgomp reads the value."""
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    script = ("import os, kvpilot.engine, torch; from kvpilot.engine.omp_wait import describe_wait_policy; "
+    script = ("import os, kvpilot.engine, torch; from kvpilot.engine.cpu.omp_wait import describe_wait_policy; "
               "print(os.environ['GOMP_SPINCOUNT'], describe_wait_policy())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

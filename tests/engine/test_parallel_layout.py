@@ -7,13 +7,13 @@ import pytest
 
 from kvpilot.engine.config import ModelConfig, ParallelConfig
 from kvpilot.engine.memory import GiB, KVCachePlan, RankMemory
-from kvpilot.engine.parallel_layout import (
+from kvpilot.engine.distributed.parallel_layout import (
     RankPosition,
     get_pp_indices,
     rank_kv_bytes_per_token,
     rank_num_params,
 )
-from kvpilot.engine.pipeline import MicroBatchPolicy, split_micro_batches
+from kvpilot.engine.distributed.pipeline import MicroBatchPolicy, split_micro_batches
 
 SMOL = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                    num_kv_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvpilot.engine import LLM, SamplingParams
-from kvpilot.engine.prompt_logprobs import gather_logprobs
+from kvpilot.engine.sample.prompt_logprobs import gather_logprobs
 
 from tiny_llama import VOCAB, save_tiny_llama, tiny_llm, tiny_prompts
 

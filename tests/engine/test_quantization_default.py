@@ -11,8 +11,8 @@ from kvpilot.api.models import is_gguf_source
 from kvpilot.engine import EngineArgs
 from kvpilot.engine.settings import resolve_quantization
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
 
 MODEL = "smollm2-135m-instruct"
 

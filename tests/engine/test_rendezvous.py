@@ -1,4 +1,4 @@
-"""The rendezvous and the heartbeats of a multi-node engine (engine/rendezvous.py), in one
+"""The rendezvous and the heartbeats of a multi-node engine (engine/distributed/rendezvous.py), in one
 process over a real TCPStore: ranks join whatever their order, the driver names the ranks
 that never came and refuses a rank claimed twice, a silent rank is declared dead, and a rank
 whose driver is gone hears of it."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvpilot.engine.config import ParallelConfig
-from kvpilot.engine.rendezvous import Heartbeat, PeerMonitor, Rendezvous
+from kvpilot.engine.distributed.rendezvous import Heartbeat, PeerMonitor, Rendezvous
 
 
 def _free_port() -> int:

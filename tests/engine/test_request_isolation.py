@@ -146,8 +146,8 @@ def test_the_server_loop_fails_one_stream_alone_and_dies_on_a_shared_error(llm, 
 
     from prometheus_client import CollectorRegistry
 
-    from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError
-    from kvpilot.engine.entrypoints.metrics import EngineMetrics
+    from kvpilot.engine.engine.async_engine import AsyncLLMEngine, EngineDeadError
+    from kvpilot.engine.metrics.engine_metrics import EngineMetrics
 
     engine = llm.engine
     registry = CollectorRegistry()

@@ -1,4 +1,4 @@
-"""The sampler's exponential race (engine/sampler.py): argmax(p / q), q ~ Exp(1), draws token i
+"""The sampler's exponential race (engine/sample/sampler.py): argmax(p / q), q ~ Exp(1), draws token i
 with probability p_i (vLLM's v1 sampler; the race is the Gumbel-max trick in another form).
 Checked here on a small vocabulary with many rows at once, against the softmax of the
 temperature-scaled logits, for unseeded rows (one shared draw) and seeded ones (a draw each)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpilot.engine.sampler import Sampler
+from kvpilot.engine.sample.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
@@ -39,7 +39,7 @@ def test_seeded_rows_repeat_and_unseeded_rows_vary():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_argmax_rows_matches_torch_argmax_with_ties_and_nan(dtype):
-    from kvpilot.engine.sampler import argmax_rows
+    from kvpilot.engine.sample.sampler import argmax_rows
 
     x = torch.randn(6, 300).to(dtype)
     x[1, [7, 200]] = 50.0  # a tie: the first index wins

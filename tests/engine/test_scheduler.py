@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.config import SchedulerConfig
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence, SequenceStatus
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, swap_blocks=0, **cfg) -> Scheduler:
@@ -103,7 +103,7 @@ def test_preempts_newest_when_blocks_run_out_and_every_request_finishes(mode, ca
     s = make_scheduler(num_blocks=6, block_size=4, swap_blocks=16, max_num_batched_tokens=32,
                        max_num_seqs=4, preemption_mode=mode)
     seqs = [add(s, f"r{i}", 7, max_tokens=6) for i in range(3)]
-    caplog.set_level(logging.WARNING, "kvpilot.engine.scheduler")
+    caplog.set_level(logging.WARNING, "kvpilot.engine.core.scheduler")
     first_victim = None
     while s.has_unfinished_requests():
         out = step(s)

@@ -74,7 +74,7 @@ def test_throughput_mode_doubles_the_default_limits_as_vllm_does(mode, chunked, 
 
 
 def test_live_settings_are_the_admin_schema_and_what_the_engine_changes_live():
-    from kvpilot.engine.entrypoints.protocol import SchedulerConfigUpdate
+    from kvpilot.engine.entrypoints.openai.protocol import SchedulerConfigUpdate
 
     assert tuple(SchedulerConfigUpdate.model_fields) == settings.LIVE_SETTINGS
     assert set(settings.LIVE_SETTINGS) == {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",

@@ -26,14 +26,14 @@ import pytest
 from kvpilot.api.spec import EngineSpec
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
-from kvpilot.engine.entrypoints.config_info import cache_config_info_labels, engine_config_info_labels
+from kvpilot.engine.metrics.config_info import cache_config_info_labels, engine_config_info_labels
 from kvpilot.engine.settings import (BY_NAME, CRD_FIELDS, ENGINE_SETTINGS, LIVE_SETTINGS, RULES, SEARCH_RANGES,
                                      SETTINGS, Setting, default_max_num_batched_tokens, default_max_num_seqs,
                                      deploy_defaults, rule_problems)
 from kvpilot.api.tuning_metrics import SETTINGS_LABELS
-from kvpilot.tuner.cluster import HISTORY_SETTINGS
+from kvpilot.tuner.cluster.runner import HISTORY_SETTINGS
 from kvpilot.tuner.failures import REJECTED, classify
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.settings import EngineSettings
 
 MAX_MODEL_LEN = 2048  # the model length the engine's configs are built with here
 

@@ -48,9 +48,9 @@ ALLOWED = {
     ("bench/reliability/fuzz_liveness.py", "--max-model-len"): "the fuzz's own option, which it passes on to the server "
                                                    "through the table (settings.to_flags)",
     ("tuner/cli.py", "--nnodes"): "the tuner's range of pods to search (LOW:HIGH), not one engine's node count",
-    ("operator/vllm_cpu_launch.py", "--kv-cache-memory-bytes"): "the pod's launcher runs on the image's own "
+    ("operator/render/vllm_cpu_launch.py", "--kv-cache-memory-bytes"): "the pod's launcher runs on the image's own "
         "python3 -I from the ConfigMap, standard library only: it reads vLLM's command line, cannot import the table",
-    ("operator/vllm_cpu_launch.py", "--gpu-memory-utilization"): "the pod's launcher, standard library only (above)",
+    ("operator/render/vllm_cpu_launch.py", "--gpu-memory-utilization"): "the pod's launcher, standard library only (above)",
     ("tuner/cli.py", "--port"): "the tuner's option: a fixed port for the local engine, 0 (its default) = any "
                                 "free port, which the engine's --port does not accept",
 }

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from kvpilot.engine.model_loader import load_tokenizer
-from kvpilot.engine.sampler import Sampler
+from kvpilot.engine.sample.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.structured_output import GrammarCompiler
-from kvpilot.engine.structured_output_params import MAX_GRAMMAR_BYTES, MAX_JSON_NESTING, MAX_REPETITION
-from kvpilot.engine.structured_output_params import StructuredOutputsParams as Spec
+from kvpilot.engine.structured_output.backend_xgrammar import GrammarCompiler
+from kvpilot.engine.structured_output.params import MAX_GRAMMAR_BYTES, MAX_JSON_NESTING, MAX_REPETITION
+from kvpilot.engine.structured_output.params import StructuredOutputsParams as Spec
 
 VOCAB = 49152
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -126,7 +126,7 @@ def test_sampling_params_refuse_what_vllm_refuses():
 
 def test_a_compile_past_its_timeout_is_a_400_and_leaves_the_caller_free(compiler):
     from kvpilot.engine.entrypoints.errors import APIError
-    from kvpilot.engine.entrypoints.structured_outputs import compile_spec
+    from kvpilot.engine.entrypoints.openai.structured_outputs import compile_spec
 
     slow = Spec(json={"type": "string", "maxLength": MAX_REPETITION})  # ~0.2 s to compile
     with pytest.raises(APIError) as caught:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kvpilot.engine import LLM, SamplingParams
-from kvpilot.engine import parallel_state
+from kvpilot.engine.distributed import parallel_state
 
 from tiny_llama import generate_and_close, save_tiny_llama, smollm2_llm, tiny_llm, tiny_prompts
 

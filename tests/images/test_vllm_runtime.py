@@ -29,7 +29,7 @@ from kube.tools import ROOT, wait_for
 from kube.tuning_stack import ready, status_without_key, tuning_operator
 
 from kvpilot.api.vllm import VLLM_VERSION
-from kvpilot.tuner.cluster import flag_values
+from kvpilot.tuner.cluster.runner import flag_values
 
 pytestmark = pytest.mark.slow
 NAME = "smol-vllm"

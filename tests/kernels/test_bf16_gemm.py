@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvpilot.engine import cpu_kernel_path
-from kvpilot.engine.cpu_info import detect_cpu
-from kvpilot.engine.cpu_row_limits import ROW_LIMITS, bf16_kernel_max_rows
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.engine.cpu.info import detect_cpu
+from kvpilot.engine.cpu.row_limits import ROW_LIMITS, bf16_kernel_max_rows
 from kvpilot.kernels.cpu import bf16_gemm
 from kvpilot.kernels.cpu.loader import selected_variant
 from kvpilot.engine.layers.linear import RowParallelLinear, pack_weights_for_cpu

@@ -160,7 +160,7 @@ def test_long_sequences_cut_into_parts_over_threads_match_reference(kernel, lens
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_planned_width_not_the_running_team_decides_the_parts(kernel, dtype, seed):
     """The engine may run a decode step on fewer threads than it planned
-    (engine/cpu_thread_adapter.py): with the planned width set, a long sequence is cut into the
+    (engine/cpu/thread_adapter.py): with the planned width set, a long sequence is cut into the
     same parts and merged the same way on 1 thread as on 2, so the output is bit-identical;
     without it, the parts follow the running count and the last float32 bits differ."""
     from kvpilot.kernels.cpu import threads as cpu_threads

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from paged_cases import HEADS, assert_close_to_ref, make_paged_batch
 
-from kvpilot.engine import cpu_kernel_path
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.attention import torch_backend
 from kvpilot.kernels.cpu import attention as cpu_decode
 from kvpilot.engine.attention.backend import AttentionMetadata

@@ -1,6 +1,6 @@
 """The bfloat16 build of the CPU kernel library (`-DKVP_BF16`: activations, norm weights and the
 KV cache stored as bf16, all math in float32; kernels/cpu/csrc/kvp.h), which a bf16
-engine runs (`--dtype auto` is bf16 on CPUs with AVX512_BF16 or AMX, engine/cpu_info.py).
+engine runs (`--dtype auto` is bf16 on CPUs with AVX512_BF16 or AMX, engine/cpu/info.py).
 
 The bf16 kernels run the float32 build's arithmetic on the widened values and round once when
 they store, so the checks are: against the float32 build on the same (bf16-valued) inputs,

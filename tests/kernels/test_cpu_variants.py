@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from kvpilot.engine.cpu_info import CpuInfo, detect_cpu
+from kvpilot.engine.cpu.info import CpuInfo, detect_cpu
 from kvpilot.kernels.cpu import build, loader
 
 AVX2_EPYC = {"sse4_1", "sse4_2", "ssse3", "popcnt", "cx16", "lahf_lm", "avx", "avx2", "bmi1", "bmi2", "f16c",

@@ -1,5 +1,5 @@
 """Both CRD copies are `kvpilot crd`'s output, byte for byte: the engine settings' schema and
-CEL rules come from kvpilot.engine.settings, the rest from operator/crd_base.yaml."""
+CEL rules come from kvpilot.engine.settings, the rest from operator/render/crd_base.yaml."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +10,7 @@ import celpy
 import pytest
 
 from kvpilot.engine import settings
-from kvpilot.operator.crd import COPIES, build_crd, guarded_cel, render_crd
+from kvpilot.operator.render.crd import COPIES, build_crd, guarded_cel, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,9 +7,9 @@ import pytest
 import yaml
 from kube.tools import ROOT
 
-from kvpilot.operator.builders import (HASH_ANNOTATION, build_configmap, build_deployment, build_podmonitor,
+from kvpilot.operator.render.builders import (HASH_ANNOTATION, build_configmap, build_deployment, build_podmonitor,
                                        build_service, shm_gib)
-from kvpilot.operator.engine_args import engine_command, render_engine_args
+from kvpilot.operator.render.engine_args import engine_command, render_engine_args
 from kvpilot.api.models import BUILTIN_MODELS
 from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 from kvpilot.operator.status import deployment_conditions, merge_conditions

@@ -8,10 +8,10 @@ import copy
 import pytest
 
 from kvpilot.api.spec import InferenceServiceSpec
-from kvpilot.operator.builders import HASH_ANNOTATION, build_podmonitor, build_service
-from kvpilot.operator.group_builders import (MASTER_PORT, POD_INDEX_LABEL, build_group_children, group_hash)
+from kvpilot.operator.render.builders import HASH_ANNOTATION, build_podmonitor, build_service
+from kvpilot.operator.render.group_builders import (MASTER_PORT, POD_INDEX_LABEL, build_group_children, group_hash)
 from kvpilot.operator.groups import GroupPlan, plan_groups
-from kvpilot.operator.network import NetworkPolicyConfig, build_networkpolicy
+from kvpilot.operator.render.network import NetworkPolicyConfig, build_networkpolicy
 from kvpilot.operator.reconcile import OperatorConfig, desired_children
 from kvpilot.operator.status import group_conditions
 

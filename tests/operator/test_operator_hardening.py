@@ -12,9 +12,9 @@ import yaml
 from kube.tools import BIN
 from test_operator_chart import render
 
-from kvpilot.operator.builders import build_admin_secret, build_deployment
-from kvpilot.operator.engine_args import engine_command
-from kvpilot.operator.network import NetworkPolicyConfig, build_networkpolicy
+from kvpilot.operator.render.builders import build_admin_secret, build_deployment
+from kvpilot.operator.render.engine_args import engine_command
+from kvpilot.operator.render.network import NetworkPolicyConfig, build_networkpolicy
 from kvpilot.operator.policy import Policy
 from kvpilot.operator.reconcile import OperatorConfig
 from kvpilot.api.spec import InferenceServiceSpec

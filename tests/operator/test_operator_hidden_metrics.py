@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kvpilot.operator.engine_args import render_engine_args
+from kvpilot.operator.render.engine_args import render_engine_args
 from kvpilot.api.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]

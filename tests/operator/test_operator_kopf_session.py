@@ -1,4 +1,4 @@
-"""Kopf's connection to the API server comes from our login handler (kvpilot.operator.kopf_session):
+"""Kopf's connection to the API server comes from our login handler (kvpilot.operator.runtime.kopf_session):
 the credentials Kopf itself would find, in a session whose connection pool is bounded (Kopf's
 own is unbounded: a thousand TLS connections at issue 42's peak). The running operator logs in
 through it in every operator end-to-end test."""
@@ -13,7 +13,7 @@ import kubernetes.config.kube_config
 import yaml
 
 from kvpilot.operator import handlers  # noqa: F401  (registers the handlers, the login among them)
-from kvpilot.operator.kopf_session import KOPF_CONNECTIONS, login
+from kvpilot.operator.runtime.kopf_session import KOPF_CONNECTIONS, login
 
 
 def test_the_login_keeps_kopfs_credentials_and_bounds_the_pool(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease (kvpilot.operator.leader) against the real
+"""Leader election on a coordination.k8s.io/v1 Lease (kvpilot.operator.runtime.leader) against the real
 API server (tests/kube), with short durations (lease 2 s, renew deadline 1.5 s, retry 0.25 s)
 so that expiries happen within a test: the first candidate creates the Lease, a standby waits
 out the lease duration of a holder that stopped renewing, a resourceVersion-guarded PUT lets
@@ -16,8 +16,8 @@ import pytest
 from kube.tools import free_port
 
 from kvpilot.api.kube import ApiError, AsyncKubeClient, KubeClient, load_configuration
-from kvpilot.operator.leader import LeaderElector, LeaseConfig, lead
-from kvpilot.operator.probes import Probes
+from kvpilot.operator.runtime.leader import LeaderElector, LeaseConfig, lead
+from kvpilot.operator.runtime.probes import Probes
 
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.25}
 

@@ -1,4 +1,4 @@
-"""kvpilot.operator.metrics from a resource's status as the watch delivers it (no cluster; the
+"""kvpilot.operator.runtime.metrics from a resource's status as the watch delivers it (no cluster; the
 running operator's /metrics is checked in test_operator_e2e.py and the dashboard's queries
 over them in tests/server/test_server_dashboard.py)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import kopf
 import pytest
 from prometheus_client import generate_latest
 
-from kvpilot.operator import metrics
+from kvpilot.operator.runtime import metrics
 
 
 def sample(name: str, **labels: str) -> float | None:

@@ -7,7 +7,7 @@ import pytest
 
 from kvpilot.api.tuning_metrics import REGISTRY
 from kvpilot.cli.operator import build_parser, metrics_port
-from kvpilot.tuner.slo_metrics import export_slo
+from kvpilot.tuner.cluster.slo_metrics import export_slo
 
 
 def sample(name: str, name_label: str) -> float | None:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kvpilot.operator.builders import build_configmap, build_deployment
-from kvpilot.operator.engine_args import engine_command
+from kvpilot.operator.render.builders import build_configmap, build_deployment
+from kvpilot.operator.render.engine_args import engine_command
 from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.operator.validation import InvalidSpec, validate
 

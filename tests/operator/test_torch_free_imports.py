@@ -16,11 +16,11 @@ ENTRY_MODULES = (
     "kvpilot.cli.main",
     "kvpilot.cli.operator",
     "kvpilot.operator.handlers",
-    "kvpilot.tuner.slo_metrics",
-    "kvpilot.tuner.daemon",
+    "kvpilot.tuner.cluster.slo_metrics",
+    "kvpilot.tuner.cluster.daemon",
     "kvpilot.tuner.cli",
-    "kvpilot.tuner.cluster_session",
-    "kvpilot.tuner.local_session",
+    "kvpilot.tuner.cluster.session",
+    "kvpilot.tuner.local.session",
     "kvpilot.api.tuning_metrics",
 )
 
@@ -35,8 +35,8 @@ for argv in (["operator", "--help"], ["tune", "--help"]):
     except SystemExit as e:
         assert e.code == 0, (argv, e.code)
 # what the daemon does with engine code at run time: size the builtin model against a pod
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
 verdict = check(EngineSettings(max_model_len=512), resolve_model("builtin://smollm2-135m-instruct"),
                 Hardware(4 << 30, shared_memory=True))
 assert verdict.feasible and verdict.num_blocks > 0, verdict
@@ -59,7 +59,7 @@ def test_operator_and_tuner_entry_points_and_feasibility_load_no_torch():
 
 def test_the_probe_would_see_torch_if_an_entry_point_loaded_it():
     # the check above can fail: the same probe over the engine's LLM module reports torch
-    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import kvpilot.engine.llm"],
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import kvpilot.engine.entrypoints.llm"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "torch" in imported_heavy(r.stderr)
@@ -77,5 +77,5 @@ def test_the_running_operator_with_the_tuner_daemon_loads_no_torch(cluster, rele
         text = log.read_text()
     finally:
         running.stop()
-    assert "kvpilot.tuner.daemon" in text and "kopf" in text
+    assert "kvpilot.tuner.cluster.daemon" in text and "kopf" in text
     assert imported_heavy(text) == []

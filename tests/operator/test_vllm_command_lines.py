@@ -20,8 +20,8 @@ from kube.tools import ROOT
 from kvpilot.api.spec import InferenceServiceSpec
 from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_DEFAULT_BLOCK_SIZE, VLLM_VERSION
 from kvpilot.engine import settings
-from kvpilot.operator.builders import build_deployment
-from kvpilot.operator.group_builders import build_group_children
+from kvpilot.operator.render.builders import build_deployment
+from kvpilot.operator.render.group_builders import build_group_children
 from kvpilot.operator.validation import InvalidSpec, validate
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -163,7 +163,7 @@ def test_the_cpu_block_size_rule_is_vllms_own():
 @pytest.mark.parametrize("runtime", ["kvpilot", "vllm"])
 def test_the_chart_and_the_operator_default_to_the_pinned_vllm_release(runtime):
     from kvpilot.api.vllm import VLLM_CUDA_IMAGE
-    from kvpilot.operator.builders import Images
+    from kvpilot.operator.render.builders import Images
 
     values = yaml.safe_load((ROOT / "charts" / "kvpilot" / "values.yaml").read_text())
     assert values["engineImages"]["vllm"] == VLLM_CUDA_IMAGE == Images().for_runtime("vllm", gpu=True)

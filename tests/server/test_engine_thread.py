@@ -1,4 +1,4 @@
-"""The engine's own thread (engine/entrypoints/engine_thread.py): the server builds the
+"""The engine's own thread (engine/engine/engine_thread.py): the server builds the
 engine and runs its loop on one OS thread, so torch's OpenMP keeps one thread team (two
 teams on a 2-core machine throttle libgomp's spin-wait and slow every decode step)."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvpilot.engine.entrypoints.async_engine import AsyncLLMEngine
-from kvpilot.engine.entrypoints.engine_thread import EngineThread
-from kvpilot.engine.entrypoints.stat_loggers import StatLoggerManager
+from kvpilot.engine.engine.async_engine import AsyncLLMEngine
+from kvpilot.engine.engine.engine_thread import EngineThread
+from kvpilot.engine.metrics.loggers import StatLoggerManager
 
 
 def test_jobs_run_in_order_on_the_one_thread_with_results_and_exceptions():

@@ -21,7 +21,7 @@ import pytest
 from prometheus_stack import (RETUNE_REASON, ROLLOUT_STARTED_S, SETTINGS, SHIFTED_WINDOW, TARGET_LABELS, TEST_SLO,
                               TRIALS)
 
-from kvpilot.engine.entrypoints.metrics import TTFT_BUCKETS
+from kvpilot.engine.metrics.engine_metrics import TTFT_BUCKETS
 
 pytestmark = pytest.mark.slow
 

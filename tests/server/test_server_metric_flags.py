@@ -15,14 +15,14 @@ import re
 import pytest
 
 from kvpilot.engine import EngineArgs
-from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.entrypoints import serve
-from kvpilot.engine.entrypoints.metric_options import MetricOptions, check_custom_histogram_buckets
-from kvpilot.engine.entrypoints.metrics import EngineMetrics
-from kvpilot.engine.entrypoints.tool_parser_metrics import init_parser_metrics, record_tool_parser_invocation
-from kvpilot.engine.kv_cache_residency import KVCacheResidency
-from kvpilot.engine.llm_engine import StepStats
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.metrics.options import MetricOptions, check_custom_histogram_buckets
+from kvpilot.engine.metrics.engine_metrics import EngineMetrics
+from kvpilot.engine.metrics.tool_parsers import init_parser_metrics, record_tool_parser_invocation
+from kvpilot.engine.core.kv_cache_residency import KVCacheResidency
+from kvpilot.engine.engine.llm_engine import StepStats
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.sampling_params import SamplingParams
 
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from kvpilot.engine import EngineArgs
-from kvpilot.engine.entrypoints.metrics import CONTENT_TYPE, EngineMetrics, build_1_2_5_buckets
-from kvpilot.engine.llm_engine import StepStats
+from kvpilot.engine.metrics.engine_metrics import CONTENT_TYPE, EngineMetrics, build_1_2_5_buckets
+from kvpilot.engine.engine.llm_engine import StepStats
 from kvpilot.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from kvpilot.engine.entrypoints.errors import APIError
-from kvpilot.engine.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
-from kvpilot.engine.entrypoints.serving_prompt_logprobs import check_prompt_logprobs, requested_prompt_logprobs
+from kvpilot.engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvpilot.engine.entrypoints.openai.serving_prompt_logprobs import check_prompt_logprobs, requested_prompt_logprobs
 
 FIXTURE = Path(__file__).parent / "vllm_prompt_logprobs_0.32.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]

@@ -4,7 +4,7 @@
 import logging
 from types import SimpleNamespace
 
-from kvpilot.engine.entrypoints.stat_loggers import (
+from kvpilot.engine.metrics.loggers import (
     LoggingStatLogger,
     PrometheusStatLogger,
     SchedulerState,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from kvpilot.engine.entrypoints.tool_calls import ToolMode, final_tool_calls
-from kvpilot.engine.entrypoints.tool_parsers import HermesToolParser
-from kvpilot.engine.entrypoints.tool_stream import ToolStream
+from kvpilot.engine.entrypoints.openai.tool_parsers.calls import ToolMode, final_tool_calls
+from kvpilot.engine.entrypoints.openai.tool_parsers.parsers import HermesToolParser
+from kvpilot.engine.entrypoints.openai.tool_parsers.stream import ToolStream
 
 TEXT = ('Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
         '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>')

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpilot.engine.entrypoints.metrics import build_1_2_5_buckets
+from kvpilot.engine.metrics.engine_metrics import build_1_2_5_buckets
 
 TABLE = json.loads((Path(__file__).parent / "vllm_metrics_v0.33.json").read_text())
 

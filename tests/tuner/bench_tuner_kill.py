@@ -1,11 +1,11 @@
-"""Benchmark (not a test): the real tuner loop (`kvpilot.tuner.loop.Tuner`, Optuna study in
+"""Benchmark (not a test): the real tuner loop (`kvpilot.tuner.search.loop.Tuner`, Optuna study in
 SQLite) in a child process, SIGKILLed mid-study N times and restarted each time; the engine
 is the synthetic one of the loop tests, slowed to ~0.4 s a trial and each kill lands 0-0.3 s
 after a new trial started RUNNING. At the end: trials still RUNNING (lost), interrupted trials never re-run (lost),
 interrupted trials re-run more than once or deployed trials beyond the budget (duplicated).
 Prints one JSON line. The study is in SQLite, or (storage `configmap:KUBECONFIG:NAMESPACE/NAME`)
 in the InferenceService's journal ConfigMap as the operator pod's tuner keeps it
-(kvpilot.tuner.journal): tests/tuner/test_tuner_session_kill.py runs that against the real
+(kvpilot.tuner.cluster.journal): tests/tuner/test_tuner_session_kill.py runs that against the real
 API server.
 
     .venv/bin/python tests/tuner/bench_tuner_kill.py [--kills 5] [--trials 16]
@@ -33,7 +33,7 @@ def study_storage(storage: str):
     if not storage.startswith("configmap:"):
         return storage
     from kvpilot.api.kube import KubeClient
-    from kvpilot.tuner.journal import configmap_storage
+    from kvpilot.tuner.cluster.journal import configmap_storage
 
     kubeconfig, resource = storage.removeprefix("configmap:").rsplit(":", 1)
     namespace, name = resource.split("/")
@@ -46,7 +46,7 @@ def child(storage: str, trials: int) -> None:
     from synthetic import SyntheticRunner
     from test_tuner_loop import tuner
 
-    from kvpilot.tuner.study import open_study
+    from kvpilot.tuner.search.study import open_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = study_storage(storage)

@@ -16,6 +16,6 @@ def _cpu_without_bf16_matmul_kernel(monkeypatch):
     """The feasibility model's arithmetic does not depend on the machine running the tests: it
     models a CPU without AVX512_BF16 unless a test says otherwise (the kernel of
     engine/layers/bf16_gemm.py adds a third embedding copy in bf16; tested explicitly)."""
-    from kvpilot.tuner import feasibility
+    from kvpilot.tuner.search import feasibility
 
     monkeypatch.setattr(feasibility, "has_bf16_matmul_kernel", lambda cpu: False)

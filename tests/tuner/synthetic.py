@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from kvpilot.tuner.failures import TrialFailed
-from kvpilot.tuner.objective import Measurement
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.objective import Measurement
+from kvpilot.tuner.search.settings import EngineSettings
 
 
 class SyntheticRunner:

@@ -14,7 +14,7 @@ import pytest
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.benchmark.judge import LOOSE_MS
 from kvpilot.tuner.benchmark.replay import STRATEGIES, key
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.settings import EngineSettings
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "tuning"
 TUNING = [sys.executable, "-m", "kvpilot.cli.main", "bench", "tuning"]

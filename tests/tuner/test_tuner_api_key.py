@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from kvpilot.api.spec import InferenceServiceSpec
-from kvpilot.tuner.cluster_session import engine_api_key
+from kvpilot.tuner.cluster.session import engine_api_key
 
 
 class Secrets:

@@ -93,7 +93,7 @@ def test_tuner_metrics_carry_the_dashboard_names_and_labels():
 
 
 def test_daemon_builds_its_session_flags_from_the_environment():
-    from kvpilot.tuner.daemon import session_args, wants_tuning
+    from kvpilot.tuner.cluster.daemon import session_args, wants_tuning
 
     env = {"KVPILOT_TUNER_ARGS": "--num-requests 16 --target-url 'http://engine:8000'",
            "KVPILOT_PROMETHEUS_URL": "http://prometheus:9090"}
@@ -114,7 +114,7 @@ def test_a_searched_setting_given_as_an_engine_arg_is_not_repeated_after_the_tri
     """The demo sizes the defaults' cache with --engine-arg=--kv-cache-memory-bytes=N and searches
     the same setting: every trial's own flags carry it, and the fixed arguments must not repeat N
     after them (argparse's last value would win and no trial would get another cache)."""
-    from kvpilot.tuner.local_session import base_settings, fixed_engine_args
+    from kvpilot.tuner.local.session import base_settings, fixed_engine_args
 
     a = cli.parse(demo_args(CALIBRATION, CACHE, Path("/tmp")) + ["--engine-arg=--num-gpu-blocks-override=64"])
     assert base_settings(a).kv_cache_memory_bytes == CACHE.kv_cache_memory_bytes
@@ -122,7 +122,7 @@ def test_a_searched_setting_given_as_an_engine_arg_is_not_repeated_after_the_tri
 
 
 def test_the_limits_running_before_tuning_are_the_defaults_trial_and_not_repeated():
-    from kvpilot.tuner.local_session import base_settings, fixed_engine_args
+    from kvpilot.tuner.local.session import base_settings, fixed_engine_args
 
     a = cli.parse(["--local", "--engine-arg=--max-num-batched-tokens=64", "--engine-arg=--max-num-seqs=16",
                    "--engine-arg=--num-gpu-blocks-override=64"])

@@ -23,7 +23,7 @@ from kube.tools import ROOT, helm_template, wait_for
 from kube.tuning_stack import ready, status_without_key, tuner_pod
 from kube.tuning_stack import tuning_operator
 
-from kvpilot.tuner.cluster import flag_values
+from kvpilot.tuner.cluster.runner import flag_values
 
 pytestmark = pytest.mark.slow
 NAME = "tuned"

@@ -10,16 +10,16 @@ import optuna
 import pytest
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner import report as reports
+from kvpilot.tuner.report import tuning_report as reports
 from kvpilot.tuner.continuous import ContinuousConfig, run_continuous
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.reseed import SEEDED_FROM, prepare, study_names
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.shape import WorkloadShape
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO, Measurement
+from kvpilot.tuner.search.reseed import SEEDED_FROM, prepare, study_names
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.measure.shape import WorkloadShape
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
 from kvpilot.tuner.watch import WatchConfig
 
 SMOL = resolve_model("smollm2-135m-instruct")
@@ -183,7 +183,7 @@ class FakeKube:
 def test_the_tuning_condition_keeps_the_operators_and_is_set_again_when_overwritten():
     from types import SimpleNamespace
 
-    from kvpilot.tuner.cluster_continuous import ClusterSite
+    from kvpilot.tuner.cluster.continuous import ClusterSite
 
     kube = FakeKube()
     studies = SimpleNamespace(kube=kube, a=SimpleNamespace(namespace="ns", name="x"),

@@ -96,7 +96,7 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def journal_studies(configmap: dict[str, Any], workdir: Path) -> dict[str, optuna.Study]:
-    """The studies of the journal ConfigMap (tuner/journal.py: gzip JSON lines in binaryData),
+    """The studies of the journal ConfigMap (tuner/cluster/journal.py: gzip JSON lines in binaryData),
     read through Optuna's own journal storage over a copy of the log."""
     text = gzip.decompress(base64.b64decode(configmap["binaryData"]["journal.jsonl.gz"])).decode()
     path = workdir / "journal.log"

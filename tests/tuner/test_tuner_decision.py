@@ -8,14 +8,14 @@ import pytest
 from synthetic import NoisyRunner
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner import report
-from kvpilot.tuner.decision import decide, relative_spread, window_figure
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
+from kvpilot.tuner.report import tuning_report as report
+from kvpilot.tuner.search.decision import decide, relative_spread, window_figure
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO, Measurement
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMOL = resolve_model("smollm2-135m-instruct")

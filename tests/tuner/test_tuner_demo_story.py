@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 from kvpilot.engine.settings import BY_NAME
-from kvpilot.tuner import cli, demo, story
+from kvpilot.tuner import cli, demo
+from kvpilot.tuner.report import story
 
 PREEMPTION_WARNING = ("is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. "
                       "This can affect the end-to-end performance. Increase gpu_memory_utilization")

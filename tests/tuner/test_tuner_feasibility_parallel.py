@@ -10,10 +10,10 @@ import torch
 
 from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
-from kvpilot.engine.parallel_layout import rank_vocab_params
-from kvpilot.tuner import feasibility
-from kvpilot.tuner.feasibility import Hardware, check, estimate_rank_memory, resolve_model
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.engine.distributed.parallel_layout import rank_vocab_params
+from kvpilot.tuner.search import feasibility
+from kvpilot.tuner.search.feasibility import Hardware, check, estimate_rank_memory, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
 
 SMOL = resolve_model("smollm2-135m-instruct")  # 30 layers, 9 heads, 3 KV heads, bf16
 BASE = EngineSettings(max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8, gpu_memory_utilization=0.5)
@@ -106,7 +106,7 @@ def test_a_cpu_engine_takes_its_kv_space_not_the_whole_machine(monkeypatch):
 
 
 def test_cpu_hardware_without_a_dtype_follows_the_engine_auto_rule():
-    from kvpilot.engine.cpu_info import choose_cpu_dtype, detect_cpu
+    from kvpilot.engine.cpu.info import choose_cpu_dtype, detect_cpu
 
     want = choose_cpu_dtype(detect_cpu()).name  # dtypes travel as names in the tuner
     assert Hardware(GiB, shared_memory=True).engine_dtype(SMOL) == want

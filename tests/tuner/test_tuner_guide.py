@@ -1,4 +1,4 @@
-"""The guided search (`kvpilot.tuner.guide`) on small synthetic tables: its first trials
+"""The guided search (`kvpilot.tuner.search.guide`) on small synthetic tables: its first trials
 come from the memory model (when the defaults preempted) and from the SLO the defaults
 broke (a CPU engine's repair differs from a GPU's), it walks to neighbours of
 the best point, it never deploys a setting the memory model refuses, a setting feasible in
@@ -13,14 +13,14 @@ import statistics
 import optuna
 import pytest
 
-from kvpilot.tuner import report
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.guide import RequestTokens, kv_fit_seqs, kv_fit_settings, neighbours, steps
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import make_sampler
+from kvpilot.tuner.report import tuning_report as report
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.guide import RequestTokens, kv_fit_seqs, kv_fit_settings, neighbours, steps
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO, Measurement, is_feasible, slack
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMOL = resolve_model("smollm2-135m-instruct")
@@ -227,7 +227,7 @@ def test_preempted_defaults_try_the_largest_kv_cache_first_when_the_search_has_i
     """vLLM's guide's first remedy (more KV cache memory) before its second (fewer sequences):
     with `--kv-cache-memory-bytes LOW:HIGH` searched, the trial after the defaults is the
     defaults with the largest cache; without the axis it is the memory model's 4 sequences."""
-    from kvpilot.tuner.guide import more_cache_settings
+    from kvpilot.tuner.search.guide import more_cache_settings
 
     cache = 24 * 16 * 23040  # 24 blocks of the builtin model's bf16 KV: one max_model_len sequence fits
     base = EngineSettings(max_model_len=256, kv_cache_memory_bytes=cache)

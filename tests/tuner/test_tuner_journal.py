@@ -11,14 +11,14 @@ from kube.tools import ROOT, Kubectl, wait_for
 from synthetic import SyntheticRunner
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.journal import KEY, ConfigMapJournal, configmap_storage
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.cluster.journal import KEY, ConfigMapJournal, configmap_storage
 from kvpilot.api.kube import KubeClient
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
 
 
 def run(kube, isvc, n_trials):

@@ -8,16 +8,17 @@ from optuna.trial import TrialState
 from synthetic import SyntheticRunner
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner.cluster import KubernetesRunner
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.local import TrialCutShort, WindowMeasurer, clearly_violates
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
-from kvpilot.tuner.window import Snapshot
-from kvpilot.tuner.workload import Workload
+from kvpilot.tuner.cluster.runner import KubernetesRunner
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.failures import TrialCutShort
+from kvpilot.tuner.measure.trial_window import WindowMeasurer, clearly_violates
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO, Measurement
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
+from kvpilot.tuner.measure.window import Snapshot
+from kvpilot.tuner.measure.workload import Workload
 
 SLOS = SLO(ttft_p95_ms=1000, itl_p95_ms=100, max_preemptions_per_min=0)
 

@@ -19,20 +19,20 @@ from prometheus_harness import Prometheus
 from kvpilot.loadgen.datasets import SampleRequest
 from kvpilot.loadgen.tokenizers import load_tokenizer
 from kvpilot.engine.exit_codes import EXIT_ENGINE_DIED
-from kvpilot.tuner import report
-from kvpilot.tuner.engine_process import EngineProcess, free_port
+from kvpilot.tuner.report import tuning_report as report
+from kvpilot.tuner.local.engine_process import EngineProcess, free_port
 from kvpilot.tuner.failures import OUT_OF_MEMORY, TRANSIENT, TrialFailed
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.local import LocalRunner
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.promql import PrometheusSource
-from kvpilot.tuner.scrape import ScrapeSource
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
-from kvpilot.tuner.window import EmptySeries
-from kvpilot.tuner.workload import Load, Workload, drive, load_requests
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.local.runner import LocalRunner
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.measure.promql import PrometheusSource
+from kvpilot.tuner.measure.scrape import ScrapeSource
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
+from kvpilot.tuner.measure.window import EmptySeries
+from kvpilot.tuner.measure.workload import Load, Workload, drive, load_requests
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"

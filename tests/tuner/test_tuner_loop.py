@@ -10,13 +10,13 @@ from optuna.trial import TrialState
 from synthetic import SyntheticRunner, measure
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner import report
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO, slack
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
+from kvpilot.tuner.report import tuning_report as report
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO, slack
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMOL = resolve_model("smollm2-135m-instruct")
@@ -164,8 +164,8 @@ def test_report_table_names_pruned_reasons_and_the_defaults(tmp_path):
 def test_report_folder_has_plots_and_a_tuned_manifest_the_crd_accepts(tmp_path):
     import yaml
 
-    from kvpilot.tuner import artifacts
-    from kvpilot.tuner.settings import SPEC_KEYS
+    from kvpilot.tuner.report import artifacts
+    from kvpilot.tuner.search.settings import SPEC_KEYS
 
     study = tuner(open_study("t", None), SyntheticRunner(), n_trials=6).run()
     rep = report.build(study, SLOS, "goodput")
@@ -190,8 +190,8 @@ def test_report_folder_has_plots_and_a_tuned_manifest_the_crd_accepts(tmp_path):
 
 
 def test_capacity_search_finds_the_highest_rate_within_the_slos():
-    from kvpilot.tuner.capacity import find_capacity
-    from kvpilot.tuner.objective import Measurement
+    from kvpilot.tuner.search.capacity import find_capacity
+    from kvpilot.tuner.search.objective import Measurement
 
     def measure(rate):  # TTFT grows with the rate; the 1000 ms SLO breaks at 2.5 req/s
         return Measurement(duration_s=60, completed=60, ttft_p95_s=0.4 * rate, itl_p95_s=0.05)

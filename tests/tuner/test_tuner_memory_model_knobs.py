@@ -5,11 +5,11 @@ moves the defaults trial's limits."""
 from __future__ import annotations
 
 from kvpilot.engine.config import ParallelConfig
-from kvpilot.engine.parallel_layout import rank_kv_bytes_per_token
-from kvpilot.tuner import guide
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
+from kvpilot.engine.distributed.parallel_layout import rank_kv_bytes_per_token
+from kvpilot.tuner.search import guide
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
 
 MODEL = resolve_model("smollm2-135m-instruct", "float32")
 CPU = Hardware(device_memory_bytes=64 << 30, shared_memory=True, dtype="float32")

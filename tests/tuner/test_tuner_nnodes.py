@@ -13,14 +13,14 @@ from kvpilot.engine.config import ParallelConfig
 from kvpilot.engine.memory import GiB
 from kvpilot.engine.config import node_ranks
 from kvpilot.tuner import cli
-from kvpilot.tuner.cluster import KubernetesRunner
+from kvpilot.tuner.cluster.runner import KubernetesRunner
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
 import dataclasses
 
-from kvpilot.tuner.feasibility import Hardware, check, estimate_rank_memory, resolve_model
-from kvpilot.tuner.objective import Measurement
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
+from kvpilot.tuner.search.feasibility import Hardware, check, estimate_rank_memory, resolve_model
+from kvpilot.tuner.search.objective import Measurement
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
 
 SMOL = resolve_model("smollm2-135m-instruct")  # 30 layers, 9 heads, 3 KV heads
 # one rank of SmolLM2 in bf16 on CPU (plain + packed weights, ~0.5 GiB) and its KV for 8192 tokens fit
@@ -90,7 +90,7 @@ def test_layouts_over_pods_enter_the_space_only_with_a_range_of_pods():
 
 
 def test_the_tune_flag_gives_the_range_and_local_tuning_checks_the_node_flags(capsys):
-    from kvpilot.tuner.local_session import searched_flags
+    from kvpilot.tuner.local.session import searched_flags
 
     a = cli.parse(["--namespace", "d", "--name", "x", "--parallel", "--nnodes", "1:2"])
     assert a.space.nnodes == (1, 2)
@@ -104,7 +104,7 @@ def test_the_tune_flag_gives_the_range_and_local_tuning_checks_the_node_flags(ca
 
 
 def test_local_nodes_share_this_machine_and_start_as_processes(tmp_path):
-    from kvpilot.tuner.engine_process import EngineProcess
+    from kvpilot.tuner.local.engine_process import EngineProcess
 
     pp2 = TIGHT.replace(pipeline_parallel_size=2)
     machine = dataclasses.replace(CPU_POD, num_devices=2, one_machine=True)
@@ -219,7 +219,7 @@ def test_the_status_history_says_how_many_pods_each_trial_ran_on():
 
 
 def test_the_story_explains_a_winner_over_more_pods():
-    from kvpilot.tuner.story import changes
+    from kvpilot.tuner.report.story import changes
 
     (line,) = changes({"nnodes": 1, "max_num_seqs": 8}, {"nnodes": 2, "max_num_seqs": 8})
     assert line.startswith("raise nnodes 1 -> 2: the ranks spread over more pods")
@@ -233,7 +233,7 @@ def test_engine_flags_name_the_nodes_only_when_there_are_several():
 
 def test_the_in_cluster_hardware_is_one_pods_resources():
     from kvpilot.api.spec import InferenceServiceSpec
-    from kvpilot.tuner.cluster_session import hardware_of
+    from kvpilot.tuner.cluster.session import hardware_of
 
     spec = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct"},
                                            "resources": {"cpu": "500m", "memory": "2Gi"},

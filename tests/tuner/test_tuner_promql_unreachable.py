@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
-from kvpilot.tuner.promql import PrometheusSource
+from kvpilot.tuner.measure.promql import PrometheusSource
 
 
 def closed_port() -> int:

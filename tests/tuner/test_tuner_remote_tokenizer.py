@@ -1,5 +1,5 @@
 """The in-cluster tuner's tokenizer: the engine's own /tokenize and /detokenize over HTTP
-(kvpilot.tuner.remote_tokenizer), against a real `kvpilot serve` of SmolLM2 with an API key.
+(kvpilot.tuner.cluster.remote_tokenizer), against a real `kvpilot serve` of SmolLM2 with an API key.
 The ShareGPT load built with it states the prompt lengths the engine counts."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from kvpilot.tuner.engine_process import EngineProcess
-from kvpilot.tuner.remote_tokenizer import RemoteTokenizer, RemoteTokenizerError
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.workload import Workload, load_requests
+from kvpilot.tuner.local.engine_process import EngineProcess
+from kvpilot.tuner.cluster.remote_tokenizer import RemoteTokenizer, RemoteTokenizerError
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.measure.workload import Workload, load_requests
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"

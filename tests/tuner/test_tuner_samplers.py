@@ -16,12 +16,12 @@ from optuna.trial import TrialState
 from synthetic import SyntheticRunner
 
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.loop import Tuner, TunerConfig
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import open_study
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.search.loop import Tuner, TunerConfig
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import open_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SMOL = resolve_model("smollm2-135m-instruct")

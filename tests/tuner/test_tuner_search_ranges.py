@@ -11,10 +11,10 @@ import pytest
 
 from kvpilot.engine import settings
 from kvpilot.tuner import cli
-from kvpilot.tuner.daemon import session_args
-from kvpilot.tuner.feasibility import resolve_model
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace, ranges_markdown
+from kvpilot.tuner.cluster.daemon import session_args
+from kvpilot.tuner.search.feasibility import resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace, ranges_markdown
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 MODEL = resolve_model("smollm2-135m-instruct")

@@ -1,6 +1,6 @@
 """issue 42: the tuner's session killed mid-trial where the operator pod runs it, with the study
 where the operator pod keeps it: the InferenceService's journal ConfigMap on the real API
-server (kvpilot.tuner.journal). The real tuner loop (synthetic engine, ~0.4 s a trial) runs
+server (kvpilot.tuner.cluster.journal). The real tuner loop (synthetic engine, ~0.4 s a trial) runs
 in a child process that is SIGKILLed inside a trial twice and then runs to the end: no trial
 is left RUNNING, every interrupted trial is run again, and the study ends with exactly its
 budget of deployed trials (none lost, none twice). The SQLite variant with more kills is

@@ -1,4 +1,4 @@
-"""The workload's shape over a window (tuner/shape.py) and the one-reading window of both
+"""The workload's shape over a window (tuner/measure/shape.py) and the one-reading window of both
 measurement sources (observe_window): rate and length quantiles from vLLM's request length
 histograms, the ratio shift test and the distance between workloads."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.scrape import ScrapeSource, parse_metrics
-from kvpilot.tuner.shape import (FIGURES, OUTPUT_TOKENS, PROMPT_TOKENS, WorkloadShape, distance, shape_between,
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.measure.scrape import ScrapeSource, parse_metrics
+from kvpilot.tuner.measure.shape import (FIGURES, OUTPUT_TOKENS, PROMPT_TOKENS, WorkloadShape, distance, shape_between,
                                  shifted)
-from kvpilot.tuner.window import Snapshot, histogram_quantile, window_metrics
+from kvpilot.tuner.measure.window import Snapshot, histogram_quantile, window_metrics
 
 INF = math.inf
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # vLLM's build_1_2_5_buckets(2048)
@@ -172,7 +172,7 @@ def test_scrape_source_observes_measurement_and_shape_from_one_reading(page):
 def test_prometheus_source_reads_the_same_shape_as_the_scrape_source(page, tmp_path):
     from prometheus_harness import Prometheus
 
-    from kvpilot.tuner.promql import PrometheusSource
+    from kvpilot.tuner.measure.promql import PrometheusSource
 
     prom = Prometheus(tmp_path, f"127.0.0.1:{page.port}")
     try:

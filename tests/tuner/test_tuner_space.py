@@ -6,10 +6,10 @@ import pytest
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.memory import GiB
-from kvpilot.tuner import feasibility
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
+from kvpilot.tuner.search import feasibility
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
 
 SMOL = resolve_model("smollm2-135m-instruct")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpilot.tuner import story
+from kvpilot.tuner.report import story
 
 SLO = {"ttft_p95_ms": 9000.0, "itl_p95_ms": 300.0, "e2e_p95_ms": 0.0, "max_preemptions_per_min": 0.0}
 BASE = {"max_model_len": 256, "max_num_seqs": 256, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9,

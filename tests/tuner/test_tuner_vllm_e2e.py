@@ -15,7 +15,7 @@ import pytest
 
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner import cli, demo
-from kvpilot.tuner.vllm_runtime import REPO_ROOT, VLLM_CPU_BLOCK_SIZE, VLLM_MODULE, VLLM_VENV
+from kvpilot.tuner.local.vllm_runtime import REPO_ROOT, VLLM_CPU_BLOCK_SIZE, VLLM_MODULE, VLLM_VENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 VLLM_PYTHON = REPO_ROOT / VLLM_VENV / "bin" / "python"

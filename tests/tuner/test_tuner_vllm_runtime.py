@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kvpilot.tuner import cli, demo, local_session
+from kvpilot.tuner import cli, demo
+from kvpilot.tuner.local import session as local_session
 from kvpilot.tuner.failures import OUT_OF_MEMORY, REJECTED, classify
-from kvpilot.tuner.feasibility import Hardware
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.vllm_runtime import (VLLM_CPU_BLOCK_SIZE, VLLM_MODULE, VLLMNotFound, vllm_engine, vllm_environment,
+from kvpilot.tuner.search.feasibility import Hardware
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.local.vllm_runtime import (VLLM_CPU_BLOCK_SIZE, VLLM_MODULE, VLLMNotFound, vllm_engine, vllm_environment,
                                         vllm_serve_command)
 
 CPU = Hardware(device_memory_bytes=16 << 30, shared_memory=True, one_machine=True)
@@ -106,7 +107,7 @@ def test_runtime_vllm_restarts_every_trial_and_counts_its_cpu_blocks(tmp_path, m
                    "--engine-arg=--kv-cache-memory-bytes=9M", "--engine-arg=--enforce-eager"])
     assert a.no_live and a.serve_command == [str(python), "-P", "-m", VLLM_MODULE, "serve"]
     monkeypatch.setattr(local_session, "check_flags", lambda *args, **kw: None)
-    monkeypatch.setattr("kvpilot.tuner.feasibility.model_directory", lambda model: tmp_path)
+    monkeypatch.setattr("kvpilot.tuner.search.feasibility.model_directory", lambda model: tmp_path)
     base, engine = local_session.local_engine(a, CPU)
     assert base.block_size == VLLM_CPU_BLOCK_SIZE and base.kv_cache_memory_bytes == 9 << 20
     assert engine.runtime == "vllm" and engine.extra_args[-1] == "--enforce-eager"
@@ -125,7 +126,7 @@ def fake_vllm(tmp_path: Path, help_text: str) -> Path:
 
 def test_the_cli_exits_2_naming_a_flag_vllm_lacks_and_the_cache_it_needs(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(local_session, "hardware_for", lambda a: CPU)
-    monkeypatch.setattr("kvpilot.tuner.feasibility.model_directory", lambda model: tmp_path)  # no conversion
+    monkeypatch.setattr("kvpilot.tuner.search.feasibility.model_directory", lambda model: tmp_path)  # no conversion
     python = fake_vllm(tmp_path, "usage: vllm serve\n  --max-model-len\n  --max-num-seqs\n")  # an old vLLM
     argv = ["--local", "--runtime", "vllm", "--vllm-python", str(python), "--report-dir", str(tmp_path / "r")]
     assert cli.main(argv + ["--engine-arg=--kv-cache-memory-bytes=9M"]) == 2

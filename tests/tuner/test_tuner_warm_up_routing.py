@@ -1,4 +1,4 @@
-"""A trial's warm-up right after its rollout (tuner/local.py WindowMeasurer.warm_up): where no warm-up
+"""A trial's warm-up right after its rollout (tuner/measure/trial_window.py WindowMeasurer.warm_up): where no warm-up
 request can connect (the pod is Ready but the node's proxy rules do not route the Service to it
 yet), the requests are sent again for up to ROUTE_WAIT_S before the trial fails; any other failure,
 or one past that time, fails the trial at once as transient."""
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvpilot.tuner import local
+from kvpilot.tuner.measure import trial_window as local
 from kvpilot.tuner.failures import TRANSIENT, TrialFailed
-from kvpilot.tuner.local import WindowMeasurer
+from kvpilot.tuner.measure.trial_window import WindowMeasurer
 
 
 @dataclass

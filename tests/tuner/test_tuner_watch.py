@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from kvpilot.tuner.objective import SLO, Measurement
-from kvpilot.tuner.shape import WorkloadShape, shape_between
+from kvpilot.tuner.search.objective import SLO, Measurement
+from kvpilot.tuner.measure.shape import WorkloadShape, shape_between
 from kvpilot.tuner.watch import SLO_BREACHED, WORKLOAD_SHIFTED, WatchConfig, Watcher
-from kvpilot.tuner.window import OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, Snapshot
+from kvpilot.tuner.measure.window import OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, Snapshot
 
 SLOS = SLO(ttft_p95_ms=2000, itl_p95_ms=200)
 BASE = WorkloadShape(60.0, 60.0, 1.0, 210.0, 640.0, 120.0, 128.0)

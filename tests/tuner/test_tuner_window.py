@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvpilot.tuner.failures import OUT_OF_MEMORY, REJECTED, TRANSIENT, TrialFailed, classify
-from kvpilot.tuner.objective import SLO, Measurement, slack
-from kvpilot.tuner.scrape import parse_metrics
-from kvpilot.tuner.window import config_mismatches, fraction_at_most, histogram_quantile, window_metrics
+from kvpilot.tuner.search.objective import SLO, Measurement, slack
+from kvpilot.tuner.measure.scrape import parse_metrics
+from kvpilot.tuner.measure.window import config_mismatches, fraction_at_most, histogram_quantile, window_metrics
 
 INF = math.inf
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kvpilot.loadgen.metrics import RequestResult
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.workload import Workload, client_measurement, load_requests
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.measure.workload import Workload, client_measurement, load_requests
 
 
 class WordTokenizer:

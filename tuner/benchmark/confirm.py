@@ -20,8 +20,8 @@ from kvpilot.tuner.benchmark.judge import window_measurement
 from kvpilot.tuner.benchmark.replay import key
 from kvpilot.tuner.benchmark.scenarios import Scenario
 from kvpilot.tuner.benchmark.windows import machine, measure_window, open_runner
-from kvpilot.tuner.objective import SLO, is_feasible, slack
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.objective import SLO, is_feasible, slack
+from kvpilot.tuner.search.settings import EngineSettings
 
 
 def tuner_choice(replayed: dict[str, Any], defaults: EngineSettings) -> tuple[EngineSettings | None, str]:

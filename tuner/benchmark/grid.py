@@ -25,8 +25,8 @@ from typing import Any
 
 from kvpilot.tuner.benchmark.scenarios import Scenario
 from kvpilot.tuner.benchmark.windows import machine, measure_window, open_runner
-from kvpilot.tuner.feasibility import Hardware, check, resolve_model
-from kvpilot.tuner.settings import EngineSettings
+from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
+from kvpilot.tuner.search.settings import EngineSettings
 
 
 def scenario_entry(table: dict[str, Any], name: str, scenario: Scenario, model: str) -> dict[str, Any]:

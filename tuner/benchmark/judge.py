@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvpilot.tuner.benchmark.scenarios import Scenario
-from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
+from kvpilot.tuner.search.objective import SLO, Measurement, is_feasible, slack
 
 LOOSE_MS = 1e6  # a limit nothing reaches: the SLO does not constrain it
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.tuner.benchmark.judge import LOOSE_MS, point_figure
-from kvpilot.tuner.objective import SLO
+from kvpilot.tuner.search.objective import SLO
 
 
 def _point(settings: dict[str, Any]) -> str:

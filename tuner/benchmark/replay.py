@@ -27,17 +27,17 @@ from typing import Any
 
 import optuna
 
-from kvpilot.tuner import report
+from kvpilot.tuner.report import tuning_report as report
 from kvpilot.tuner.benchmark.judge import point_figure, scenario_slo, window_measurement
 from kvpilot.tuner.benchmark.scenarios import Scenario
 from kvpilot.tuner.failures import OUT_OF_MEMORY, TrialFailed
-from kvpilot.tuner.feasibility import Hardware, resolve_model
-from kvpilot.tuner.guide import RequestTokens
-from kvpilot.tuner.loop import Tuner, TunerConfig, best_measured
-from kvpilot.tuner.objective import SLO, Measurement, is_feasible, slack
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.space import SearchSpace
-from kvpilot.tuner.study import make_sampler
+from kvpilot.tuner.search.feasibility import Hardware, resolve_model
+from kvpilot.tuner.search.guide import RequestTokens
+from kvpilot.tuner.search.loop import Tuner, TunerConfig, best_measured
+from kvpilot.tuner.search.objective import SLO, Measurement, is_feasible, slack
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.search.space import SearchSpace
+from kvpilot.tuner.search.study import make_sampler
 
 STRATEGIES = ("tuner", "tpe", "random", "grid_order")
 

@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from kvpilot.engine.cpu_info import detect_cpu
+from kvpilot.engine.cpu.info import detect_cpu
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.tuner.benchmark.windows import DEFAULT_MODEL
-from kvpilot.tuner.engine_process import free_port
+from kvpilot.tuner.local.engine_process import free_port
 
 ARMS = ("continuous", "once")
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.workload import Load
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.measure.workload import Load
 
 AXES = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
 SLO_LIMITS = ("ttft_p95_ms", "itl_p95_ms")

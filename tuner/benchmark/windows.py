@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.cpu_info import detect_cpu
+from kvpilot.engine.cpu.info import detect_cpu
 from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.benchmark.scenarios import Scenario
-from kvpilot.tuner.engine_process import EngineProcess
-from kvpilot.tuner.local import LocalRunner
-from kvpilot.tuner.objective import SLO
-from kvpilot.tuner.remote_tokenizer import RemoteTokenizer
-from kvpilot.tuner.settings import EngineSettings
-from kvpilot.tuner.workload import Load, Workload
+from kvpilot.tuner.local.engine_process import EngineProcess
+from kvpilot.tuner.local.runner import LocalRunner
+from kvpilot.tuner.search.objective import SLO
+from kvpilot.tuner.cluster.remote_tokenizer import RemoteTokenizer
+from kvpilot.tuner.search.settings import EngineSettings
+from kvpilot.tuner.measure.workload import Load, Workload
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -1,0 +1,44 @@
+"""Request and response bodies of POST /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from kvpilot.engine.entrypoints.openai.protocol import ChatMessage, TokenId, _Request
+
+
+# -------------------------------------------------------------- tokenization
+# POST /tokenize and /detokenize, with vLLM's shapes (vllm/entrypoints/openai/protocol.py:
+# TokenizeCompletionRequest, TokenizeChatRequest, TokenizeResponse, DetokenizeRequest,
+# DetokenizeResponse). Defaults are vLLM's: special tokens added to a text prompt, not to a chat
+# (its template already has them).
+class TokenizeCompletionRequest(_Request):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Request):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
