@@ -1,7 +1,7 @@
 """The SLO and tuning series of an InferenceService, which the kvpilot dashboard charts,
 labelled by `namespace` and `inferenceservice` (a local run uses namespace "local"). The
 tuner writes them for its trials, the operator process for every resource's spec.slo
-(kvpilot.tuner.slo_metrics), `kvpilot bench dashboard` for the trials it plays; so they live
+(kvpilot.tuner.cluster.slo_metrics), `kvpilot bench dashboard` for the trials it plays; so they live
 in api/, which all three may import:
 
     kvpilot_slo_ttft_p95_seconds, kvpilot_slo_itl_p95_seconds, kvpilot_slo_e2e_p95_seconds
@@ -107,7 +107,7 @@ class TunerMetrics:
         self._settings: dict[str, str] | None = None
 
     def set_slo(self, slo: Any) -> None:
-        """`slo`: a kvpilot.tuner.objective.SLO (milliseconds; per minute)."""
+        """`slo`: a kvpilot.tuner.search.objective.SLO (milliseconds; per minute)."""
         self._set_slo(slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms, slo.max_preemptions_per_min)
 
     def set_spec_slo(self, slo: SLOSpec) -> None:
@@ -146,7 +146,7 @@ class TunerMetrics:
 
     def record_trial(self, trial: Any, best: Sequence[Any]) -> None:
         """`trial`: an optuna FrozenTrial as the tuning loop leaves it (user_attrs verdict,
-        settings, measurement); `best`: kvpilot.tuner.loop.best_measured(study)."""
+        settings, measurement); `best`: kvpilot.tuner.search.loop.best_measured(study)."""
         attrs = trial.user_attrs
         top = best[0] if best else None
         goodput = ((top.user_attrs.get("measurement") or {}).get("goodput_rps") if top is not None else None)
@@ -155,7 +155,7 @@ class TunerMetrics:
 
     def record_window(self, attainment: float, breached_windows: int, shape: Mapping[str, float]) -> None:
         """One watch window: SLO attainment (0..1), consecutive windows breaking an SLO, and the
-        workload's shape (kvpilot.tuner.shape.WorkloadShape.as_dict(): arrival_rps and
+        workload's shape (kvpilot.tuner.measure.shape.WorkloadShape.as_dict(): arrival_rps and
         prompt/output_tokens_p50/p90; other keys ignored). A NaN, None (as_dict's NaN) or missing
         figure is exported as NaN (a gap on the dashboard), never as the previous window's value."""
         ATTAINMENT.labels(**self._labels).set(_figure(attainment))

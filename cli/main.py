@@ -35,7 +35,7 @@ COMMANDS = {
     "serve": "kvpilot.engine.entrypoints.serve",
     "operator": "kvpilot.cli.operator",
     "tune": "kvpilot.tuner.cli",
-    "crd": "kvpilot.operator.crd",  # issue 13: the CRD, generated from kvpilot.engine.settings
+    "crd": "kvpilot.operator.render.crd",  # issue 13: the CRD, generated from kvpilot.engine.settings
 }
 BENCH_COMMANDS = {
     "throughput": "kvpilot.bench.throughput",

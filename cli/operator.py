@@ -10,7 +10,7 @@ packages: `kvpilot.operator` and `kvpilot.tuner` import neither each other (they
     kvpilot operator --tuner --metrics-port 9090  # and tune; operator and tuner metrics at :9090/metrics
 
 With --leader-elect the process starts as a standby: it serves its probes and metrics and
-waits for the Lease (kvpilot.operator.leader); only once it holds it does Kopf start, so a
+waits for the Lease (kvpilot.operator.runtime.leader); only once it holds it does Kopf start, so a
 standby runs no handler, timer or daemon. Losing the lease exits 1 at once (the kubelet
 restarts the container as a standby); SIGTERM stops Kopf and hands the lease back.
 """
@@ -24,7 +24,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvpilot.operator.leader import LeaseConfig
+    from kvpilot.operator.runtime.leader import LeaseConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
     parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve kvpilot_operator_* (kvpilot.operator.metrics), kvpilot_slo_* (every "
+                        help="serve kvpilot_operator_* (kvpilot.operator.runtime.metrics), kvpilot_slo_* (every "
                              "resource's spec.slo) and kvpilot_tuning_* at :PORT/metrics (default: off, or "
                              "KVPILOT_METRICS_PORT)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -91,7 +91,7 @@ def lease_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> L
     """The Lease this process competes for (None without --leader-elect); exit 2 on bad durations."""
     if not args.leader_elect:
         return None
-    from kvpilot.operator.leader import LeaseConfig, default_identity, default_namespace
+    from kvpilot.operator.runtime.leader import LeaseConfig, default_identity, default_namespace
 
     try:
         return LeaseConfig(name=args.leader_election_lease,
@@ -109,9 +109,9 @@ async def operate(args: argparse.Namespace, clusterwide: bool, namespaces: list[
     import kopf
 
     from kvpilot.api.kube import AsyncKubeClient
-    from kvpilot.operator import metrics
-    from kvpilot.operator.leader import LeaderElector, lead
-    from kvpilot.operator.probes import Probes
+    from kvpilot.operator.runtime import metrics
+    from kvpilot.operator.runtime.leader import LeaderElector, lead
+    from kvpilot.operator.runtime.probes import Probes
 
     kopf_ready = asyncio.Event()
     lease_name = lease.name if lease else ""
@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     from kvpilot.operator import handlers  # noqa: F401  (registers the handlers; reads the resync interval)
 
     if args.tuner:
-        from kvpilot.tuner import daemon  # noqa: F401  (registers the tuner daemon)
+        from kvpilot.tuner.cluster import daemon  # noqa: F401  (registers the tuner daemon)
     if args.metrics_port:  # issue 14: the dashboard's SLO lines and tuning panels; issue 42: the operator's own
-        from kvpilot.operator import metrics
+        from kvpilot.operator.runtime import metrics
         from kvpilot.api import tuning_metrics
-        from kvpilot.tuner import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
+        from kvpilot.tuner.cluster import slo_metrics  # noqa: F401  (registers the spec.slo exporter)
         tuning_metrics.REGISTRY.register(metrics.Collector())
         tuning_metrics.serve(args.metrics_port)
 

@@ -13,7 +13,7 @@ prefill attention with fused RoPE and K/V writes, RMSNorm and SiLU*mul, decode-s
 
 - reference: the attention and cache write in plain PyTorch (the tests' float64 ground truth)
 
-Which kernels an engine runs is decided in one place, kvpilot.engine.cpu_kernel_path (CPU) and the
+Which kernels an engine runs is decided in one place, kvpilot.engine.cpu.kernel_path (CPU) and the
 attention backend (GPU). Nothing is imported here, so that the references and the CPU kernels work
 without triton installed; kernels import nothing else of kvpilot's (.importlinter).
 """

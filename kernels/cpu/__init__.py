@@ -13,7 +13,7 @@ CPU runs. The ops, each with a docstring giving shapes, dtypes, errors and sourc
                  for the 8-bit matmuls on AMX tiles (csrc/gguf_amx.c, amx build)
 - decode_stack.py  the one-call decode step's library and C structs
 
-Which of them a CPU engine runs is decided in one place, kvpilot.engine.cpu_kernel_path.
+Which of them a CPU engine runs is decided in one place, kvpilot.engine.cpu.kernel_path.
 Nothing is imported here: cpu_flags.py and build.py are torch-free (the tuner and setup.py
 read them).
 """

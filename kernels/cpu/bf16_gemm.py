@@ -1,6 +1,6 @@
 """Decode-sized bfloat16 matmuls on CPUs with AVX512_BF16: our own kernel (csrc/bf16_gemm.c)
 instead of oneDNN's for steps of a few rows (any row count runs; up to how many the engine sends
-it is the engine's row-limit table, engine/cpu_row_limits.py); on CPUs with AMX the same packed
+it is the engine's row-limit table, engine/cpu/row_limits.py); on CPUs with AMX the same packed
 copy feeds AMX tiles (`amx()`).
 
 Why: at the row counts of a decode step oneDNN's bf16 matmuls read the 135M model's 212 MB of
@@ -11,7 +11,7 @@ still serves prefill-sized matmuls) once per call, its row tiles reusing each 64
 from L2. Arithmetic: exact bf16 products, float32 sums, one rounding to bf16 (as oneDNN's).
 
 Runs in the avx512_bf16 and amx variants (`simd()`); whether the engine uses it on a CPU is
-decided by engine/cpu_kernel_path.py. Other variants hold the same layout in plain C (tests
+decided by engine/cpu/kernel_path.py. Other variants hold the same layout in plain C (tests
 check the layout with it on any CPU).
 Source: Intel SDM (VDPBF16PS); the packing is BLIS's (Van Zee and van de Geijn, 2015).
 """

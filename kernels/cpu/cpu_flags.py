@@ -1,7 +1,7 @@
 """What this CPU can do: its model name and ISA flags as Linux lists them in /proc/cpuinfo.
 
 The kernel loader (kernels/cpu/loader.py) picks the ahead-of-time built variant from these
-flags; engine/cpu_info.py chooses the dtype from them. Torch-free at import (the tuner reads
+flags; engine/cpu/info.py chooses the dtype from them. Torch-free at import (the tuner reads
 them too). Source: the flag names of Linux's arch/x86/include/asm/cpufeatures.h.
 """
 

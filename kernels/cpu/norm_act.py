@@ -2,7 +2,7 @@
 each one call of the attention library (csrc/layernorm.c, csrc/activation.c) instead of 3-10
 small torch ops (bf16: stored values widened to float32 for the math, rounded back as HF's
 Llama rounds them). The callers (engine/layers/layernorm.py, activation.py) use them where the
-engine's kernel path says so (engine/cpu_kernel_path.py).
+engine's kernel path says so (engine/cpu/kernel_path.py).
 Source: vLLM csrc/layernorm_kernels.cu (fused_add_rms_norm) and
 csrc/activation_kernels.cu (silu_and_mul), for the semantics.
 """

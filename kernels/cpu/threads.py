@@ -1,12 +1,12 @@
 """The engine's OpenMP threads: pinning them to CPUs (csrc/threads.c), as vLLM's CPU worker does
 with `VLLM_CPU_OMP_THREADS_BIND`, and the planned width that decode attention partitions by.
-engine/cpu_threads.py decides; this module only does it. Source: vLLM csrc/cpu/utils.cpp
+engine/cpu/threads.py decides; this module only does it. Source: vLLM csrc/cpu/utils.cpp
 `init_cpu_threads_env`.
 
 The width: decode attention cuts long sequences into parts by its thread count
 (csrc/attention.c `partition_tokens`), so its result depends on that count in the last bits.
 The engine may run a decode step on fewer threads than it planned
-(engine/cpu_thread_adapter.py); the kernels then partition by the planned width and run the
+(engine/cpu/thread_adapter.py); the kernels then partition by the planned width and run the
 parts on the threads there are, and a step's result does not depend on how many ran it.
 """
 

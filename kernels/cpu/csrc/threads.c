@@ -1,5 +1,5 @@
 /*
- * Thread placement (Python face: kernels/cpu/threads.py; engine/cpu_threads.py decides).
+ * Thread placement (Python face: kernels/cpu/threads.py; engine/cpu/threads.py decides).
  *
  * `kvp_bind_omp_threads` pins each thread of the calling thread's OpenMP team to one CPU: team
  * thread i to cpus[i]. libgomp keeps a team's threads for the thread that forks it and reuses
