@@ -2,7 +2,7 @@
 
 The public names load on first use (PEP 562), so that torch-free submodules such as
 `kvpilot.engine.settings` (which the operator imports) do not pull in torch, and so
-that the OpenMP wait policy is in the environment before torch loads libgomp (omp_wait.py)."""
+that the OpenMP wait policy is in the environment before torch loads libgomp (cpu/omp_wait.py)."""
 
 from importlib import import_module
 

@@ -146,7 +146,7 @@ def test_no_module_imports_itself_through_others():
 
 def test_an_added_import_loop_is_found(tmp_path):
     src = copy_sources(tmp_path)
-    path = src / "kvpilot" / "engine" / "block_manager.py"  # the scheduler imports the block manager
+    path = src / "kvpilot" / "engine" / "core" / "block_manager.py"  # the scheduler imports the block manager
     path.write_text(path.read_text() + "\nimport kvpilot.engine.core.scheduler  # added by the test\n")
     cycles = import_cycles(src)
     assert ["kvpilot.engine.core.block_manager", "kvpilot.engine.core.scheduler"] in cycles, cycles

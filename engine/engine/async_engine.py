@@ -59,7 +59,7 @@ class RequestStream:
 
 class AsyncLLMEngine:
     """`metrics` (the vllm:* series) and, unless `log_stats` is off, the throughput line
-    every `stats_interval_s` are fed by stat loggers (`stat_loggers.py`); pass
+    every `stats_interval_s` are fed by stat loggers (`metrics/loggers.py`); pass
     `stat_loggers` to choose them yourself."""
 
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None, *, log_stats: bool = True,

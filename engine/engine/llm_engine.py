@@ -43,7 +43,7 @@ class StepStats:
     num_preemptions: int
     finished: list[Sequence]
     duration_s: float
-    # (num_tokens, context_len, is_prefill) per scheduled request: the MFU estimate's input (perf_stats.py)
+    # (num_tokens, context_len, is_prefill) per scheduled request: the MFU estimate's input (metrics/perf.py)
     batch: tuple[tuple[int, int, bool], ...] = ()
 
 

@@ -4,9 +4,9 @@ autoscaling rules and our tuner read them unchanged.
 The set is vLLM 0.33's default one (tests/server/vllm_metrics_v0.33.json lists it with its
 source); families for features kvpilot lacks (external KV transfer, multi-modal cache, sleep
 mode) are exported at their idle values, as vLLM does when the feature is off. Deprecated
-names come back with `--show-hidden-metrics-for-version` (metrics_hidden.py); the MFU counters,
-KV-block residency and tool-parser families follow their flags (metrics_optional.py); the
-histograms' buckets follow `--custom-histogram-buckets` (metric_options.py); the running
+names come back with `--show-hidden-metrics-for-version` (hidden.py); the MFU counters,
+KV-block residency and tool-parser families follow their flags (optional.py); the
+histograms' buckets follow `--custom-histogram-buckets` (options.py); the running
 configuration is in `vllm:cache_config_info` and `kvpilot:engine_config_info` (config_info.py).
 
 Every metric carries `model_name` and `engine` ("0"). Served in the classic text format

@@ -1,5 +1,5 @@
 """The vLLM metric families' fixed parts: label values, histogram buckets (vLLM 0.33's
-defaults; `--custom-histogram-buckets` replaces them, metric_options.py), and a factory that
+defaults; `--custom-histogram-buckets` replaces them, options.py), and a factory that
 declares a family with the `model_name` / `engine` labels every kvpilot metric carries.
 Source: vLLM `vllm/v1/metrics/loggers.py`, `vllm/v1/metrics/buckets.py`."""
 

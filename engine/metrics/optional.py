@@ -1,13 +1,13 @@
-"""The metric families that vLLM's flags switch on, beside the default set (metrics.py):
+"""The metric families that vLLM's flags switch on, beside the default set (engine_metrics.py):
 
 - `vllm:estimated_flops_per_gpu_total`, `vllm:estimated_read_bytes_per_gpu_total`,
   `vllm:estimated_write_bytes_per_gpu_total`: always registered; they count each step's
-  estimate (kvpilot/engine/perf_stats.py) only with `--enable-mfu-metrics`. MFU in PromQL:
+  estimate (kvpilot/engine/metrics/perf.py) only with `--enable-mfu-metrics`. MFU in PromQL:
   rate(vllm:estimated_flops_per_gpu_total[1m]) / peak FLOP/s.
 - `vllm:kv_block_lifetime_seconds`, `vllm:kv_block_idle_before_evict_seconds`,
   `vllm:kv_block_reuse_gap_seconds`: only with `--kv-cache-metrics`, fed by the block
-  manager's sampled residency events (kvpilot/engine/kv_cache_residency.py).
-- `vllm:tool_call_parser_invocations_total`: only with `--tool-call-parser` (tool_parser_metrics.py).
+  manager's sampled residency events (kvpilot/engine/core/kv_cache_residency.py).
+- `vllm:tool_call_parser_invocations_total`: only with `--tool-call-parser` (tool_parsers.py).
 Source: vLLM `vllm/v1/metrics/perf.py` (`PerfMetricsProm`), `vllm/v1/metrics/loggers.py`
 (KV cache residency metrics), `vllm/entrypoints/launchers/api_server/app_state.py`."""
 

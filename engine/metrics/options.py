@@ -7,7 +7,7 @@ they choose.
 - `--kv-cache-metrics` (`--kv-cache-metrics-sample` in (0, 1], default 0.01): the
   `vllm:kv_block_*` residency histograms of a sampled share of KV blocks.
 - `--enable-mfu-metrics`: the `vllm:estimated_*_per_gpu_total` counters count (always registered).
-- `--show-hidden-metrics-for-version` (metrics_hidden.py) and `--tool-call-parser` (its
+- `--show-hidden-metrics-for-version` (hidden.py) and `--tool-call-parser` (its
   counter is registered only with a parser, as in vLLM).
 Source: vLLM `vllm/config/observability.py` (`ObservabilityConfig`), `vllm/v1/metrics/buckets.py`."""
 

@@ -1,7 +1,7 @@
 """Token sampling for a batch of requests with per-request parameters.
 
 Before sampling, a row's constraints narrow it: its logits processors, its allowed_token_ids
-and its grammar's token bitmask (batched over the step's structured rows, grammar_bitmask.py);
+and its grammar's token bitmask (batched over the step's structured rows, structured_output/bitmask.py);
 then bad_words, min_tokens, logit_bias and the penalties change its logits (batched over the
 step's rows that use them, logits_adjust.py), for greedy rows too, as vLLM v1's.
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw by

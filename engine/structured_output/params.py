@@ -1,7 +1,7 @@
 """What a request's output must follow: vLLM's `StructuredOutputsParams` (one of a JSON schema,
 a regex, a list of choices, an EBNF grammar, or any JSON), checked for shape and size before
 anything compiles it. Torch- and xgrammar-free: the server builds it from a request, the
-engine's compiler (`structured_output.py`) turns it into an xgrammar grammar.
+engine's compiler (`backend_xgrammar.py`) turns it into an xgrammar grammar.
 Source: vLLM `vllm/sampling_params.py` (`StructuredOutputsParams`)."""
 
 from __future__ import annotations

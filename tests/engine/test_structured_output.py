@@ -1,4 +1,4 @@
-"""Structured outputs inside the step (engine/structured_output*.py, grammar_bitmask.py, the
+"""Structured outputs inside the step (engine/structured_output/, the
 sampler's constraints): with the builtin SmolLM2 tokenizer and random logits (no model), every
 constrained row's tokens spell an instance of its grammar, unconstrained rows in the same batch
 are left alone, and specs that cannot compile fail with xgrammar's reason."""

@@ -1,5 +1,5 @@
 """A request's structured-output constraint, from `response_format` or `structured_outputs`
-(or, in chat, a required or named `tool_choice`: tool_calls.py), compiled off the engine loop.
+(or, in chat, a required or named `tool_choice`: tool_parsers/calls.py), compiled off the engine loop.
 
 Compiling runs on the server's grammar thread (xgrammar releases the GIL), never on the engine
 thread, and is bounded: a spec over MAX_GRAMMAR_BYTES is refused before compiling, and one
