@@ -3,7 +3,7 @@
 `--enable-mfu-metrics --kv-cache-metrics --custom-histogram-buckets ...`), given the same few
 requests, then scraped: equal family names, types, label names and bucket bounds, but for the
 rows of metric_differences.py (each with its reason; a row that no longer differs fails). With
-the MFU flag both count the same FLOPs for the same tokens (vLLM's formula, kvpilot/engine/perf_stats.py).
+the MFU flag both count the same FLOPs for the same tokens (vLLM's formula, kvpilot/engine/metrics/perf.py).
 Measured on the 2-core Zen 4: 100 s for the two scrapes (vLLM's eager start-up each time, ours loads
 meanwhile), about 15 s each for vLLM's checks of --custom-histogram-buckets and its MFU model."""
 
@@ -206,7 +206,7 @@ print(json.dumps([estimate(m, batches) for m in shapes]))
 
 
 def test_the_mfu_estimate_is_vllms_perf_model():
-    """kvpilot/engine/perf_stats.py against vLLM's own AttentionMetrics + FfnMetrics +
+    """kvpilot/engine/metrics/perf.py against vLLM's own AttentionMetrics + FfnMetrics +
     UnembedMetrics (vllm/v1/metrics/perf.py) for SmolLM2's shape, prefills, decodes and a
     mixed chunked step, per device under tensor and pipeline parallelism."""
     import dataclasses
