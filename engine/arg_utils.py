@@ -79,6 +79,7 @@ class EngineArgs:
     quantization: str | None = _default("quantization")
 
     def resolved_device(self) -> str:
+        """The torch device to run on: `device` when set, else 'cuda' when torch sees a GPU, else 'cpu'."""
         if self.device:
             return self.device
         import torch
@@ -154,4 +155,6 @@ class EngineArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> EngineArgs:
+        """EngineArgs from a namespace parsed by `add_cli_args`'s parser; fields the namespace
+        lacks keep their defaults."""
         return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})

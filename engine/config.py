@@ -235,10 +235,12 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
+        """Ranks in all: tensor_parallel_size x pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def ranks_per_node(self) -> int:
+        """Ranks each node runs: world_size / nnodes."""
         return self.world_size // self.nnodes
 
     def node_of(self, rank: int) -> int:

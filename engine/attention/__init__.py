@@ -8,10 +8,13 @@ BACKENDS = ("torch", "triton")
 
 
 def default_backend(device: str) -> str:
+    """The attention backend name for a torch device string: 'triton' on CUDA, 'torch' elsewhere."""
     return "triton" if device.startswith("cuda") else "torch"
 
 
 def get_attn_backend(name: str) -> AttentionBackend:
+    """A new backend instance for `name` ('torch' or 'triton', imported lazily). Raises
+    ValueError for any other name."""
     if name == "torch":
         from kvpilot.engine.attention.torch_backend import TorchAttentionBackend
 

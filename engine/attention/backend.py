@@ -61,18 +61,22 @@ class AttentionMetadata:
 
     @property
     def num_seqs(self) -> int:
+        """Sequences in the step's batch."""
         return len(self.seq_lens_cpu)
 
     @property
     def num_decode_tokens(self) -> int:
+        """Query tokens of the decode rows (one per decode sequence, so num_decodes)."""
         return self.num_decodes
 
     @property
     def max_query_len(self) -> int:
+        """Longest query (new tokens) of any sequence this step; 0 for an empty batch."""
         return max(self.query_lens_cpu, default=0)
 
     @property
     def max_seq_len(self) -> int:
+        """Longest sequence in the cache after this step, new tokens included; 0 for an empty batch."""
         return max(self.seq_lens_cpu, default=0)
 
 

@@ -89,6 +89,10 @@ def plan_decode_buckets(seq_lens: list[int], block_size: int, max_rows_blocks: i
 
 
 class TorchAttentionBackend(AttentionBackend):
+    """Paged attention in PyTorch (module docstring): decodes by the C kernel where it
+    serves, else in length buckets of SDPA; prefill/extend chunks by the C prefill kernel or
+    per-sequence SDPA. Reference behaviour for the Triton backend."""
+
     name = "torch"
 
     def __init__(self, use_cpu_kernel: bool = True, fuse_rope_cache: bool = True) -> None:
@@ -100,6 +104,9 @@ class TorchAttentionBackend(AttentionBackend):
         self.fuse_rope_cache = fuse_rope_cache
 
     def forward(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale):
+        """Writes key/value into the cache at meta.slot_mapping, then attends. Shapes and
+        dtypes as `AttentionBackend.forward`: query [num_tokens, num_heads, head_dim] in,
+        the same shape and dtype out."""
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         decodes, extends = self._get_plan(meta, query, k_cache)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)

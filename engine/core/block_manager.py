@@ -29,6 +29,9 @@ from kvpilot.engine.core.sequence import Sequence
 
 
 class KVBlock:
+    """One block of the device KV pool: its id, how many sequences reference it, and the
+    prefix hash of its tokens once full and cached (None while partial or uncached)."""
+
     __slots__ = ("block_id", "ref_count", "block_hash")
 
     def __init__(self, block_id: int) -> None:
@@ -84,6 +87,7 @@ class BlockManager:
     # ------------------------------------------------------------------ queries
     @property
     def num_free_blocks(self) -> int:
+        """Device blocks with no reference (cached-but-free ones included; they are evictable)."""
         return len(self.free_queue)
 
     @property
@@ -92,6 +96,7 @@ class BlockManager:
         return 1.0 - len(self.free_queue) / self.num_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size)."""
         return -(-num_tokens // self.block_size)
 
     # ------------------------------------------------------------- prefix cache
@@ -233,6 +238,7 @@ class BlockManager:
 
     # --------------------------------------------------------------------- swap
     def can_swap_out(self, seq: Sequence) -> bool:
+        """True when the host swap pool has a free block for each of the sequence's device blocks."""
         return len(seq.block_table) <= len(self.free_swap_blocks)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
@@ -247,6 +253,7 @@ class BlockManager:
         return mapping
 
     def can_swap_in(self, seq: Sequence) -> bool:
+        """True when the device pool has a free block for each of the sequence's host swap blocks."""
         return len(self.swap_tables.get(seq.request_id, ())) <= self.num_free_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:

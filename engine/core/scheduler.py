@@ -30,6 +30,8 @@ class SchedulerOutput:
 
     @property
     def total_num_scheduled_tokens(self) -> int:
+        """Tokens the step feeds the model: the sum of num_scheduled_tokens over `scheduled`
+        (<= max_num_batched_tokens)."""
         return sum(n for _, n in self.scheduled)
 
 
@@ -51,6 +53,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queues
     def add_request(self, seq: Sequence) -> None:
+        """Queues a new sequence at the tail of `waiting` (FCFS). Raises ValueError when its
+        request_id is already in use by an unfinished request."""
         if seq.request_id in self._requests:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
         self._requests[seq.request_id] = seq
@@ -65,10 +69,33 @@ class Scheduler:
         return seq
 
     def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting, running or swapped (not yet finished or aborted)."""
         return bool(self._requests)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
+        """Plans one engine step: how many tokens each sequence computes this step.
+
+        Every sequence tries to catch up its num_computed_tokens with num_tokens (vLLM v1: no
+        separate prefill and decode phases). A token budget of max_num_batched_tokens is spent
+        in order; a sequence gets min(its uncomputed tokens, what is left of the budget).
+        - Chunked prefill on: running decodes, then running prefill chunks, then swapped
+          sequences (swap-in), then waiting ones (chunked to the budget); no sequence is
+          admitted in a step that preempted, nor from `waiting` while any sequence is swapped.
+        - Chunked prefill off (vLLM v0 policy): whole prompts from `waiting` if no sequence is
+          swapped (a prompt that exceeds the remaining budget waits); a step with no prefill
+          schedules the running decodes, then swap-ins.
+        Admission stops when len(running) reaches max_num_seqs or the block manager has no room.
+        When a running sequence cannot get KV slots, the newest running sequence is preempted
+        (swapped to host if preemption_mode is 'swap' and there is swap space, else its blocks
+        are freed, num_computed_tokens reset to 0 and it goes back to the head of `waiting`)
+        until the slots fit or the sequence itself was the victim; a victim's tokens already
+        scheduled this step return to the budget.
+
+        Returns a SchedulerOutput: `scheduled` as (sequence, num_scheduled_tokens), decodes
+        first; the block swaps, copy-on-write copies and fresh blocks to zero before the forward
+        pass; and the sequences preempted. Invariant (asserted): the sum of
+        num_scheduled_tokens <= max_num_batched_tokens. Call `update_from_output` after the step."""
         out = SchedulerOutput()
         self._budget = self.config.max_num_batched_tokens
         self._scheduled: dict[str, int] = {}

@@ -11,6 +11,10 @@ from kvpilot.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
+    """Where a request is: queued (WAITING), in the batch with KV blocks on the device
+    (RUNNING), with its blocks in host swap (SWAPPED), or finished; a finished status's value is
+    the OpenAI finish_reason ('stop', 'length', 'abort', 'error'). Source: vLLM `RequestStatus`."""
+
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
@@ -21,6 +25,7 @@ class SequenceStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
+        """True for the FINISHED_* statuses (stopped, length, aborted, error)."""
         return self in (
             SequenceStatus.FINISHED_STOPPED,
             SequenceStatus.FINISHED_LENGTH,
@@ -80,18 +85,23 @@ class Sequence:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Tokens of the prompt."""
         return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
         return len(self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the length num_computed_tokens catches up with."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_uncomputed_tokens(self) -> int:
+        """Tokens whose K/V are not yet in the cache: num_tokens - num_computed_tokens (1 for
+        a decode)."""
         return self.num_tokens - self.num_computed_tokens
 
     @property
@@ -108,17 +118,21 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
+        """True once the status is a FINISHED_* one."""
         return self.status.finished
 
     @property
     def finish_reason(self) -> str | None:
+        """The OpenAI finish_reason ('stop', 'length', 'abort', 'error'), or None while unfinished."""
         return self.status.value if self.status.finished else None
 
     def token_id(self, index: int) -> int:
+        """The token at position `index` of prompt + output (0-based). Raises IndexError past num_tokens."""
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
 
     def token_ids_range(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) of prompt + output, spanning both lists where needed."""
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
