@@ -86,6 +86,7 @@ class ThreadAdapter:
 
     @property
     def max_threads(self) -> int:
+        """The largest thread count it may choose: the max_threads it was built with (at least 1)."""
         return self.counts[0]
 
     def allowed(self) -> int:

@@ -146,6 +146,8 @@ class CpuThreadPlan:
     reason: str
 
     def describe(self) -> str:
+        """The start-up log line: threads per rank, the CPUs they are bound to (or 'not
+        bound'), and why."""
         where = f"bound to CPUs {list(self.cpus)}" if self.cpus else "not bound"
         return f"CPU threads: {self.threads} per rank, {where} ({self.reason})"
 

@@ -49,6 +49,8 @@ class RankPosition:
 
     @classmethod
     def of(cls, rank: int, parallel: ParallelConfig) -> RankPosition:
+        """The position of global rank `rank` under `parallel`: tp_rank = rank % tp,
+        pp_rank = rank // tp. Raises ValueError when rank is not in [0, world_size)."""
         tp = parallel.tensor_parallel_size
         if not 0 <= rank < parallel.world_size:
             raise ValueError(f"rank {rank} is not in [0, {parallel.world_size})")
@@ -56,10 +58,12 @@ class RankPosition:
 
     @property
     def is_first_stage(self) -> bool:
+        """True on pipeline stage 0 (holds the embedding)."""
         return self.pp_rank == 0
 
     @property
     def is_last_stage(self) -> bool:
+        """True on the last pipeline stage (holds the final norm and the LM head)."""
         return self.pp_rank == self.pp_size - 1
 
     @property
@@ -69,6 +73,7 @@ class RankPosition:
 
     @property
     def prev_rank(self) -> int:
+        """The same tensor-parallel rank in the previous stage (the first stage has none)."""
         return self.rank - self.tp_size
 
     @property

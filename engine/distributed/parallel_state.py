@@ -46,6 +46,8 @@ def init_model_parallel(position: RankPosition) -> None:
 
 
 def set_tensor_parallel_group(group: dist.ProcessGroup | None, size: int, rank: int) -> None:
+    """Sets this process's tensor-parallel group, size and rank directly (None, 1, 0: single
+    rank). Used by `reset_model_parallel` and by tests that fake a rank of a larger group."""
     global _TP_GROUP, _TP_SIZE, _TP_RANK
     _TP_GROUP, _TP_SIZE, _TP_RANK = group, size, rank
 
@@ -58,22 +60,27 @@ def reset_model_parallel() -> None:
 
 
 def get_tp_size() -> int:
+    """Ranks in this rank's tensor-parallel group (1 when not parallel)."""
     return _TP_SIZE
 
 
 def get_tp_rank() -> int:
+    """This rank's index in its tensor-parallel group, in [0, get_tp_size())."""
     return _TP_RANK
 
 
 def get_pp_size() -> int:
+    """Pipeline stages (1 when not pipelined)."""
     return _PP_SIZE
 
 
 def get_pp_rank() -> int:
+    """This rank's pipeline stage, in [0, get_pp_size())."""
     return _PP_RANK
 
 
 def get_pp_group() -> dist.ProcessGroup | None:
+    """This rank's pipeline group (ranks t, t+tp, ... for its tp rank t); None with one rank."""
     return _PP_GROUP
 
 

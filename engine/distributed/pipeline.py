@@ -120,6 +120,8 @@ class StageLink:
         return _Pending(works, tensors)
 
     def send_intermediate(self, tensors: dict[str, torch.Tensor], micro_batch: int) -> None:
+        """Posts asynchronous sends of one micro-batch's IntermediateTensors (name -> tensor,
+        e.g. hidden_states [T_m, H]) to the next stage, tagged by micro-batch; `flush()` waits."""
         t0 = time.perf_counter()
         for i, name in enumerate(sorted(tensors)):
             tensor = tensors[name].contiguous()
@@ -128,11 +130,15 @@ class StageLink:
         ps.add_comm_seconds("p2p", time.perf_counter() - t0)
 
     def recv_logits(self, src: int, num_rows: int, vocab_size: int, micro_batch: int) -> _Pending:
+        """Posts the receive of one micro-batch's logits from `src` (the last stage's tp rank 0):
+        [num_rows, vocab_size] float32 on this rank's device; `wait()` on the result returns them."""
         logits = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=self.device)
         work = dist.irecv(logits, src=src, group=ps.get_pp_group(), tag=_LOGITS_TAG + micro_batch)
         return _Pending([work], logits)
 
     def send_logits(self, logits: torch.Tensor, micro_batch: int) -> None:
+        """Posts the asynchronous send of one micro-batch's logits ([rows to sample, vocab],
+        float32) to the driver (rank 0); `flush()` waits."""
         t0 = time.perf_counter()
         logits = logits.contiguous()
         self._sends.append((dist.isend(logits, dst=0, group=ps.get_pp_group(),

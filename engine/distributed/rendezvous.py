@@ -99,9 +99,14 @@ class Rendezvous:
 
     @property
     def address(self) -> str:
+        """master_addr:master_port, the driver's store as the other ranks reach it."""
         return f"{self.parallel.master_addr}:{self.parallel.master_port}"
 
     def join(self) -> dist.TCPStore:
+        """Meets the other ranks: the driver (rank 0) hosts the TCPStore and waits for every rank
+        to claim its seat, then writes go; any other rank connects (retrying) and waits for go.
+        Returns the store. Raises RuntimeError when the store cannot be reached, a rank is
+        claimed twice, or not every rank joined within KVPILOT_RENDEZVOUS_TIMEOUT_S."""
         deadline = time.monotonic() + self.timeout_s
         if self.rank == 0:
             self.store = dist.TCPStore("127.0.0.1", self.parallel.master_port, is_master=True,
@@ -209,9 +214,12 @@ class Heartbeat(threading.Thread):
         self._stopped = threading.Event()
 
     def stop(self) -> None:
+        """Ends the beat quietly at its next tick (on_lost is not called)."""
         self._stopped.set()
 
     def run(self) -> None:
+        """Thread body: beats every HEARTBEAT_INTERVAL_S until stopped, or until the store fails or
+        holds an abort reason; then calls on_lost(reason) once and returns."""
         while not self._stopped.is_set():
             try:
                 self._store.add(self.key, 1)
@@ -242,9 +250,12 @@ class PeerMonitor(threading.Thread):
         self._store = _client(parallel, 10.0)
 
     def stop(self) -> None:
+        """Ends the watch at its next check (on_dead is not called)."""
         self._stopped.set()
 
     def run(self) -> None:
+        """Thread body: watches the heartbeats until stopped; calls on_dead once for the first
+        silent rank, or when the store itself stops answering."""
         try:
             self._watch()
         except Exception as exc:  # the store itself broke: no rank can be vouched for
