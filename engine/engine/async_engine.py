@@ -88,6 +88,7 @@ class AsyncLLMEngine:
         self._job = (thread or EngineThread()).submit(self._run)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stops the engine loop after its current step; waits up to timeout_s (seconds) for it."""
         self._stop.set()
         self._commands.put(lambda: None)
         if self._job is not None:
@@ -95,6 +96,7 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
+        """True while the loop runs: started, not ended, and no step has failed (`errored`)."""
         return self._job is not None and not self._job.done() and self.errored is None
 
     @property
@@ -178,6 +180,8 @@ class AsyncLLMEngine:
         return await self.run_on_engine(apply)
 
     async def start_profile(self, trace_dir: str) -> None:
+        """Starts a torch.profiler trace (CPU, and CUDA when present) into trace_dir.
+        Raises ValueError when one already runs."""
         def start(_: LLMEngine) -> None:
             import torch
 
@@ -194,6 +198,7 @@ class AsyncLLMEngine:
         await self.run_on_engine(start)
 
     async def stop_profile(self) -> None:
+        """Stops the trace, written in TensorBoard format. Raises ValueError when none runs."""
         def stop(_: LLMEngine) -> None:
             if self._profiler is None:
                 raise ValueError("the profiler is not running; POST /start_profile first")

@@ -10,6 +10,9 @@ _CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
+    """One request's output text, decoded token by token from the last few prompt tokens
+    (context for pieces with leading spaces); `text` holds what `add` returned so far."""
+
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens

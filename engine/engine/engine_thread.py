@@ -36,6 +36,7 @@ class EngineThread(threading.Thread):
         return future
 
     def run(self) -> None:
+        """Thread body: runs queued jobs forever, each into its future (result or exception)."""
         while True:
             future, fn, args = self._jobs.get()
             if not future.set_running_or_notify_cancel():

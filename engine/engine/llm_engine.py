@@ -48,6 +48,10 @@ class StepStats:
 
 
 class LLMEngine:
+    """Owns the tokenizer, the model runner or executor, the sized KV cache, the block manager
+    and the scheduler. Raises what loading or cache sizing raises (ValueError for a model or
+    settings that do not fit), after stopping any worker processes it started."""
+
     def __init__(self, config: EngineConfig, tokenizer=None) -> None:
         self.config = config
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer_for(config)
@@ -98,6 +102,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        """Builds the engine from EngineArgs; raises ValueError for invalid values."""
         return cls(args.create_engine_config())
 
     # ---------------------------------------------------------------- requests
@@ -175,6 +180,7 @@ class LLMEngine:
         return new
 
     def has_unfinished_requests(self) -> bool:
+        """True while any request is waiting, running or swapped."""
         return self.scheduler.has_unfinished_requests()
 
     # -------------------------------------------------------------------- step
@@ -282,5 +288,6 @@ class LLMEngine:
 
 
 def load_tokenizer_for(config: EngineConfig):
+    """The Hugging Face tokenizer of the config's model directory (model_path)."""
     return load_tokenizer(Path(config.model_path))
 

@@ -132,17 +132,21 @@ class MultiprocExecutor:
     # ------------------------------------------------------- ModelRunner API
     @property
     def device(self) -> torch.device:
+        """The driver's torch device."""
         return self.runner.device
 
     @property
     def sampler(self):
+        """The driver's Sampler (the driver samples for every rank)."""
         return self.runner.sampler
 
     @property
     def kv_caches(self):
+        """The driver's per-layer (K, V) caches: its stage's layers, its KV-head shard."""
         return self.runner.kv_caches  # the driver's: its stage's layers, its KV-head shard
 
     def initialize_kv_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
+        """Allocates num_blocks device and num_swap_blocks host KV blocks on every rank."""
         self._run_guarded(self._command, "initialize_kv_cache", (num_blocks, num_swap_blocks),
                           lambda: self.runner.initialize_kv_cache(num_blocks, num_swap_blocks))
 
@@ -160,6 +164,8 @@ class MultiprocExecutor:
                                  lambda: self._gather(parallel_state.comm_seconds(reset)))
 
     def execute(self, out: SchedulerOutput) -> dict[str, SampleResult]:
+        """Broadcasts the step (as StepInput) and runs it on every rank; returns the driver's
+        {request_id: (token_id, logprobs)} as ModelRunner.execute. Raises RuntimeError naming a dead rank."""
         step = StepInput.from_scheduler_output(out)
         return self._run_guarded(self._command, "execute", step, lambda: self.runner.execute(out))
 

@@ -57,6 +57,9 @@ def check_step_layout(input_ids: torch.Tensor, positions: torch.Tensor, meta: At
 
 
 class ModelRunner:
+    """One rank's model and paged KV cache: loads the weights, allocates the caches, runs
+    steps (`execute`) and samples (vLLM v1 `GPUModelRunner`)."""
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
@@ -82,6 +85,7 @@ class ModelRunner:
 
     @property
     def weights_bytes(self) -> int:
+        """Bytes of the model's parameters plus CPU-packed and GGUF copies of its weights."""
         plain = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return plain + self.packed_weights_bytes
 

@@ -33,6 +33,8 @@ class StepSequence:
     num_prompt_tokens: int  # where the prompt ends (rows with prompt logprobs lie before it)
 
     def token_ids_range(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) of the sequence; only this step's tokens,
+        [num_computed_tokens, num_computed_tokens + scheduled), are held."""
         base = self.num_computed_tokens
         return self.token_ids[start - base : end - base]
 
@@ -50,6 +52,8 @@ class StepInput:
 
     @classmethod
     def from_scheduler_output(cls, out: SchedulerOutput) -> StepInput:
+        """The step's picklable form: each sequence reduced to a StepSequence, block lists
+        copied."""
         scheduled = []
         for seq, n in out.scheduled:
             start = seq.num_computed_tokens
@@ -61,6 +65,7 @@ class StepInput:
                    list(out.blocks_to_copy), list(out.blocks_to_zero))
 
     def to_scheduler_output(self) -> SchedulerOutput:
+        """A SchedulerOutput over the StepSequences, as a worker's runner takes it."""
         return SchedulerOutput(scheduled=self.scheduled, blocks_to_swap_out=self.blocks_to_swap_out,
                                blocks_to_swap_in=self.blocks_to_swap_in, blocks_to_copy=self.blocks_to_copy,
                                blocks_to_zero=self.blocks_to_zero)

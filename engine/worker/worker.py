@@ -139,6 +139,7 @@ def run_rank(config: EngineConfig, rank: int, micro_batching: MicroBatchPolicy,
 
 
 def driver_reason(config: EngineConfig) -> str:
+    """' (the driver stopped the engine: <reason>)' when the driver left an abort reason, else ''."""
     reason = abort_reason(config.parallel)
     return f" (the driver stopped the engine: {reason})" if reason else ""
 
