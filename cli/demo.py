@@ -13,6 +13,9 @@ from kvpilot.engine.settings import RUNTIMES
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the demo: chats `--num-prompts` ShareGPT prompts (8 to 200 tokens) through the offline LLM,
+    prints each reply and the output and total tokens/s, then (unless --no-tune) the tuner demo with
+    `--runtime`. Returns the exit status (0, or the tuner demo's); bad flags exit 2 (argparse)."""
     p = argparse.ArgumentParser(prog="kvpilot demo", description=__doc__)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--num-prompts", type=int, default=6)

@@ -76,6 +76,9 @@ def _run(module: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Routes `argv` (default sys.argv[1:]) to its subcommand's `main` and returns its exit status;
+    with no arguments prints the usage and returns 2 (0 for -h/--help), 2 on an unknown command or a
+    subcommand this build lacks."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(_usage() + __doc__)

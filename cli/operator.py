@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot operator`'s flags: scope (namespaces), probes, Kopf peering, leader election (durations
+    in seconds, client-go's defaults 15/10/2), resync, tuner and metrics; defaults from KVPILOT_* env."""
     parser = argparse.ArgumentParser(prog="kvpilot operator",
                                      description="Run the InferenceService operator (Kopf).")
     scope = parser.add_mutually_exclusive_group()
@@ -149,6 +151,9 @@ async def operate(args: argparse.Namespace, clusterwide: bool, namespaces: list[
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parses `argv`, registers the operator's Kopf handlers (and with --tuner the tuner's daemon, with
+    --metrics-port the Prometheus exporters), then runs `operate` until Kopf stops; returns 0. Bad flags
+    or a bad $KVPILOT_METRICS_PORT exit 2 (argparse); losing the Lease exits 1 (runtime/leader.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.metrics_port = metrics_port(parser, args)

@@ -33,6 +33,10 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "OperatorConfig":
+        """Reads the chart's variables: KVPILOT_ENGINE_IMAGE / _VLLM_IMAGE / _VLLM_CPU_IMAGE (engine
+        images), KVPILOT_RESYNC_SECONDS (s), KVPILOT_WATCH_TIMEOUT_SECONDS (whole s), the NetworkPolicy
+        and Policy variables; unset ones keep the defaults. Raises ValueError on a non-numeric duration
+        (and json.JSONDecodeError, a ValueError, on bad KVPILOT_OPERATOR_LABELS / _PROMETHEUS_PEER)."""
         images = Images(kvpilot=env.get("KVPILOT_ENGINE_IMAGE", Images.kvpilot),
                         vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm),
                         vllm_cpu=env.get("KVPILOT_VLLM_CPU_IMAGE", Images.vllm_cpu))

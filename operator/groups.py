@@ -116,6 +116,7 @@ def plan_groups(pods: Iterable[Mapping[str, Any]], replicas: int, nnodes: int, d
 
 
 def pods_path(namespace: str) -> str:
+    """The API path of the Pod collection in `namespace` (/api/v1/namespaces/NS/pods)."""
     return object_path("v1", "pods", namespace)
 
 

@@ -48,6 +48,9 @@ WATCHED_CHILDREN = (("v1", "configmaps"), ("v1", "services"),
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Kopf startup handler (kopf.on.startup): tunes Kopf's settings (persistence in annotations,
+    watch timeouts in s, server-side label selectors for our children) and puts the shared Context
+    in the memo, starting the resync loop. Source: Kopf docs, "Configuration" and "Startup"."""
     # Keep Kopf's bookkeeping in annotations: the CRD's structural schema would prune
     # anything Kopf wrote under status.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -79,6 +82,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    """Kopf cleanup handler (kopf.on.cleanup, on operator exit): stops the resync loop and closes the
+    API client."""
     if "resync_task" in memo:
         memo.resync_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,18 +164,24 @@ async def resync_forever(ctx: Context, logger: logging.Logger) -> None:
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 async def created(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """A new InferenceService: creates its children (POST first) and status. Raises what reconcile
+    raises: kopf.PermanentError for a spec that cannot run, kopf.TemporaryError to retry soon."""
     with metrics.reconcile_timer("create"):
         await reconcile(memo.ctx, body, "create", logger)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def updated(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """The spec (or labels/annotations) changed: re-renders and patches the children. Raises as
+    `created`."""
     with metrics.reconcile_timer("update"):
         await reconcile(memo.ctx, body, "update", logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 async def resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Kopf saw an existing InferenceService at operator start (kopf.on.resume): reconciles it once,
+    so what changed while the operator was down is repaired. Raises as `created`."""
     with metrics.reconcile_timer("resume"):
         await reconcile(memo.ctx, body, "resume", logger)
 

@@ -34,6 +34,10 @@ __all__ = ["Context", "OperatorConfig", "desired_children", "ensure_child", "rec
 
 def desired_children(body: Mapping[str, Any], spec: InferenceServiceSpec, config: OperatorConfig,
                      podmonitor: bool) -> list[dict[str, Any]]:
+    """Every child manifest the spec wants, with an ownerReference to `body` (kopf.append_owner_reference,
+    so the garbage collector removes them with it): ConfigMap, the Deployment (or with nnodes > 1 the
+    group StatefulSets and headless Service), Service, NetworkPolicy when enabled, PodMonitor when
+    `podmonitor` (its CRD exists). Pure: no cluster access."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     engine = (build_group_children(name, namespace, spec, config.images) if spec.nnodes > 1
               else [build_deployment(name, namespace, spec, config.images)])

@@ -23,6 +23,7 @@ from kvpilot.operator.validation import SPEC_ERRORS, runnable_spec
 
 
 def now_iso() -> str:
+    """Now in UTC as a condition's lastTransitionTime wants it: RFC 3339 to the second (metav1.Time)."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

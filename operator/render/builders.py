@@ -1,8 +1,7 @@
 """Pure builders of an InferenceService's children: ConfigMap, Deployment, Service, PodMonitor.
 
-Each takes the resource's name and namespace and its parsed spec and returns a plain dict
-manifest; no cluster access. The handlers add ownerReferences (kopf.adopt) and apply them.
-"""
+Each takes the resource's name and namespace and its parsed spec and returns a plain dict manifest;
+no cluster access. The handlers add ownerReferences (kopf.adopt) and apply them."""
 from __future__ import annotations
 
 import base64
@@ -68,19 +67,20 @@ class Images:
 
 
 def selector_labels(name: str) -> dict[str, str]:
+    """The labels that select InferenceService `name`'s engine pods (the Deployment's matchLabels)."""
     return {"app.kubernetes.io/name": "kvpilot-engine", "app.kubernetes.io/instance": name}
 
 
 def child_labels(name: str, spec: InferenceServiceSpec) -> dict[str, str]:
+    """Every child's labels: the selector ones, managed-by (the operator's watches filter on it), owner and model."""
     return {**selector_labels(name), "app.kubernetes.io/managed-by": "kvpilot-operator",
             "app.kubernetes.io/component": "engine", ISVC_LABEL: name,
             "kvpilot.dev/model": _label_value(spec.model.display_name)}
 
 
 def serving_labels(name: str, spec: InferenceServiceSpec) -> dict[str, str]:
-    """The pods that serve the API: every engine pod, or with parallelism.nnodes > 1 node 0 of
-    each group (the leader; the other nodes run headless). The client Service and the
-    PodMonitor select these."""
+    """The pods that serve the API: every engine pod, or with parallelism.nnodes > 1 node 0 of each group
+    (the leader; the other nodes run headless). The client Service and the PodMonitor select these."""
     return {**selector_labels(name), ROLE_LABEL: "leader"} if spec.nnodes > 1 else selector_labels(name)
 
 
@@ -90,10 +90,12 @@ def selector_string(name: str) -> str:
 
 
 def configmap_name(name: str) -> str:
+    """The engine ConfigMap's name (NAME-engine)."""
     return f"{name}-engine"
 
 
 def admin_secret_name(name: str) -> str:
+    """The admin-token Secret's name (NAME-admin-token; build_admin_secret)."""
     return f"{name}-admin-token"
 
 
@@ -106,9 +108,8 @@ def child_object(api_version: str, kind: str, name: str, namespace: str, isvc: I
 
 
 def build_admin_secret(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
-    """The Secret holding a fresh random token for the engine's control routes (/admin/*,
-    profiling). The operator creates it once and never rewrites it; the engine reads it from
-    its environment and the tuner from the API. Never logged, never in status."""
+    """The Secret holding a fresh random token for the engine's control routes (/admin/*, profiling), created
+    once and never rewritten (the engine reads it from its environment, the tuner from the API); never logged."""
     token = secrets.token_urlsafe(32)
     return child_object("v1", "Secret", name, namespace, spec, object_name=admin_secret_name(name),
                         type="Opaque", data={ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()})
@@ -149,8 +150,7 @@ def _mounts_and_volumes(name: str, spec: InferenceServiceSpec) -> tuple[list[dic
     """The engine container's volume mounts and the pod's volumes, in matching order."""
     engine = spec.engine
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE},
-              {"name": "shm", "mountPath": "/dev/shm"},
-              {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+              {"name": "shm", "mountPath": "/dev/shm"}, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
@@ -262,9 +262,8 @@ def build_deployment(name: str, namespace: str, spec: InferenceServiceSpec,
                           "config": build_configmap(name, namespace, spec)["data"]})
     template["metadata"]["annotations"][HASH_ANNOTATION] = digest
     # Accelerators are scarce: replace pods in place rather than surge past the quota.
-    strategy = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-                if spec.resources.gpu else
-                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    strategy = {"type": "RollingUpdate", "rollingUpdate": ({"maxSurge": 0, "maxUnavailable": 1} if spec.resources.gpu
+                                                           else {"maxSurge": 1, "maxUnavailable": 0})}
     deployment = child_object("apps/v1", "Deployment", name, namespace, spec, spec={
         "replicas": spec.replicas,
         "selector": {"matchLabels": selector_labels(name)},
@@ -277,6 +276,7 @@ def build_deployment(name: str, namespace: str, spec: InferenceServiceSpec,
 
 
 def build_service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The ClusterIP Service NAME, port spec.engine.port, in front of the serving pods (serving_labels)."""
     return child_object("v1", "Service", name, namespace, spec, spec={
         "type": "ClusterIP",
         "selector": serving_labels(name, spec),

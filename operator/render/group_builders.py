@@ -46,14 +46,17 @@ RENDEZVOUS_PORT_NAME = "rendezvous"
 
 
 def headless_service_name(name: str) -> str:
+    """The headless Service that gives every group pod a DNS name (NAME-group)."""
     return f"{name}-group"
 
 
 def worker_statefulset_name(name: str, group: int) -> str:
+    """Group `group`'s worker StatefulSet (NAME-i; its pods are NAME-i-1 .. NAME-i-(nnodes-1))."""
     return f"{name}-{group}"
 
 
 def leader_pod_name(name: str, group: int) -> str:
+    """Node 0 of group `group`: ordinal i of the leader StatefulSet NAME (NAME-i, as LWS names it)."""
     return f"{name}-{group}"
 
 
@@ -63,6 +66,7 @@ def leader_address(name: str, namespace: str, group: int) -> str:
 
 
 def worker_labels(name: str, group: int) -> dict[str, str]:
+    """A worker pod's labels: the selector ones, role worker and its group index (groups.group_index)."""
     return {**selector_labels(name), ROLE_LABEL: "worker", GROUP_LABEL: str(group)}
 
 

@@ -112,6 +112,8 @@ def environment(argv: list[str], env: dict[str, str], allowed: list[int]) -> dic
 
 
 def main(argv: list[str]) -> None:
+    """Execs `argv` (`vllm serve MODEL ...`) with the CPU variables `environment` adds (logged on stdout);
+    never returns. Exits 1 with the usage when argv is empty, 2 on a LaunchError (resources it cannot run in)."""
     if not argv:
         sys.exit("usage: vllm_cpu_launch.py vllm serve MODEL [FLAGS...]")
     try:

@@ -74,6 +74,7 @@ class LeaseConfig:
 
     @property
     def path(self) -> str:
+        """The Lease's API path (/apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME)."""
         return object_path("coordination.k8s.io/v1", "leases", self.namespace, self.name)
 
 

@@ -154,6 +154,7 @@ def _forget(key: tuple[str, str]) -> None:
 
 
 def set_leader(lease: str, leader: bool) -> None:
+    """Sets kvpilot_operator_is_leader{lease} to 1 while this replica leads (lease "" without election), else 0."""
     IS_LEADER.labels(lease).set(1.0 if leader else 0.0)
 
 
@@ -162,7 +163,9 @@ class Collector:
     one port for its own and the tuner's metrics: `registry.register(Collector())`)."""
 
     def collect(self) -> Iterator[Any]:
+        """Every metric family of the operator's REGISTRY (prometheus_client's custom-collector protocol)."""
         yield from REGISTRY.collect()
 
     def describe(self) -> list[Any]:
+        """No families up front ([]): prometheus_client then neither calls collect() nor checks names at register."""
         return []

@@ -44,6 +44,7 @@ class Probes:
         return self.holds_lease and self.kopf_ready.is_set()
 
     def role(self) -> str:
+        """"leader", or "standby, lease NS/NAME held by POD" (the holder as last read, or nobody)."""
         if self.holds_lease:
             return "leader"
         config = self.elector.config
@@ -62,9 +63,12 @@ class Probes:
         return found
 
     async def healthz(self, request: web.Request) -> web.Response:
+        """Liveness: 200 "ok" whenever the event loop gets to answer."""
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: 200 when every check passes, else 503 naming the failed ones; ?verbose lists each
+        check as the API server's /readyz?verbose does."""
         checks = self.checks()
         ok = all(passed for _, passed, _ in checks)
         if "verbose" in request.query:
@@ -77,6 +81,7 @@ class Probes:
         return web.Response(status=200 if ok else 503, text=text)
 
     async def leader(self, request: web.Request) -> web.Response:
+        """/readyz/leader: 200 "leader" only while this replica reconciles, else 503 with its role."""
         if self.leading:
             return web.Response(text="leader")
         return web.Response(status=503, text="leader, starting" if self.holds_lease
@@ -94,5 +99,6 @@ class Probes:
         await web.TCPSite(self._runner, parsed.hostname or "0.0.0.0", parsed.port or 8080).start()
 
     async def stop(self) -> None:
+        """Stops serving the probes (a no-op when they were never started)."""
         if self._runner is not None:
             await self._runner.cleanup()
