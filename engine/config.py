@@ -182,7 +182,7 @@ class SchedulerConfig:
 
 def _divisors_text(n: int) -> str:
     """'1, 2 or 4' for 4: the node counts a world of n ranks can be spread over."""
-    divisors = [str(d) for d in range(1, n + 1) if n % d == 0]
+    divisors = [str(d) for d in range(1, n + 1) if settings.nnodes_divides(n, d)]
     return divisors[0] if len(divisors) == 1 else ", ".join(divisors[:-1]) + " or " + divisors[-1]
 
 
@@ -193,7 +193,7 @@ def node_ranks(world_size: int, nnodes: int, node_rank: int) -> range:
     tensor-parallel groups, cross nodes when tp divides k. Raises ValueError when nnodes does
     not divide world_size or node_rank is out of range. Source: vLLM's multi-node
     executor (global rank = node_rank x local world size + local rank)."""
-    if nnodes < 1 or world_size % nnodes:
+    if not settings.nnodes_divides(world_size, nnodes):
         raise ValueError(f"nnodes {nnodes} must divide tensor_parallel_size x pipeline_parallel_size = "
                          f"{world_size} (each node runs the same number of ranks)")
     if not 0 <= node_rank < nnodes:
@@ -224,7 +224,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         settings.check({name: getattr(self, name) for name in (
             "tensor_parallel_size", "pipeline_parallel_size", "nnodes", "node_rank", "master_addr", "master_port")})
-        if self.world_size % self.nnodes:
+        if not settings.nnodes_divides(self.world_size, self.nnodes):
             raise ValueError(
                 f"nnodes {self.nnodes} must divide tensor_parallel_size x pipeline_parallel_size = "
                 f"{self.tensor_parallel_size} x {self.pipeline_parallel_size} = {self.world_size} (every node runs "

@@ -51,7 +51,7 @@ def validate(spec: InferenceServiceSpec) -> None:
         raise InvalidSpec("InvalidEngineArgs", problems[0])
     if engine.runtime == "vllm":
         _validate_vllm(spec)
-    if spec.nnodes < 1 or engine.world_size % spec.nnodes:
+    if not settings.nnodes_divides(engine.world_size, spec.nnodes):  # the CRD's NNODES_RULE
         raise InvalidSpec("InvalidParallelism", (
             f"parallelism.nnodes {spec.nnodes} does not divide tensorParallelSize x pipelineParallelSize = "
             f"{engine.world_size} (each pod of a group runs the same number of ranks); use a divisor of "

@@ -2,6 +2,10 @@
 x-kubernetes-validations on spec.engine), which tests/engine/test_settings.py evaluates against
 each other. The table (`table.py`) applies them in `problems`; the CRD generator renders `cel`.
 
+`SPEC_RULES` hold the rules that reach outside spec.engine (`NNODES_RULE`: spec.parallelism.nnodes
+must divide the engine's tensor x pipeline ranks): the CRD renders them on spec, and the engine,
+the operator and the tuner apply their check (`nnodes_divides`) with messages of their own.
+
 Standard library only, like the table.
 """
 
@@ -11,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RULES", "Rule", "rule_problems"]
+__all__ = ["NNODES_RULE", "RULES", "Rule", "SPEC_RULES", "nnodes_divides", "rule_problems"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,8 @@ class Rule:
     """A rule between settings. check(values) -> bool over resolved values (every name in
     `names` present and not None; the rule is skipped otherwise). message(show) -> str, where
     show(name) spells a setting (snake_case or camelCase, with or without its value). cel: the
-    same check over `self` = spec.engine after CRD defaulting; field: the setting it blames."""
+    same check over `self` = spec.engine after CRD defaulting (with on="spec", over `self` = spec,
+    the settings spelled by their paths there, `SPEC_PATHS`); field: the setting it blames."""
 
     names: tuple[str, ...]
     check: Callable[[Mapping[str, Any]], bool]
@@ -27,6 +32,7 @@ class Rule:
     cel: str
     field: str
     optional: tuple[str, ...] = ()  # names the check reads even when None (unset: no flag)
+    on: str = "engine"  # the CRD object cel's `self` is: "engine" (spec.engine) or "spec"
 
 
 RULES: tuple[Rule, ...] = (
@@ -53,6 +59,25 @@ RULES: tuple[Rule, ...] = (
          "!has(self.enableAutoToolChoice) || !self.enableAutoToolChoice || has(self.toolCallParser)",
          "enable_auto_tool_choice", optional=("tool_call_parser",)),
 )
+
+
+def nnodes_divides(world_size: int, nnodes: int) -> bool:
+    """Whether `nnodes` nodes (pods; vLLM's --nnodes, spec.parallelism.nnodes) can share a world of
+    `world_size` = tensor_parallel_size x pipeline_parallel_size ranks: every node runs the same
+    number, world_size / nnodes (vLLM's multi-node executor), so nnodes must be >= 1 and divide it."""
+    return nnodes >= 1 and world_size % nnodes == 0
+
+
+# Over spec: nnodes is spec.parallelism's, the sizes spec.engine's. nnodes < 1 passes the CEL (the
+# field's minimum refuses it; the guard keeps the modulo from dividing by zero).
+NNODES_RULE = Rule(
+    ("nnodes", "tensor_parallel_size", "pipeline_parallel_size"),
+    lambda v: nnodes_divides(v["tensor_parallel_size"] * v["pipeline_parallel_size"], v["nnodes"]),
+    lambda n: (f"{n('nnodes')} must divide {n('tensor_parallel_size')} x {n('pipeline_parallel_size')} (the "
+               f"engine's ranks are spread evenly over the pods)"),
+    "self.parallelism.nnodes < 1 || (self.engine.tensorParallelSize * self.engine.pipelineParallelSize) "
+    "% self.parallelism.nnodes == 0", "nnodes", on="spec")
+SPEC_RULES: tuple[Rule, ...] = (NNODES_RULE,)
 
 
 def rule_problems(values: Mapping[str, Any], spell: Callable[[str], str] = lambda name: name) -> list[str]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvpilot.engine.settings.rules import RULES, Rule, rule_problems
+from kvpilot.engine.settings.rules import NNODES_RULE, RULES, SPEC_RULES, Rule, nnodes_divides, rule_problems
 from kvpilot.engine.settings.setting import (
     AUTO_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_SEQS,
@@ -178,6 +178,10 @@ del S
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 BY_CRD: dict[str, Setting] = {s.crd: s for s in SETTINGS if s.crd}
 CRD_FIELDS: dict[str, str] = {s.name: s.crd for s in SETTINGS if s.crd}  # name -> spec.engine key
+# name -> its path under an InferenceService's spec (SPEC_RULES' spelling): spec.engine's fields, and
+# nnodes, which the operator renders per pod from spec.parallelism (no spec.engine field)
+SPEC_PATHS: dict[str, str] = {**{name: f"engine.{field}" for name, field in CRD_FIELDS.items()},
+                              "nnodes": "parallelism.nnodes"}
 LIVE_SETTINGS: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.live)
 ENGINE_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if not s.server)
 

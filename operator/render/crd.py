@@ -2,7 +2,8 @@
 (`operator/render/crd_base.yaml`) and the engine settings (`kvpilot.engine.settings`): every setting
 with a CRD field becomes a `spec.engine` property (type, default, bounds, choices, and a
 description naming its flag) and every rule between settings a CEL rule
-(x-kubernetes-validations). Both copies, `crds/` and `charts/kvpilot/crds/`, are this output;
+(x-kubernetes-validations) on spec.engine, or on spec for one that reads spec.parallelism
+(the nnodes rule). Both copies, `crds/` and `charts/kvpilot/crds/`, are this output;
 tests/operator/test_crd_generated.py fails when either differs from it by one byte.
 
     kvpilot crd                 print the CRD
@@ -18,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from kvpilot.engine.settings import CRD_FIELDS, RULES, SETTINGS, TUNED_SETTINGS, Rule, Setting, deploy_defaults
+from kvpilot.engine.settings import (CRD_FIELDS, RULES, SETTINGS, SPEC_PATHS, SPEC_RULES, TUNED_SETTINGS, Rule, Setting,
+                                     deploy_defaults)
 
 BASE = Path(__file__).with_name("crd_base.yaml")
 FILE_NAME = "inferenceservices.kvpilot.dev.yaml"
@@ -55,26 +57,38 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def rule_path(rule: Rule, name: str) -> str:
+    """Setting `name` as rule.cel reads it from `self`: its spec.engine key ('maxNumSeqs'), or
+    for a rule over spec its path there ('parallelism.nnodes', 'engine.tensorParallelSize')."""
+    return SPEC_PATHS[name] if rule.on == "spec" else CRD_FIELDS[name]
+
+
 def guarded_cel(rule: Rule) -> str:
-    """rule.cel, skipped (true) when one of its settings is absent, as rule_problems skips it.
-    Objects always carry them after defaulting, but the API server also checks the rules
-    against spec.engine's own `default: {}`, where nested defaults are not applied (it refuses
-    the CRD with "no such key" otherwise)."""
-    absent = " || ".join(f"!has(self.{CRD_FIELDS[name]})" for name in rule.names)
+    """rule.cel, skipped (true) when one of its settings, or an object on its path, is absent,
+    as rule_problems skips it. Objects always carry them after defaulting, but the API server
+    also checks the rules against spec.engine's own `default: {}`, where nested defaults are not
+    applied (it refuses the CRD with "no such key" otherwise)."""
+    paths = [".".join(parts[:i]) for name in rule.names
+             for parts in [rule_path(rule, name).split(".")] for i in range(1, len(parts) + 1)]
+    absent = " || ".join(f"!has(self.{path})" for path in dict.fromkeys(paths))
     return f"{absent} || ({rule.cel})"
 
 
-def engine_rules() -> list[dict[str, str]]:
-    """The settings' rules as CEL over spec.engine (camelCase names, without values)."""
-    def show(key: str) -> str:
-        return CRD_FIELDS[key.rstrip(":")]
-    return [{"rule": guarded_cel(rule), "message": rule.message(show), "fieldPath": "." + CRD_FIELDS[rule.field]}
-            for rule in RULES]
+def cel_rules(rules: tuple[Rule, ...]) -> list[dict[str, str]]:
+    """`rules` as CEL validations (names spelled as the CRD does, without values): RULES go on
+    spec.engine, SPEC_RULES on spec."""
+    def cel_rule(rule: Rule) -> dict[str, str]:
+        def show(key: str) -> str:
+            return rule_path(rule, key.rstrip(":"))
+        out = {"rule": guarded_cel(rule), "message": rule.message(show), "fieldPath": "." + rule_path(rule, rule.field)}
+        return {**out, "reason": "FieldValueInvalid"} if rule.on == "spec" else out
+    return [cel_rule(rule) for rule in rules]
 
 
 def build_crd() -> dict[str, Any]:
-    """The CRD as a dict: the base, with the settings inserted after spec.engine.imagePullPolicy
-    and spec.tuning.pinned's choices the spec.engine keys of the tuned settings."""
+    """The CRD as a dict: the base, with the settings inserted after spec.engine.imagePullPolicy,
+    the rules between them on spec.engine (RULES) and after spec's own (SPEC_RULES), and
+    spec.tuning.pinned's choices the spec.engine keys of the tuned settings."""
     crd = copy.deepcopy(yaml.safe_load(BASE.read_text()))
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     engine = spec["properties"]["engine"]
@@ -86,7 +100,8 @@ def build_crd() -> dict[str, Any]:
         if name == "imagePullPolicy":
             properties.update(generated)
     engine["properties"] = properties
-    engine["x-kubernetes-validations"] = engine_rules()
+    engine["x-kubernetes-validations"] = cel_rules(RULES)
+    spec["x-kubernetes-validations"] = spec.get("x-kubernetes-validations", []) + cel_rules(SPEC_RULES)
     pinned = spec["properties"]["tuning"]["properties"]["pinned"]["items"]
     pinned["enum"] = [CRD_FIELDS[name] for name in TUNED_SETTINGS if name in CRD_FIELDS]
     return crd
@@ -98,6 +113,8 @@ def render_crd() -> str:
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot crd`: prints the generated CRD, or with --write ROOT writes it to both copies
+    (crds/ and charts/kvpilot/crds/) under ROOT. Returns 0; exits 2 when a copy's folder is missing."""
     parser = argparse.ArgumentParser(prog="kvpilot crd", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", nargs="?", const=".", metavar="ROOT", default=None,

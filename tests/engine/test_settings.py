@@ -154,3 +154,47 @@ def test_each_rules_cel_agrees_with_its_python_check(rule):
         expected = rule.check(values) if all(values[n] is not None for n in rule.names) else True
         assert bool(program.evaluate({"self": engine})) == expected, values
         assert set(names) <= BY_NAME.keys() and rule.field in rule.names
+
+
+def _nested(paths: dict[str, str], values: dict) -> celtypes.MapType:
+    """spec as CEL sees it: each value at its dotted path (parallelism.nnodes), unset ones absent."""
+    tree: dict = {}
+    for name, value in values.items():
+        *parents, leaf = paths[name].split(".")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return celpy.json_to_cel(tree)
+
+
+@pytest.mark.parametrize("rule", settings.SPEC_RULES, ids=lambda r: r.field)
+def test_each_spec_rules_cel_agrees_with_its_python_check(rule):
+    """The rules over spec (nnodes, at spec.parallelism): rule.cel reads settings at SPEC_PATHS."""
+    env = celpy.Environment()
+    program = env.program(env.compile(rule.cel))
+    grid = {"nnodes": [1, 2, 3, 4, 6], "tensor_parallel_size": [1, 2, 3], "pipeline_parallel_size": [1, 2, 4]}
+    for combo in itertools.product(*(grid[n] for n in rule.names)):
+        values = dict(zip(rule.names, combo))
+        assert bool(program.evaluate({"self": _nested(settings.SPEC_PATHS, values)})) == rule.check(values), values
+    assert rule.on == "spec" and set(rule.names) <= BY_NAME.keys() and rule.field in rule.names
+
+
+def test_nnodes_divides_is_the_nnodes_rule():
+    """One predicate: the rule's check, the engine's node_ranks and ParallelConfig apply it."""
+    from kvpilot.engine.config import ParallelConfig
+    assert settings.NNODES_RULE in settings.SPEC_RULES and settings.NNODES_RULE not in RULES
+    for world, nnodes in itertools.product(range(1, 9), range(0, 9)):
+        ok = settings.nnodes_divides(world, nnodes)
+        assert ok == (nnodes >= 1 and world % nnodes == 0)
+        if nnodes >= 1:
+            assert settings.NNODES_RULE.check({"nnodes": nnodes, "tensor_parallel_size": world,
+                                               "pipeline_parallel_size": 1}) == ok
+            try:
+                ParallelConfig(world, 1, nnodes=nnodes)
+                accepted = True
+            except ValueError:
+                accepted = False
+            assert accepted == ok, (world, nnodes)
+    message = settings.NNODES_RULE.message(lambda key: settings.SPEC_PATHS[key.rstrip(":")])
+    assert message.startswith("parallelism.nnodes must divide engine.tensorParallelSize x engine.pipelineParallelSize")

@@ -58,3 +58,21 @@ def test_max_model_len_takes_auto_as_minus_one_and_nothing_else_below_16():
     for name in ("performanceMode", "kvCacheMemoryBytes"):
         assert settings.BY_CRD[name].flag in engine["properties"][name]["description"]
     assert engine["properties"]["performanceMode"]["enum"] == ["balanced", "interactivity", "throughput"]
+
+
+def test_the_nnodes_rule_on_spec_is_the_settings_tables():
+    """spec's CEL for nnodes is rendered from kvpilot.engine.settings.NNODES_RULE (issue 51): the
+    hand-written base holds none, and the rendered rule refuses what the table's check refuses."""
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") == ".parallelism.nnodes"]
+    rule = settings.NNODES_RULE
+    assert rules == [{"rule": guarded_cel(rule), "message": rule.message(lambda k: settings.SPEC_PATHS[k.rstrip(":")]),
+                      "fieldPath": ".parallelism.nnodes", "reason": "FieldValueInvalid"}]
+    assert rule.cel in rules[0]["rule"] and "% self.parallelism.nnodes" not in (ROOT / "operator/render/crd_base.yaml").read_text()
+    env = celpy.Environment()
+    program = env.program(env.compile(rules[0]["rule"]))
+    for tp, pp, nnodes in [(1, 1, 1), (1, 2, 2), (3, 1, 2), (2, 2, 4), (3, 2, 4), (1, 2, 3)]:
+        obj = {"engine": {"tensorParallelSize": tp, "pipelineParallelSize": pp}, "parallelism": {"nnodes": nnodes}}
+        assert bool(program.evaluate({"self": celpy.json_to_cel(obj)})) == settings.nnodes_divides(tp * pp, nnodes)
+    for partial in ({}, {"engine": {}}, {"parallelism": {"nnodes": 2}}, {"engine": {"tensorParallelSize": 3}}):
+        assert bool(program.evaluate({"self": celpy.json_to_cel(partial)}))  # absent: checked after defaulting

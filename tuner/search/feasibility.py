@@ -52,7 +52,7 @@ from kvpilot.engine.memory import (  # noqa: F401 (estimate_activation_bytes: re
     cpu_kvcache_space_bytes,
     estimate_activation_bytes,
 )
-from kvpilot.engine.settings import AUTO_MAX_MODEL_LEN, BY_NAME
+from kvpilot.engine.settings import AUTO_MAX_MODEL_LEN, BY_NAME, nnodes_divides
 from kvpilot.engine.distributed.parallel_layout import (
     RankPosition,
     rank_gguf_block_bytes,
@@ -208,7 +208,7 @@ def pod_problem(world_size: int, nnodes: int, hardware: Hardware) -> str:
     they do): nnodes must divide the world, and each pod's world / nnodes ranks need a
     device each and, on CPU (shared_memory), a CPU each."""
     layout = f"tensor_parallel_size x pipeline_parallel_size = {world_size}"
-    if world_size % nnodes:
+    if not nnodes_divides(world_size, nnodes):
         return (f"layout: nnodes {nnodes} does not divide {layout} (each pod of the group runs world / nnodes "
                 f"ranks); choose an nnodes that divides it")
     per_pod = world_size if hardware.one_machine else world_size // nnodes

@@ -39,7 +39,7 @@ from typing import Any
 import optuna
 
 from kvpilot.engine.config import ModelConfig, ParallelConfig
-from kvpilot.engine.settings import BY_NAME, SEARCH_RANGES, TUNED_SETTINGS
+from kvpilot.engine.settings import BY_NAME, SEARCH_RANGES, TUNED_SETTINGS, nnodes_divides
 from kvpilot.tuner.search.settings import EngineSettings
 
 
@@ -127,7 +127,7 @@ class SearchSpace:
             except ValueError:
                 continue
             if model.num_layers % pp == 0 or not self.parallel:
-                found += [layout_name(tp, pp, n) for n in pods if tp * pp % n == 0
+                found += [layout_name(tp, pp, n) for n in pods if nnodes_divides(tp * pp, n)
                           and tp * pp // n <= self.num_devices]
         if base is not None:
             own = layout_name(base.tensor_parallel_size, base.pipeline_parallel_size, base.nnodes)
