@@ -15,6 +15,9 @@ from kvpilot.kernels.cpu import norm_act as cpu_ops
 
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (`size`), weight [size] in
+    `dtype`, statistics in float32; with a residual, the add is fused (module docstring)."""
+
     use_c_kernel = True  # False: the torch path even where the C op serves (comparisons)
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:

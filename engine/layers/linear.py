@@ -166,6 +166,8 @@ class ColumnParallelLinear(_Linear):
         self.weight.data[offset : offset + size].copy_(weight[start : start + size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, in_features] -> [num_tokens, sum(output_sizes) / tp], x's dtype; no
+        communication."""
         return self.matmul(x)
 
 
@@ -183,10 +185,13 @@ class RowParallelLinear(_Linear):
         )
 
     def load_full(self, weight: torch.Tensor) -> None:
+        """Copies this rank's input-feature columns from the full weight [out_features, in_features]."""
         start = ps.get_tp_rank() * self.in_shard
         self.weight.data.copy_(weight[:, start : start + self.in_shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, in_features / tp] -> [num_tokens, out_features], the partial products
+        summed over the tensor-parallel ranks (all-reduce)."""
         return ps.tp_all_reduce(self.matmul(x))
 
 
@@ -207,10 +212,14 @@ class VocabParallelEmbedding(_Linear):
         self.weight = nn.Parameter(torch.zeros(self.shard, hidden_size, dtype=dtype), requires_grad=False)
 
     def load_full(self, weight: torch.Tensor) -> None:
+        """Copies this rank's vocabulary rows [start, start + shard) from the full weight
+        [vocab_size, hidden_size]; rows past vocab_size (the last shard's padding) stay zero."""
         part = weight[self.start : self.start + self.shard]
         self.weight.data[: part.shape[0]].copy_(part)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [num_tokens] int64 -> [num_tokens, hidden_size], the weight's dtype; ids outside
+        this rank's shard look up zeros and the all-reduce fills them in."""
         if ps.get_tp_size() == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.start

@@ -33,6 +33,10 @@ IntermediateTensors = dict[str, torch.Tensor]
 
 
 class LlamaAttention(nn.Module):
+    """Self-attention of one layer: fused qkv projection (column parallel), RoPE, paged
+    attention through the backend, output projection (row parallel, all-reduced). Holds
+    num_heads / tp query heads and num_kv_heads / tp KV heads (GQA)."""
+
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         tp = ps.get_tp_size()
@@ -46,6 +50,8 @@ class LlamaAttention(nn.Module):
         self.backend = backend
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]: attends over kv_cache (this layer's (K, V), each
+        [num_blocks, block_size, num_kv_heads / tp, head_dim]) after writing the new K/V into it."""
         n = x.shape[0]
         qkv = self.qkv_proj(x).view(n, -1, self.head_dim)  # [n, heads + 2 kv_heads, head_dim]
         out = self.backend.forward_qkv(qkv, rope, kv_cache[0], kv_cache[1], meta, self.scale, self.num_heads)
@@ -53,6 +59,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: down_proj(silu(gate) * up), with gate/up fused and column
+    parallel and down_proj row parallel."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         i = cfg.intermediate_size
@@ -61,10 +70,13 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden], x's dtype (all-reduced over the tensor-parallel ranks)."""
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
+    """One pre-norm decoder layer: RMSNorm, attention, RMSNorm, MLP, on vLLM's residual stream."""
+
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
@@ -90,6 +102,7 @@ class PPMissingLayer(nn.Module):
     """Stands for a layer that lives on another pipeline stage (vLLM's placeholder)."""
 
     def forward(self, *args, **kwargs):
+        """Raises RuntimeError: the layer is not held on this pipeline stage."""
         raise RuntimeError("this layer lives on another pipeline stage")
 
 
@@ -140,6 +153,9 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         intermediate: IntermediateTensors | None = None,
     ) -> torch.Tensor | IntermediateTensors:
+        """This stage's part of the step; shapes in the class docstring. On CPU a small decode
+        step may run as one C call (decode_stack); else embedding (first stage) or the received
+        hidden states, this stage's layers, and the final norm on the last stage."""
         if self.decode_stack is not None and intermediate is None:
             hidden = self.decode_stack.forward(input_ids, positions, kv_caches, meta)
             if hidden is not None:
@@ -158,6 +174,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden_size] -> logits [n, vocab_size] float32 (last stage only)."""
         return self.lm_head.logits(hidden)
 
     def _stage_name(self, name: str) -> str | None:
