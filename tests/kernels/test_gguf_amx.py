@@ -1,7 +1,8 @@
 """The GGUF matmul on AMX tiles (kernels/cpu/csrc/gguf_amx.c): `amx_pack`'s layout holds exactly the
 blocks' values and scales (checked here against the GGUF blocks on every CPU), and where the amx build
 runs with the tile state granted, matmuls in that layout equal the AVX2 8-bit path's (same integers;
-float sums in another order) for 1 to 33 rows, through the tile and the VPDPBUSD paths alike."""
+float sums in another order) for 1 to 33 rows, through the tile and the VPDPBUSD paths alike. On a CPU
+without AMX those matmul tests skip, and one test checks the layout is refused there."""
 
 from __future__ import annotations
 
@@ -66,12 +67,11 @@ def test_a_row_count_off_the_tiles_is_refused():
 @pytest.mark.parametrize("qtype", [gguf.Q4_1, gguf.Q8_0])
 @pytest.mark.parametrize("n,k", [(576, 576), (3072, 576), (576, 1536), (48, 64)])
 def test_amx_matmuls_equal_the_avx2_8_bit_path(qtype, n, k):
+    if not gguf.amx():
+        pytest.skip("the AMX GGUF matmul needs AMX (this CPU has none, or no amx build or tile state): "
+                    "test_without_amx_the_layout_is_refused_never_misread checks the refusal here")
     b = blocks(n, k, qtype, seed=n + k)
     packed, layout = gguf.amx_pack(b, qtype)
-    if not gguf.amx():  # no amx build or no tile state here: the layout is refused, never misread
-        with pytest.raises(RuntimeError, match="failed"):
-            gguf.gguf_matmul(torch.randn(2, k), packed, layout, n)
-        return
     avx2 = gguf.load("x86-64-v3")
     for m in (1, 3, 4, 5, 16, 17, 33):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -79,6 +79,17 @@ def test_amx_matmuls_equal_the_avx2_8_bit_path(qtype, n, k):
         want = torch.empty(m, n)
         assert avx2.kvp_gguf_matmul(qtype, b.data_ptr(), n, k, x.data_ptr(), k, m, want.data_ptr(), n, 2, 1) == 0
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_without_amx_the_layout_is_refused_never_misread():
+    """Where the amx build cannot run (no AMX, no amx build, or no tile state granted), a matmul in
+    the AMX layout fails (RuntimeError) rather than reading the tiles as another layout."""
+    if gguf.amx():
+        pytest.skip("checks the refusal on CPUs without AMX; this one has it (the matmul tests above run)")
+    for qtype in (gguf.Q4_1, gguf.Q8_0):
+        packed, layout = gguf.amx_pack(blocks(48, 64, qtype), qtype)
+        with pytest.raises(RuntimeError, match="failed"):
+            gguf.gguf_matmul(torch.randn(2, 64), packed, layout, 48)
 
 
 def test_the_amx_layout_takes_8_bit_activations_only():
