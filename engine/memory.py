@@ -160,11 +160,13 @@ class KVCacheBudget:
 
     @property
     def space_limited(self) -> bool:
+        """True when the CPU KV-cache space, not the memory budget, sets the block count."""
         return self.space_bytes is not None and (
             self.space_bytes // self.space_block_bytes < self.kv_cache_bytes // self.block_bytes)
 
     @property
     def num_blocks(self) -> int:
+        """KV blocks this budget allows: the smaller of the memory budget's and the space cap's."""
         if self.space_limited:
             return self.space_bytes // self.space_block_bytes
         return self.kv_cache_bytes // self.block_bytes
@@ -174,6 +176,7 @@ class KVCacheBudget:
         return self.num_blocks * self.block_size / max_model_len
 
     def describe(self) -> str:
+        """The sizing arithmetic in one line (GiB), for the startup log and error messages."""
         budget = (
             f"device memory {self.total_bytes / GiB:.2f} GiB x gpu_memory_utilization "
             f"{self.gpu_memory_utilization} - weights {self.weights_bytes / GiB:.3f} GiB - peak "
@@ -240,6 +243,7 @@ class KVCachePlan:
 
     @property
     def num_blocks(self) -> int:
+        """KV blocks every rank holds: the limiting budget's count (vLLM's minimum over workers)."""
         return self.budgets[self.limiting].num_blocks
 
     @property
@@ -248,6 +252,8 @@ class KVCachePlan:
         return sum(r.block_bytes for r in self.ranks)
 
     def describe(self) -> str:
+        """The limiting budget's arithmetic in one line, with how the ranks share memory and each
+        rank's KiB per block."""
         budget = self.budgets[self.limiting]
         if len(self.ranks) == 1:
             return budget.describe()

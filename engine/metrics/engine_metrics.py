@@ -262,6 +262,7 @@ class EngineMetrics:
         self.admission_rejections[reason].inc()
 
     def record_aborted(self, request_id: str) -> None:
+        """An aborted request: counts vllm:request_success{finished_reason="abort"}, forgets its timing."""
         self._last_token_s.pop(request_id, None)
         self.success["abort"].inc()
 

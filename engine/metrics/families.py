@@ -47,12 +47,15 @@ class MetricFactory:
         self.names = list(labels)
 
     def gauge(self, name: str, doc: str) -> Gauge:
+        """A prometheus_client Gauge `name` in the registry, already bound to the common labels."""
         return Gauge(name, doc, self.names, registry=self.registry).labels(**self.labels)
 
     def counter(self, name: str, doc: str) -> Counter:
+        """A Counter `name` (exposed as name_total) bound to the common labels."""
         return Counter(name, doc, self.names, registry=self.registry).labels(**self.labels)
 
     def histogram(self, name: str, doc: str, buckets: list[float]) -> Histogram:
+        """A Histogram `name` with `buckets` (upper bounds, ascending) bound to the common labels."""
         return Histogram(name, doc, self.names, buckets=buckets, registry=self.registry).labels(**self.labels)
 
     def by_label(self, cls, name: str, doc: str, label: str, values: tuple[str, ...],

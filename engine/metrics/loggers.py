@@ -63,15 +63,19 @@ class LoggingStatLogger(StatLoggerBase):
         self._last_logged_busy = False
 
     def record_step(self, step, outputs: list[RequestOutput], now_s: float) -> None:
+        """Adds the step's tokens: each request's prompt at its first token, and every new token."""
         for out in outputs:
             if out.metrics is not None and out.metrics.first_token_s == out.metrics.last_token_s:
                 self._num_prompt_tokens += len(out.prompt_token_ids)  # once, at the first token
             self._num_generation_tokens += len(out.new_token_ids)
 
     def record_scheduler_state(self, state: SchedulerState) -> None:
+        """Keeps the latest state for the next line."""
         self._state = state
 
     def log(self, now_s: float) -> None:
+        """Writes the throughput line (tokens/s over the interval) once interval_s (seconds) has
+        passed; the first idle interval after a busy one is logged, later idle ones are not."""
         elapsed_s = now_s - self._interval_start_s
         if elapsed_s < self.interval_s:
             return
@@ -99,16 +103,20 @@ class PrometheusStatLogger(StatLoggerBase):
         self.metrics = metrics
 
     def record_step(self, step, outputs: list[RequestOutput], now_s: float) -> None:
+        """Passes the step's stats and outputs to EngineMetrics.record_step (nothing when None)."""
         if step is not None:
             self.metrics.record_step(step, outputs, now_s)
 
     def record_finished(self, out: RequestOutput, max_tokens: int | None) -> None:
+        """Passes a finished request to EngineMetrics.record_finished."""
         self.metrics.record_finished(out, max_tokens)
 
     def record_aborted(self, request_id: str) -> None:
+        """Passes an aborted request to EngineMetrics.record_aborted."""
         self.metrics.record_aborted(request_id)
 
     def record_scheduler_state(self, state: SchedulerState) -> None:
+        """Sets the scheduler gauges and prefix-cache counters from the state."""
         self.metrics.record_scheduler_state(state.num_running, state.num_waiting, state.num_swapped,
                                             state.kv_usage, state.prefix_queries, state.prefix_hits)
 
@@ -131,21 +139,26 @@ class StatLoggerManager(StatLoggerBase):
         return cls(loggers)
 
     def record_step(self, step, outputs: list[RequestOutput], now_s: float) -> None:
+        """Hands the step to each logger."""
         for stat_logger in self.loggers:
             stat_logger.record_step(step, outputs, now_s)
 
     def record_finished(self, out: RequestOutput, max_tokens: int | None) -> None:
+        """Hands the finished request to each logger."""
         for stat_logger in self.loggers:
             stat_logger.record_finished(out, max_tokens)
 
     def record_aborted(self, request_id: str) -> None:
+        """Hands the aborted request to each logger."""
         for stat_logger in self.loggers:
             stat_logger.record_aborted(request_id)
 
     def record_scheduler_state(self, state: SchedulerState) -> None:
+        """Hands the scheduler state to each logger."""
         for stat_logger in self.loggers:
             stat_logger.record_scheduler_state(state)
 
     def log(self, now_s: float) -> None:
+        """Lets each logger write if its interval has passed."""
         for stat_logger in self.loggers:
             stat_logger.log(now_s)
