@@ -37,6 +37,8 @@ BUILTIN_MODELS_DIR_ENV = "KVPILOT_BUILTIN_MODELS_DIR"
 
 
 def cache_dir() -> Path:
+    """Where converted models are kept: $KVPILOT_CACHE_DIR, else $XDG_CACHE_HOME/kvpilot,
+    else ~/.cache/kvpilot (not created here)."""
     root = os.environ.get("KVPILOT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kvpilot"
     )

@@ -18,6 +18,11 @@ class Logprob:
 
 @dataclass
 class CompletionOutput:
+    """One generated choice of a request (vLLM's `CompletionOutput`): its text and token ids so
+    far, per-token logprobs ({token id: logprob} per position, when asked), finish_reason
+    ('stop', 'length', 'abort', 'error'; None while running), stop_reason (the stop token
+    id or string that ended it) and cumulative_logprob."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -42,6 +47,10 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
+    """What the engine returns for a request after a step (vLLM's `RequestOutput`): the prompt,
+    its choices (`outputs`), whether it finished, its timing `metrics`, and what this step
+    added (`new_text`, `new_token_ids`)."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

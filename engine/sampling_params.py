@@ -133,6 +133,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """True when temperature < GREEDY_EPS (1e-5): the argmax is taken, nothing is drawn."""
         return self.temperature < GREEDY_EPS
 
     @property

@@ -63,6 +63,7 @@ class LogitsAdjustments:
         self._requests[request_id] = request
 
     def forget(self, request_id: str) -> None:
+        """Drops a finished or aborted request's state (no-op if it had none)."""
         self._requests.pop(request_id, None)
 
     def active(self, request_ids: list[str]) -> bool:

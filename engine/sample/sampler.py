@@ -66,6 +66,8 @@ class Sampler:
             self.grammars.add(request_id, grammar)
 
     def forget(self, request_id: str) -> None:
+        """Drops everything kept for a finished or aborted request: its generator, logits-processor
+        view, allowed ids, adjustments, grammar matcher and pending error."""
         self._request_generators.pop(request_id, None)
         self._output_token_ids.pop(request_id, None)
         self._allowed_token_ids.pop(request_id, None)

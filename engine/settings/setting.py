@@ -142,6 +142,7 @@ class Setting:
 
     @property
     def deployed_default(self) -> Any:
+        """The value the CRD, operator and tuner assume: deploy_default when set, else default."""
         return self.default if self.deploy_default is _UNSET else self.deploy_default
 
     def problem(self, value: Any, name: str | None = None) -> str | None:
@@ -161,6 +162,7 @@ class Setting:
         return None
 
     def interval_text(self) -> str:
+        """The allowed interval in words for error messages, e.g. '>= 1 and <= 8', 'in (0, 1]'."""
         low, high = _num(self.minimum), _num(self.maximum) if self.maximum is not None else None
         if self.exclusive_minimum:
             return f"in ({low}, {high}]"

@@ -49,6 +49,7 @@ class GrammarCompiler:
 
     @property
     def stop_token_ids(self) -> list[int]:
+        """The tokenizer's end-of-sequence ids as xgrammar found them: what a finished grammar allows."""
         return list(self.info.stop_token_ids)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
@@ -80,6 +81,7 @@ class GrammarCompiler:
             raise ValueError(f"cannot compile the {kind}: {xgrammar_message(exc)}") from None
 
     def cache_size_bytes(self) -> int:
+        """Bytes held by xgrammar's compiled-grammar cache (capped at CACHE_LIMIT_BYTES)."""
         return self._compiler.get_cache_size_bytes()
 
 

@@ -31,9 +31,11 @@ class GrammarBitmasks:
         self._bitmask = xgr.allocate_token_bitmask(8, vocab_size)  # [rows, ceil(vocab / 32)] int32
 
     def add(self, request_id: str, compiled_grammar: Any) -> None:
+        """Starts a matcher for the request from its xgrammar CompiledGrammar."""
         self._matchers[request_id] = self._xgr.GrammarMatcher(compiled_grammar)
 
     def forget(self, request_id: str) -> None:
+        """Drops the request's matcher (no-op if it had none)."""
         self._matchers.pop(request_id, None)
 
     def __contains__(self, request_id: str) -> bool:

@@ -85,6 +85,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
+        """Which spec was given: the one of KINDS ('json', 'regex', 'choice', ...) that is set."""
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     def text(self) -> str:
