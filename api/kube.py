@@ -47,6 +47,8 @@ class ApiError(Exception):
 
     @classmethod
     def from_exception(cls, e: ApiException) -> ApiError:
+        """The ApiError of a kubernetes client ApiException: status, reason and message from the
+        body's Status object (meta/v1 Status) when it is JSON, else from the exception's own fields."""
         try:
             status = json.loads(e.body or "")
         except ValueError:
@@ -65,6 +67,9 @@ def object_path(api_version: str, plural: str, namespace: str | None, name: str 
 
 
 def manifest_path(obj: dict[str, Any], with_name: bool = True) -> str:
+    """The API path of a manifest (a dict with apiVersion, kind, metadata.name and
+    metadata.namespace): the object's, or its collection's with with_name=False (the POST target).
+    Kinds come from PLURALS; raises KeyError on another kind."""
     meta = obj["metadata"]
     return object_path(obj["apiVersion"], PLURALS[obj["kind"]], meta.get("namespace"),
                        meta["name"] if with_name else None)
@@ -99,9 +104,12 @@ class KubeClient:
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, user_agent: str = "kvpilot") -> KubeClient:
+        """A client with load_configuration's credentials; raises kubernetes.config.ConfigException
+        when no kubeconfig or service account is found."""
         return cls(load_configuration(kubeconfig), user_agent)
 
     def close(self) -> None:
+        """Closes the ApiClient's connection pool (and its thread pool, if it made one)."""
         self.api.close()
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = JSON,
@@ -131,6 +139,8 @@ class KubeClient:
         return self.request("GET", path, params={"labelSelector": label_selector}).get("items") or []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST of a manifest to its collection; the created object. Raises ApiError
+        (409 AlreadyExists when the name is taken, 422 Invalid when the schema refuses it)."""
         return self.request("POST", manifest_path(obj, with_name=False), obj)
 
     def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -162,6 +172,8 @@ class KubeClient:
         return bool(found) and any(r.get("name") == plural for r in found.get("resources", ()))
 
     def get_isvc(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET of the InferenceService namespace/name (kvpilot.dev custom resource); raises ApiError
+        (404 NotFound when it does not exist, unlike get())."""
         return self.request("GET", isvc_path(namespace, name))
 
     def patch_isvc(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -208,27 +220,35 @@ class AsyncKubeClient:
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
 
     async def close(self) -> None:
+        """Closes the KubeClient on a worker thread, then shuts down the pool if this client made it."""
         await self._call(self.client.close)
         if self._own:
             self.executor.shutdown(wait=False)
 
     async def get(self, path: str) -> dict[str, Any] | None:
+        """KubeClient.get on a worker thread: GET path; None on 404, ApiError on other errors."""
         return await self._call(self.client.get, path)
 
     async def list_objects(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """KubeClient.list_objects on a worker thread: GET path?labelSelector=...; the items."""
         return await self._call(self.client.list_objects, path, label_selector)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """KubeClient.create on a worker thread: POST to the manifest's collection; raises ApiError."""
         return await self._call(self.client.create, obj)
 
     async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """KubeClient.patch on a worker thread: PATCH path as a JSON merge patch; raises ApiError."""
         return await self._call(self.client.patch, path, patch)
 
     async def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """KubeClient.replace on a worker thread: PUT path (409 Conflict on a stale resourceVersion)."""
         return await self._call(self.client.replace, path, obj)
 
     async def delete(self, path: str, propagation: str = "Background", grace_period_s: int | None = None) -> bool:
+        """KubeClient.delete on a worker thread: DELETE path; False when it was already gone (404)."""
         return await self._call(self.client.delete, path, propagation, grace_period_s)
 
     async def has_resource(self, group: str, version: str, plural: str) -> bool:
+        """KubeClient.has_resource on a worker thread: GET /apis/group/version lists plural."""
         return await self._call(self.client.has_resource, group, version, plural)

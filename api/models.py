@@ -35,6 +35,8 @@ class ModelShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
 
     def weight_bytes(self, dtype: str = "auto") -> int:
+        """Bytes of the weights in memory: num_params x bytes per element of dtype (KeyError on an
+        unknown dtype)."""
         return self.num_params * DTYPE_BYTES[dtype]
 
 
@@ -66,4 +68,5 @@ def image_model_path(source: str) -> str:
 
 
 def is_builtin(source: str) -> bool:
+    """Whether source names a model shipped with kvpilot (builtin://NAME)."""
     return source.startswith(BUILTIN_SCHEME)

@@ -17,6 +17,9 @@ _DEFAULTS = deploy_defaults()
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """spec.model: source (builtin://NAME or an absolute path in the pod), name (the served model
+    name clients send, vLLM's --served-model-name) and volumeClaim (a PVC mounted read-only at
+    /models that holds a path source)."""
     source: str
     name: str = ""
     volumeClaim: str = ""
@@ -29,12 +32,15 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class SecretRef:
+    """A key of a Secret in the InferenceService's namespace (spec.engine.apiKeySecret)."""
     name: str
     key: str = "api-key"
 
 
 @dataclass(frozen=True)
 class EngineSpec:
+    """spec.engine: the runtime (kvpilot or upstream vllm), its image, and the engine settings that
+    render as `vllm serve` flags (camelCase of vLLM's flag names); the tuner writes these."""
     runtime: str = "kvpilot"
     image: str = ""
     imagePullPolicy: str = "IfNotPresent"
@@ -67,11 +73,14 @@ class EngineSpec:
 
     @property
     def world_size(self) -> int:
+        """Engine ranks: tensorParallelSize x pipelineParallelSize (vLLM's world size)."""
         return self.tensorParallelSize * self.pipelineParallelSize
 
 
 @dataclass(frozen=True)
 class ResourcesSpec:
+    """spec.resources, per engine pod: cpu and memory as Kubernetes quantities, gpu (request
+    gpuResourceName, one per rank of the pod) and the nodeSelector as sorted (key, value) pairs."""
     cpu: str = "2"
     memory: str = "8Gi"
     gpu: bool = False
@@ -92,6 +101,8 @@ class ParallelismSpec:
 
 @dataclass(frozen=True)
 class SLOSpec:
+    """spec.slo: 95th-percentile limits on time to first token, inter-token latency and end-to-end
+    latency (milliseconds; e2e 0: none) and the most preemptions per minute per replica."""
     ttftP95Ms: float = 2000
     itlP95Ms: float = 200
     e2eP95Ms: float = 0
@@ -123,6 +134,7 @@ class TuningSpec:
 
 @dataclass(frozen=True)
 class InferenceServiceSpec:
+    """The spec of one InferenceService (kvpilot.dev custom resource), its CRD defaults applied."""
     model: ModelSpec
     replicas: int = 1
     engine: EngineSpec = field(default_factory=EngineSpec)

@@ -186,6 +186,7 @@ class TunerMetrics:
             RETUNES.labels(**self._labels, reason=reason)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Exposes the tuner metrics at http://addr:port/metrics (module-level serve: once per port)."""
         serve(port, addr)
 
 
