@@ -11,9 +11,9 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvpilot.engine.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from kvpilot.engine.entrypoints.openai.request_fields import extra_field_message
 
 logger = logging.getLogger("kvpilot.server")
@@ -29,11 +29,27 @@ _TYPES = {
 }
 
 
+class ErrorInfo(BaseModel):
+    """The `error` object of an OpenAI error body (OpenAI API reference, "Error codes"; vLLM's
+    ErrorInfo): message, type (e.g. invalid_request_error), the offending param, and code
+    (an OpenAI code string such as invalid_api_key, else the HTTP status)."""
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """An OpenAI error body, `{"error": {...}}` (vLLM's ErrorResponse)."""
+    error: ErrorInfo
+
+
 class ErrorJSONResponse(JSONResponse):
     """An error body as ASCII JSON: a message may quote what the client sent (a model name),
     and text from JSON may hold lone surrogates (`"\\ud800"`), which UTF-8 cannot encode."""
 
     def render(self, content: object) -> bytes:
+        """The content as compact ASCII JSON bytes (non-ASCII and surrogates as \\u escapes)."""
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
@@ -50,21 +66,26 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> ErrorResponse:
+        """This error as an OpenAI error body."""
         return error_body(self.status, self.message, self.param, self.code)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | int | None = None) -> ErrorResponse:
+    """The OpenAI error body for an HTTP status: type from the status (invalid_request_error for
+    one not listed), code the given one or else the status."""
     return ErrorResponse(error=ErrorInfo(message=message, type=_TYPES.get(status, "invalid_request_error"),
                                          param=param, code=code if code is not None else status))
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
+    """An ErrorJSONResponse with the OpenAI error body, the status and the given headers."""
     return ErrorJSONResponse(error_body(status, message, param, code).model_dump(), status_code=status,
                              headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
+    """A 400 invalid_request_error APIError, naming the offending field in param."""
     return APIError(400, message, param=param)
 
 
@@ -118,6 +139,9 @@ def _shown(value: object) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Makes every failure of app an OpenAI error body: APIError as raised, request validation as
+    400 (describe_validation_errors), Starlette's 404 and 405 naming the route, and any other
+    exception as 500 (logged with its traceback)."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return ErrorJSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)

@@ -73,6 +73,7 @@ class GuardedH11Protocol(H11Protocol):
         self._read_timer = None
 
     def connection_made(self, transport) -> None:
+        """asyncio.Protocol callback: a new connection; starts the read timer."""
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is closed too
 
@@ -86,6 +87,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        """asyncio.Protocol callback: bytes arrived; the read timer runs while a request is partly in."""
         super().data_received(data)
         if self._reading():
             self._arm()  # from the request's first byte; no-op while armed
@@ -93,6 +95,7 @@ class GuardedH11Protocol(H11Protocol):
             self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """asyncio.Protocol callback: the connection closed; stops the read timer."""
         self._disarm()
         super().connection_lost(exc)
 

@@ -58,6 +58,7 @@ class Admission:
         self._timer: asyncio.TimerHandle | None = None
 
     def started(self) -> None:
+        """One reserved engine request was handed to the engine: it stops counting as reserved."""
         if self.reserved > 0:
             self.reserved -= 1
             self.state.num_reserved -= 1
@@ -75,11 +76,14 @@ class Admission:
         self._timer = asyncio.get_running_loop().call_later(deadline_s, expire)
 
     def deadline_error(self) -> APIError:
+        """The 408 APIError (code request_timeout) for a request --request-deadline-s aborted."""
         return APIError(DEADLINE_STATUS, f"the request did not finish within the server's deadline of "
                         f"{self.state.request_deadline_s:g} s and was aborted; ask for fewer tokens",
                         code="request_timeout")
 
     def close(self) -> None:
+        """Gives back the reservations never started and ends the request's time in flight
+        (num_in_flight); idempotent."""
         if self.closed:
             return
         self.closed = True

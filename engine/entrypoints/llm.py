@@ -24,6 +24,7 @@ class LLM:
         self._ids = itertools.count()
 
     def get_tokenizer(self):
+        """The engine's Hugging Face tokenizer (vLLM's LLM.get_tokenizer)."""
         return self.engine.tokenizer
 
     def generate(
@@ -65,6 +66,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[Message]) -> list[int]:
+        """Token ids of one conversation through the model's chat template, with the generation
+        prompt appended (the assistant turn's opening)."""
         out = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 

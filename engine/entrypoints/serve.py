@@ -65,6 +65,7 @@ LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The `kvpilot serve` argument parser (kvpilot.engine.settings.cli_args.make_serve_parser)."""
     return make_serve_parser()
 
 
@@ -125,6 +126,7 @@ class DrainingServer(uvicorn.Server):
         self._tasks: set[asyncio.Task] = set()
 
     async def startup(self, sockets=None) -> None:
+        """uvicorn's startup (the port opens, /health answers 503), then loads the engine in the background."""
         await super().startup(sockets)
         self._spawn(self._load())
 
@@ -168,6 +170,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     def handle_exit(self, sig: int, frame) -> None:
+        """uvicorn's signal handler: a first SIGTERM drains; a later one or SIGINT stops serving, one more forces it."""
         if sig == signal.SIGTERM and not self.state.draining and not self.should_exit:
             # Not recorded in _captured_signals: uvicorn would re-raise it at exit, and a
             # drained server must exit 0.
@@ -229,6 +232,9 @@ def http_limits(ns: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot serve` on argv (the arguments after the program name): checks the flags (argparse
+    exits 2 on a bad one), then serves until shutdown, or runs a headless node (--node-rank > 0).
+    Returns the process's exit code (kvpilot.engine.exit_codes; see the module's docstring)."""
     parser = make_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
@@ -256,14 +262,11 @@ def main(argv: list[str]) -> int:
     if engine_config.parallel.node_rank > 0:  # headless with or without --headless (vLLM needs the flag)
         return run_headless(engine_config)
     state = ServerState(
-        served_model_name=engine_config.served_model_name,
-        model_path=engine_config.model_path,
+        served_model_name=engine_config.served_model_name, model_path=engine_config.model_path,
         max_model_len=engine_config.scheduler.max_model_len,
         vocab_size=engine_config.model.vocab_size,
-        api_key=api_key,
-        admin_token=admin_token,
-        max_queue_len=ns.max_queue_len,
-        request_deadline_s=ns.request_deadline_s,
+        api_key=api_key, admin_token=admin_token,
+        max_queue_len=ns.max_queue_len, request_deadline_s=ns.request_deadline_s,
         log_requests=not ns.disable_log_requests,
         profiler_dir=(os.environ.get(PROFILER_DIR_ENV) or None) if admin_token else None,
         show_hidden_metrics_for_version=ns.show_hidden_metrics_for_version,

@@ -45,6 +45,8 @@ CONTROL_PREFIXES = ("/admin/", "/start_profile", "/stop_profile")
 
 
 def package_version() -> str:
+    """The installed kvpilot distribution's version (GET /version, the OpenAPI title), or "unknown"
+    when it is not installed (a bare source tree)."""
     try:
         return version("kvpilot")
     except PackageNotFoundError:
@@ -78,10 +80,14 @@ class BearerTokenMiddleware:
 
 
 def scheduler_config_dict(config: SchedulerConfig) -> dict:
+    """The scheduler's limits as the JSON answer of /admin/scheduler_config (field: value)."""
     return dataclasses.asdict(config)
 
 
 def build_app(state: ServerState) -> FastAPI:
+    """The FastAPI app over state: OpenAI errors, bearer-token middlewares when a key or admin
+    token is set, HTTP metrics, /health (503 while loading, draining or after an engine failure),
+    /version, /metrics, the OpenAI and tokenizer routes, and the control routes with an admin token."""
     app = FastAPI(title="kvpilot", version=package_version(), docs_url=None, redoc_url=None)
     app.state.server = state
     install_error_handlers(app)

@@ -1,5 +1,5 @@
-"""Request and response bodies of the OpenAI API (completions, chat completions, models,
-errors), with vLLM's extra sampling fields (top_k, min_p, min_tokens, ignore_eos,
+"""Request and response bodies of the OpenAI API (completions, chat completions, models;
+errors: errors.py), with vLLM's extra sampling fields (top_k, min_p, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids, truncate_prompt_tokens, skip_special_tokens), structured
 outputs and tools (protocol_tools.py). A field kvpilot does not implement is a 400 naming it
 (request_fields.py), as is a field no API knows (OpenAI's answer). Types are strict, as
@@ -35,7 +35,7 @@ from kvpilot.engine.entrypoints.openai.tool_parsers.protocol import (
     ToolChoice,
 )
 from kvpilot.engine.entrypoints.openai.protocol_prompt_logprobs import PromptLogprobs
-from kvpilot.engine.entrypoints.openai.request_fields import drop_noop_fields
+from kvpilot.engine.entrypoints.openai.request_fields import drop_noop_fields, has_lone_surrogate
 from kvpilot.engine.settings import BY_NAME, LIVE_SETTINGS, Setting
 
 
@@ -64,26 +64,13 @@ class _Request(BaseModel):
     def _unicode_text(cls, value: Any) -> Any:
         """Strings must be Unicode text: JSON's "\\ud800" escapes decode to lone surrogates,
         which no tokenizer or UTF-8 response can take."""
-        if _has_surrogate(value):
+        if has_lone_surrogate(value):
             raise ValueError("holds a lone UTF-16 surrogate (such as \\ud800), which is not Unicode text")
         return value
 
 
-def _has_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_surrogate(v) for v in value)
-    return False
-
-
 class StreamOptions(_Request):
+    """OpenAI's `stream_options` (vLLM's StreamOptions): include_usage adds a last chunk with usage."""
     include_usage: bool = False
 
 
@@ -144,6 +131,8 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ChatMessage(_Request):
+    """One message of a chat request (OpenAI's chat message objects, vLLM's
+    ChatCompletionMessageParam): role, content (text or content parts), and a tool turn's fields."""
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -181,12 +170,15 @@ SchedulerConfigUpdate = create_model(
 
 # ----------------------------------------------------------------- responses
 class UsageInfo(BaseModel):
+    """OpenAI's `usage` object (vLLM's UsageInfo): token counts of the prompt and the completion."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
 
 
 class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions `logprobs` object (vLLM's CompletionLogProbs): per generated
+    token its text, character offset, natural-log probability and top alternatives."""
     text_offset: list[int] = []
     token_logprobs: list[float | None] = []
     tokens: list[str] = []
@@ -194,6 +186,8 @@ class CompletionLogprobs(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """One choice of a completion (vLLM's CompletionResponseChoice); stop_reason (vLLM's extra):
+    the stop string or token id that ended it, None at EOS or the length limit."""
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -203,6 +197,7 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
+    """The `text_completion` object of POST /v1/completions (OpenAI; vLLM's CompletionResponse)."""
     id: str
     object: str = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -212,26 +207,32 @@ class CompletionResponse(BaseModel):
 
 
 class TopLogprob(BaseModel):
+    """One alternative token in OpenAI's chat logprobs: text, natural-log probability, UTF-8 bytes."""
     token: str
     logprob: float
     bytes: list[int] | None = None
 
 
 class TokenLogprob(TopLogprob):
+    """One generated token in OpenAI's chat `logprobs.content` (vLLM's ChatCompletionLogProbsContent)."""
     top_logprobs: list[TopLogprob] = []
 
 
 class ChatLogprobs(BaseModel):
+    """A chat choice's `logprobs` object (OpenAI; vLLM's ChatCompletionLogProbs)."""
     content: list[TokenLogprob] | None = None
 
 
 class AssistantMessage(BaseModel):
+    """The `message` of a chat choice (OpenAI; vLLM's ChatMessage): text and/or tool calls."""
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = []
 
 
 class ChatChoice(BaseModel):
+    """One choice of a chat completion (vLLM's ChatCompletionResponseChoice); stop_reason as
+    CompletionChoice's."""
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
@@ -240,6 +241,8 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
+    """The `chat.completion` object of POST /v1/chat/completions (OpenAI; vLLM's
+    ChatCompletionResponse, with its prompt_logprobs)."""
     id: str
     object: str = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -250,12 +253,14 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """The `delta` of a streamed chat choice (OpenAI; vLLM's DeltaMessage): only what is new."""
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):
+    """One choice of a chat stream chunk (vLLM's ChatCompletionResponseStreamChoice)."""
     index: int
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
@@ -264,6 +269,8 @@ class ChatStreamChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
+    """The `chat.completion.chunk` object, one SSE event of a streamed chat completion (OpenAI;
+    vLLM's ChatCompletionStreamResponse)."""
     id: str
     object: str = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -273,6 +280,8 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's `model` object of GET /v1/models, with vLLM's ModelCard extras: root (the weights'
+    path), parent and max_model_len (tokens)."""
     id: str
     object: str = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -283,16 +292,6 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """The `list` object answered by GET /v1/models (OpenAI; vLLM's ModelList)."""
     object: str = "list"
     data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo

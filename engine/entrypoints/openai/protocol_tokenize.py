@@ -13,6 +13,7 @@ from kvpilot.engine.entrypoints.openai.protocol import ChatMessage, TokenId, _Re
 # DetokenizeResponse). Defaults are vLLM's: special tokens added to a text prompt, not to a chat
 # (its template already has them).
 class TokenizeCompletionRequest(_Request):
+    """POST /tokenize with a text prompt (vLLM's TokenizeCompletionRequest)."""
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
@@ -20,6 +21,7 @@ class TokenizeCompletionRequest(_Request):
 
 
 class TokenizeChatRequest(_Request):
+    """POST /tokenize with chat messages, through the chat template (vLLM's TokenizeChatRequest)."""
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
@@ -29,6 +31,8 @@ class TokenizeChatRequest(_Request):
 
 
 class TokenizeResponse(BaseModel):
+    """The answer of POST /tokenize (vLLM's TokenizeResponse): the token ids, their count, the
+    server's max_model_len, and each token's text when return_token_strs was asked."""
     count: int
     max_model_len: int
     tokens: list[int]
@@ -36,9 +40,11 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(_Request):
+    """POST /detokenize: token ids to decode (vLLM's DetokenizeRequest)."""
     model: str | None = None
     tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
+    """The answer of POST /detokenize: the decoded text (vLLM's DetokenizeResponse)."""
     prompt: str

@@ -82,3 +82,19 @@ def extra_field_message(field: str, value: Any) -> str:
         allowed = " or ".join(json.dumps(v) for v in noop)
         return f"{field} is not supported by this server ({why}); leave it out or send {allowed}"
     return f"Unrecognized request argument supplied: {field}"
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a string, or any key or value nested in dicts and lists, holds a lone UTF-16
+    surrogate (JSON's "\\ud800" escape decodes to one), which UTF-8 cannot encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_lone_surrogate(v) for v in value)
+    return False

@@ -48,6 +48,7 @@ class ServerState:
     max_logprobs: int = 20  # --max-logprobs: most logprobs per token a request may ask for (-1: the vocabulary)
 
     def model_names(self) -> set[str]:
+        """The names a request's `model` may give (404 model_not_found for any other): the served one."""
         return {self.served_model_name}
 
     def ready_engine(self) -> AsyncLLMEngine:

@@ -71,11 +71,14 @@ def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
 
 
 class OpenAIServingChat(OpenAIServing):
+    """The POST /v1/chat/completions handler (vLLM's OpenAIServingChat): ids `chatcmpl-<hex>`,
+    answers ChatCompletionResponse or a stream of ChatCompletionChunk."""
     request_id_prefix = "chatcmpl"
     response_class = ChatCompletionResponse
     stream_response_class = ChatCompletionChunk
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        """Serves one chat request (OpenAIServing.handle): JSON, SSE, or an OpenAI error."""
         return await self.handle(req, raw)
 
     def _validate_request(self, req: ChatCompletionRequest) -> None:

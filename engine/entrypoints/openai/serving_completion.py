@@ -46,11 +46,14 @@ def completion_prompts(state: ServerState, prompt, add_special_tokens: bool = Tr
 
 
 class OpenAIServingCompletion(OpenAIServing):
+    """The POST /v1/completions handler (vLLM's OpenAIServingCompletion): ids `cmpl-<hex>`,
+    answers CompletionResponse, streamed as CompletionResponse chunks."""
     request_id_prefix = "cmpl"
     response_class = CompletionResponse
     stream_response_class = CompletionResponse
 
     async def create_completion(self, req: CompletionRequest, raw: Request) -> Response:
+        """Serves one completions request (OpenAIServing.handle): JSON, SSE, or an OpenAI error."""
         return await self.handle(req, raw)
 
     def _validate_request(self, req: CompletionRequest) -> None:

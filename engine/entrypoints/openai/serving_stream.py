@@ -102,6 +102,9 @@ async def _collect_finals(engine: AsyncLLMEngine, subs: list[SubRequest]) -> dic
 
 
 def sse(payload: BaseModel | dict | str) -> str:
+    """One server-sent event, `data: <JSON>\\n\\n` (non-ASCII kept as UTF-8). A model is dumped with
+    its nulls, less a null `usage` (OpenAI sends usage only in the last chunk); a str goes as is
+    (`[DONE]`)."""
     if isinstance(payload, BaseModel):
         data = payload.model_dump(exclude_none=False)
         if data.get("usage") is None:

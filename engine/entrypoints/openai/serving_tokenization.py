@@ -22,6 +22,8 @@ TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
 
 class OpenAIServingTokenization:
+    """The POST /tokenize and /detokenize handlers (vLLM's OpenAIServingTokenization) over the
+    served model's tokenizer; 404 for another model's name, 503 while the model loads."""
     def __init__(self, state: ServerState) -> None:
         self.state = state
 

@@ -110,6 +110,8 @@ def final_tool_calls(mode: ToolMode, text: str, parser,
 
 
 def tool_finish_reason(mode: ToolMode, calls: list[ToolCall], finish_reason: str | None) -> str | None:
+    """`tool_calls` in place of `stop` when a required or auto choice produced calls (OpenAI's
+    finish_reason for them); any other finish_reason, or a named choice's, unchanged."""
     if calls and mode.kind in ("required", "auto") and finish_reason == "stop":
         return "tool_calls"
     return finish_reason

@@ -16,6 +16,8 @@ from kvpilot.engine.entrypoints.openai.tool_parsers.protocol import FunctionCall
 
 
 class HermesToolParser:
+    """--tool-call-parser hermes: calls in `<tool_call>{"name", "arguments"}</tool_call>` blocks
+    (vLLM's Hermes2ProToolParser); an unclosed last block runs to the end of the text."""
     start = "<tool_call>"
     end = "</tool_call>"
     _block = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)

@@ -22,6 +22,8 @@ class _Strict(BaseModel):
 
 
 class JsonSchemaResponseFormat(_Strict):
+    """The `json_schema` of OpenAI's response_format (vLLM's JsonSchemaResponseFormat): a name,
+    the JSON Schema (sent as `schema`) and the strict flag."""
     name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     json_schema: dict[str, Any] | None = Field(None, alias="schema")
@@ -49,6 +51,8 @@ class StructuredOutputsRequest(_Strict):
 
 
 class FunctionDefinition(_Strict):
+    """OpenAI's function definition of a tool (vLLM's FunctionDefinition): name, description and
+    the JSON Schema of its parameters."""
     name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -56,15 +60,18 @@ class FunctionDefinition(_Strict):
 
 
 class ChatCompletionToolsParam(_Strict):
+    """One entry of a chat request's `tools` (OpenAI; vLLM's ChatCompletionToolsParam)."""
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
 class NamedFunction(_Strict):
+    """The `function` of a named tool choice: the name of the tool to call."""
     name: str
 
 
 class NamedToolChoice(_Strict):
+    """A `tool_choice` that forces one tool (OpenAI; vLLM's ChatCompletionNamedToolChoiceParam)."""
     type: Literal["function"] = "function"
     function: NamedFunction
 
@@ -74,22 +81,27 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 # ----------------------------------------------------------------- responses
 class FunctionCall(BaseModel):
+    """The `function` of an answer's tool call (OpenAI; vLLM's FunctionCall): name and JSON arguments."""
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
 class ToolCall(BaseModel):
+    """One entry of an answer's `tool_calls` (OpenAI; vLLM's ToolCall), id `chatcmpl-tool-<hex>`."""
     id: str = Field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class DeltaFunctionCall(BaseModel):
+    """The part of a function call a stream chunk adds (vLLM's DeltaFunctionCall)."""
     name: str | None = None
     arguments: str | None = None
 
 
 class DeltaToolCall(BaseModel):
+    """One entry of a stream delta's `tool_calls`, `index` naming the call (OpenAI; vLLM's
+    DeltaToolCall)."""
     index: int
     id: str | None = None
     type: Literal["function"] | None = None

@@ -12,6 +12,8 @@ from kvpilot.engine.metrics.tool_parsers import record_tool_parser_invocation
 
 
 class ToolStream:
+    """The tool-call state of one streamed chat choice: the text so far, how much of it went out as
+    content, and the calls sent (the module's docstring gives each tool_choice's way)."""
     def __init__(self, mode: ToolMode, parser) -> None:
         self.mode = mode
         self.parser = parser
