@@ -54,6 +54,7 @@ def check_devices(fn: str, interpreted: bool, **tensors: torch.Tensor) -> None:
 
 
 def check_dtype(fn: str, name: str, t: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
+    """ValueError (naming fn and the tensor) unless t's dtype is one of allowed."""
     allowed = tuple(allowed)
     if t.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
@@ -69,6 +70,7 @@ def check_shape(fn: str, name: str, t: torch.Tensor, expected: tuple, layout: st
 
 
 def check_same_dtype(fn: str, **tensors: torch.Tensor) -> None:
+    """ValueError (naming fn and each tensor's dtype) unless all the keyword tensors share one dtype."""
     dtypes = {name: t.dtype for name, t in tensors.items()}
     if len(set(dtypes.values())) > 1:
         listed = ", ".join(f"{n} {str(d).replace('torch.', '')}" for n, d in dtypes.items())

@@ -28,6 +28,8 @@ Timer = Callable[[Callable[[], object]], float]  # returns milliseconds
 
 @dataclass(frozen=True)
 class Shape:
+    """The attention shape benchmarked: query and KV heads (GQA when they differ), head_dim,
+    tokens per KV-cache block and the element dtype. Defaults: Llama-3-8B's, bf16."""
     num_heads: int = 32
     num_kv_heads: int = 8
     head_dim: int = 128
@@ -36,11 +38,14 @@ class Shape:
 
     @property
     def elt(self) -> int:
+        """Bytes per element of dtype (2 for float16/bfloat16, 4 for float32)."""
         return torch.empty((), dtype=self.dtype).element_size()
 
 
 @dataclass
 class Case:
+    """One benchmarked call: the Triton kernel and its PyTorch reference (kvpilot.kernels.reference)
+    on the same inputs, each returning the tensor to compare (None: nothing to compare)."""
     kernel: str
     label: str
     run: Callable[[], torch.Tensor | None]
@@ -90,6 +95,8 @@ def _paged(shape: Shape, seq_lens: list[int], device) -> tuple[torch.Tensor, ...
 
 
 def decode_case(shape: Shape, seq_lens: list[int], device) -> Case:
+    """paged_decode_attention over one query token per sequence with seq_lens[i] cached tokens
+    (blocks scattered at random over the cache), against paged_decode_attention_ref."""
     from kvpilot.kernels.decode_attention import paged_decode_attention
 
     k_cache, v_cache, tables, lens = _paged(shape, seq_lens, device)
@@ -104,6 +111,8 @@ def decode_case(shape: Shape, seq_lens: list[int], device) -> Case:
 
 
 def extend_case(shape: Shape, num_seqs: int, ctx_len: int, q_len: int, device) -> Case:
+    """paged_extend_attention of num_seqs chunks of q_len new tokens, each after ctx_len cached ones
+    (prefix caching or chunked prefill; ctx_len 0: a plain prefill), against its reference."""
     from kvpilot.kernels.extend_attention import paged_extend_attention
 
     seq_lens, query_lens = [ctx_len + q_len] * num_seqs, [q_len] * num_seqs
@@ -121,6 +130,8 @@ def extend_case(shape: Shape, num_seqs: int, ctx_len: int, q_len: int, device) -
 
 
 def write_case(shape: Shape, num_tokens: int, device) -> Case:
+    """write_kv_cache of num_tokens tokens' K and V into distinct random slots of a cache, against
+    write_kv_cache_ref on a copy of the cache."""
     from kvpilot.kernels.cache_write import write_kv_cache
 
     k_cache, v_cache, _, _ = _paged(shape, [num_tokens * 2], device)
@@ -141,6 +152,9 @@ def write_case(shape: Shape, num_tokens: int, device) -> Case:
 
 
 def default_cases(shape: Shape, device, quick: bool = False) -> list[Case]:
+    """The cases the benchmark runs: decodes from 1 x 32k to 256 x 1k tokens, extends from one
+    4k prefill to 16 x 64-token chunks after 3000 cached, and cache writes of 256 to 16k tokens;
+    quick: one of each."""
     decodes = [[32768], [4096] * 8, [2048] * 64, [1024] * 256]
     extends = [(1, 0, 4096), (4, 1024, 512), (16, 3000, 64)]
     writes = [256, 4096, 16384]
@@ -161,6 +175,9 @@ def copy_bandwidth(timer: Timer, device, nbytes: int = 1 << 30) -> float:
 
 
 def run_cases(cases: list[Case], timer: Timer, copy_bw: float) -> list[dict]:
+    """One table row per case: kernel time (us), achieved bandwidth (min_bytes / time, in GB/s and
+    as % of copy_bw, which is in bytes/s), TFLOP/s, the reference's time, the speedup over it and
+    the relative error (max |out - ref| / max |ref|). Runs on the device the cases were built on."""
     rows = []
     for case in cases:
         out = case.run()
@@ -182,6 +199,7 @@ def run_cases(cases: list[Case], timer: Timer, copy_bw: float) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
+    """rows as a plain-text table, one left-aligned column per figure, with units in the headers."""
     cols = ["kernel", "shape", "us", "GB/s", "%copy", "TFLOP/s", "ref_us", "speedup", "rel_err"]
     fmt = {"us": "{:.1f}", "GB/s": "{:.0f}", "%copy": "{:.0f}%", "TFLOP/s": "{:.1f}",
            "ref_us": "{:.1f}", "speedup": "{:.1f}x", "rel_err": "{:.1e}"}
@@ -193,6 +211,8 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark on the first CUDA device and prints the table; returns 0. argv: the flags
+    (None: sys.argv). Raises SystemExit without a CUDA GPU."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--heads", type=int, default=32)

@@ -103,6 +103,7 @@ class BuildError(RuntimeError):
 
 
 def library_path(out: Path, variant: str, library: str) -> Path:
+    """Where the build writes a library: out/VARIANT/libkvp_LIBRARY.so (the loader reads the same path)."""
     return out / variant / f"libkvp_{library}.so"
 
 

@@ -41,6 +41,7 @@ class CpuInfo:
 
     @property
     def native_bf16(self) -> bool:
+        """Whether the CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16)."""
         return any(f in self.flags for f in NATIVE_BF16_FLAGS)
 
     def as_dict(self) -> dict:
