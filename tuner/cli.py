@@ -35,6 +35,7 @@ from kvpilot.tuner.search.space import SearchSpace
 from kvpilot.tuner.search.study import SAMPLERS
 from kvpilot.tuner.watch import WatchConfig
 from kvpilot.tuner.measure.workload import Workload
+from kvpilot.engine.settings.env import VLLM_API_KEY
 
 WATCH = WatchConfig()  # the watcher's defaults, which the continuous flags start from
 
@@ -63,6 +64,8 @@ def _bools(text: str) -> tuple[bool, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot tune`'s flags, in groups: where (local or cluster), model and engine, SLOs (ms),
+    search, workload, output and continuous tuning."""
     p = argparse.ArgumentParser(prog="kvpilot tune", description=__doc__.split("\n\n")[0])
     mode = p.add_argument_group("where")
     mode.add_argument("--local", action="store_true", help="tune local engine processes")
@@ -244,7 +247,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             p.error(str(e))
         a.no_live = True  # vLLM has no live scheduler changes: every trial is a restart
     if a.local:
-        a.api_key = a.api_key or os.environ.get("VLLM_API_KEY") or secrets.token_hex(8)  # as vllm serve reads it
+        a.api_key = a.api_key or os.environ.get(VLLM_API_KEY) or secrets.token_hex(8)  # as vllm serve reads it
         a.trials = a.trials or 8
         a.objective = a.objective or "goodput"
     a.report_dir = Path(a.report_dir or tempfile.mkdtemp(prefix="kvpilot-tune-"))
@@ -252,6 +255,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    """Runs one tuning session, local or against an InferenceService (the module docstring). Returns 0
+    when a feasible setting (or a Pareto front) was found, 1 when none met the SLOs, 2 when the engine
+    refuses a flag or lacks one the trials need (SetupError); bad flags exit 2 (argparse)."""
     a = parse(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(asctime)s [%(name)s] %(message)s")

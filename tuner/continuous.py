@@ -84,6 +84,8 @@ class Timeline:
     entries: list[dict[str, Any]] = field(default_factory=list)
 
     def window(self, number: int, m: Measurement, shape: WorkloadShape, v: WindowVerdict, study: str) -> dict:
+        """Appends and returns watch window `number`'s entry: the watcher's verdict (attainment, windows
+        breached / shifted, trigger), the shape, completed requests, p95 TTFT and ITL (s; None when NaN)."""
         entry = {"kind": "window", "window": number, "time_s": time.time(), "study": study,
                  "attainment": _finite(v.attainment), "violations": v.violations,
                  "breached_windows": v.breached_windows, "shifted_windows": v.shifted_windows,
@@ -95,6 +97,8 @@ class Timeline:
         return entry
 
     def study(self, name: str, reason: str, message: str, settings: EngineSettings, trials: int) -> None:
+        """Appends study `name`'s entry: why it ran (Initial, Resumed, SLOBreached, WorkloadShifted), the
+        settings it left deployed and its number of trials."""
         self.entries.append({"kind": "study", "study": name, "time_s": time.time(), "reason": reason,
                              "message": message, "deployed": settings.as_dict(), "trials": trials})
 

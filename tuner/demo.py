@@ -114,6 +114,7 @@ class Cache:
 
     @property
     def kv_cache_memory_bytes(self) -> int:
+        """The cache's size in bytes, as the engine's --kv-cache-memory-bytes takes it."""
         return self.num_blocks * self.block_size * self.token_bytes
 
 

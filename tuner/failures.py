@@ -58,6 +58,7 @@ class TrialFailed(Exception):
 
     @property
     def retryable(self) -> bool:
+        """Whether the tuner runs the trial once more (transient failures only: they say nothing of the settings)."""
         return self.kind == TRANSIENT
 
 
@@ -102,6 +103,7 @@ class FailureRecord:
 
     @classmethod
     def of(cls, error: TrialFailed) -> FailureRecord:
+        """The record of `error`: its kind and the last 2,000 characters of its message."""
         return cls(error.kind, error.message[-2000:])
 
 

@@ -78,6 +78,8 @@ class ClusterSite:
         self.condition: tuple[str, str, str] | None = None  # (status, reason, message) last set
 
     def set_condition(self, status: str, reason: str, message: str) -> None:
+        """Sets the resource's `Tuning` condition (module set_condition; message cut to 1,000
+        characters) and remembers it for keep_condition."""
         a = self.studies.a
         self.condition = (status, reason, message[:1000])
         set_condition(self.studies.kube, a.namespace, a.name, status, reason, message)
@@ -99,20 +101,28 @@ class ClusterSite:
             self.set_condition(*self.condition)
 
     def run_study(self, name: str, running: EngineSettings, n_trials: int) -> tuple[optuna.Study, EngineSettings]:
+        """Site.run_study through ClusterStudies (ending in phase Watching), then the condition
+        False/Watching. Raises TuningStopped when stop() turns true."""
         _, final, study = self.studies.run_study(name, running, n_trials, self.stop, final_phase="Watching")
         self.set_condition("False", "Watching", f"study {name} deployed {final.describe()}; watching the live "
                                                 f"traffic every {self.window_s:.0f} s")
         return study, final
 
     def observe(self) -> tuple[Measurement, WorkloadShape]:
+        """One watch window (spec.tuning.watchSeconds, grown until WatchConfig.min_requests) from the
+        trials' source: Prometheus scoped to the resource's pods, or the engine's /metrics."""
         return watch_window(self.studies.measurer.source_for(self.studies.target), self.studies.slo, self.window_s,
                             WatchConfig().min_requests, self.stop)
 
     def publish(self, status: dict[str, Any]) -> None:
+        """Writes `status` into status.tuning, then re-sets the Tuning condition if the operator
+        wrote back an older one."""
         self.studies.runner.write_tuning(**status)
         self.keep_condition()
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
+        """Posts a Kubernetes Event on the resource (type Warning or Normal); a trigger (SLOBreached,
+        WorkloadShifted) also sets the Tuning condition True with the same reason and message."""
         self.studies.event(reason, message, "Warning" if warning else "Normal")
         if reason in (SLO_BREACHED, WORKLOAD_SHIFTED):
             self.set_condition("True", reason, message)

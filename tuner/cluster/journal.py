@@ -27,6 +27,9 @@ KEY = "journal.jsonl.gz"
 
 
 class ConfigMapJournal(BaseJournalBackend):
+    """Optuna's journal backend over ConfigMap `name` in `namespace` (the module docstring); owner:
+    the InferenceService the ConfigMap is created owned by; max_retries: 409 conflicts per append."""
+
     def __init__(self, kube: KubeClient, namespace: str, name: str, owner: dict[str, Any] | None = None,
                  max_retries: int = 20):
         self.kube, self.namespace, self.name = kube, namespace, name
@@ -45,10 +48,15 @@ class ConfigMapJournal(BaseJournalBackend):
         return [line for line in text.split("\n") if line], cm
 
     def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
+        """The journal's log entries from number `log_number_from` on (none when the ConfigMap does
+        not exist yet). Raises ApiError on any API failure but 404."""
         lines, _ = self._read()
         return [json.loads(line) for line in lines[log_number_from:]]
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        """Appends `logs` to the journal, creating the ConfigMap on the first write; a PUT with the
+        resourceVersion read, re-read and retried on 409. Raises ApiError on another API failure and
+        RuntimeError after max_retries conflicts."""
         new = [json.dumps(log, separators=(",", ":")) for log in logs]
         for _ in range(self.max_retries):
             lines, cm = self._read()

@@ -18,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-API_KEY_ENV = "VLLM_API_KEY"
+from kvpilot.engine.settings.env import VLLM_API_KEY
+
+API_KEY_ENV = VLLM_API_KEY
 
 
 class RemoteTokenizerError(httpx.HTTPError):
@@ -49,6 +51,7 @@ class RemoteTokenizer:
         return f"RemoteTokenizer({self.base_url!r}, model={self.model!r})"
 
     def close(self) -> None:
+        """Closes the HTTP client (its pooled connections to the engine)."""
         self._client.close()
 
     def _post(self, path: str, body: dict) -> httpx.Response:
@@ -78,6 +81,8 @@ class RemoteTokenizer:
         return {"input_ids": ids}
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of token `ids`, from the engine's /detokenize. Raises RemoteTokenizerError on a
+        non-200 answer (e.g. an id past the vocabulary)."""
         return str(self._json(self._post("/detokenize", {"tokens": [int(t) for t in ids]}))["prompt"])
 
     @property

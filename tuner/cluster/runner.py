@@ -59,6 +59,7 @@ def flag_values(args: list[str]) -> dict[str, str]:
 
 
 def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The resource's status.conditions by type ({"Ready": {...}, ...}; Kubernetes API conventions)."""
     return {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or ()}
 
 
@@ -171,6 +172,9 @@ class KubernetesRunner:
             self.apply(self.best_settings)
 
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        """Runner.run_trial: patches `settings` in, waits for the rollout, measures a window (goodput in
+        req/s). Raises TrialFailed (rejected; transient: a stalled rollout, or a pod lost in the window)
+        and TrialCutShort; after a lost pod or a cut the best known settings go back at once."""
         self.write_tuning(phase="Running", trial=number)
         generation = self.apply(settings)
         rolled_out = self.wait_rollout(generation, settings)

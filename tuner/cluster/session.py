@@ -61,6 +61,8 @@ def quantity_cpus(text: str) -> float:
 
 
 def slo_of(spec: InferenceServiceSpec) -> SLO:
+    """The tuner's SLO from spec.slo: p95 TTFT, ITL and end-to-end latency (ms; 0: no limit) and
+    preemptions per minute."""
     return SLO(ttft_p95_ms=spec.slo.ttftP95Ms, itl_p95_ms=spec.slo.itlP95Ms, e2e_p95_ms=spec.slo.e2eP95Ms,
                max_preemptions_per_min=spec.slo.maxPreemptionsPerMin)
 

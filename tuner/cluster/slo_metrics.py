@@ -31,4 +31,6 @@ def export_slo(event_type: str | None, namespace: str, name: str, spec: dict[str
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def slo_changed(type: str | None, namespace: str, name: str, spec: kopf.Spec, **_: Any) -> None:
+    """Kopf event handler (kopf.on.event: every watch event, no progress kept on the resource):
+    exports the resource's spec.slo (export_slo)."""
     export_slo(type, namespace, name, dict(spec))

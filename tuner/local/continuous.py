@@ -57,6 +57,8 @@ class LocalSite:
         return ScrapeSource(url, {"model_name": self.name})
 
     def run_study(self, name: str, running: EngineSettings, n_trials: int) -> tuple[optuna.Study, EngineSettings]:
+        """Site.run_study on the live traffic: seeds study `name` from the journal, runs it, writes its
+        report under --report-dir/NAME and serves the winner when the decision replaces `running`."""
         a = self.a
         study = open_study(name, self.storage, a.objective, a.sampler, a.seed)
         prepare(study, self.storage, self.base_name, running, self.space, self.model, a.pinned)
@@ -77,10 +79,12 @@ class LocalSite:
         return study, final
 
     def observe(self) -> tuple[Measurement, WorkloadShape]:
+        """One watch window (--watch-seconds, grown until WatchConfig.min_requests) of the engine's traffic."""
         return watch_window(self.source_for(self.engine.base_url), self.a.slo, self.a.watch_seconds,
                             WatchConfig().min_requests)
 
     def publish(self, status: dict[str, Any]) -> None:
+        """A progress line on stderr for a watch window (attainment, breaches, req/s, token p50s); else nothing."""
         watch = status.get("watch")
         if watch:
             shape = watch["shape"]
@@ -90,6 +94,7 @@ class LocalSite:
                   file=sys.stderr, flush=True)
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
+        """A `[reason] message` line on stderr (where a cluster posts a Kubernetes Event)."""
         print(f"[{reason}] {message}", file=sys.stderr, flush=True)
 
 

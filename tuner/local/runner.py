@@ -58,6 +58,9 @@ class LocalRunner:
         return "restart"
 
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        """Runner.run_trial: applies `settings` (live or by restart), then measures one window (or the
+        capacity, in req/s, by bisection). Raises TrialFailed (classified; with the engine's log tail
+        when the engine died) and TrialCutShort from a live-traffic window."""
         how = self.apply(settings)
         self.applied.append(how)
         try:
@@ -80,4 +83,5 @@ class LocalRunner:
         return m
 
     def close(self) -> None:
+        """Stops the engine process."""
         self.engine.stop()

@@ -92,6 +92,7 @@ class PrometheusSource:
         return float(result[0]["value"][1])
 
     def has_series(self, selector: str, at: float) -> bool:
+        """Whether any series matches `selector` at `at` (s since the epoch). Raises TrialFailed as query."""
         return bool(self.query(f"count({selector})", at))
 
     def latest_sample_time(self) -> float:
@@ -128,10 +129,13 @@ class PrometheusSource:
         return self.scalar(promql, end)
 
     def bucket_delta_query(self, histogram: str, start: float) -> str:
+        """PromQL for each `le` bucket's increase of `histogram` (e.g. vllm:time_to_first_token_seconds)
+        since `start` (s since the epoch), 0 for buckets that did not exist then."""
         sel = self._sel(histogram + "_bucket")
         return f"sum by (le) ({sel}) - (sum by (le) ({sel} @ {start:.3f}) or sum by (le) ({sel}) * 0)"
 
     def bucket_delta(self, histogram: str, start: float, end: float) -> Buckets:
+        """{le: increase} of `histogram`'s cumulative buckets from `start` to `end` (s); {} without series."""
         return {float(r["metric"]["le"]): float(r["value"][1])
                 for r in self.query(self.bucket_delta_query(histogram, start), end)}
 

@@ -79,6 +79,7 @@ class ScrapeSource:
         return snap
 
     def begin(self) -> Snapshot:
+        """Opens a window: the metrics now. Raises as `snapshot` does."""
         return self.snapshot()
 
     def measure(self, start: Snapshot, slo: SLO) -> Measurement:

@@ -31,11 +31,18 @@ ROUTE_WAIT_S = 30.0  # how long warm-up requests that cannot connect are sent ag
 
 
 class Source(Protocol):
+    """Where a window's server-side figures come from: ScrapeSource (the engine's /metrics) or
+    PrometheusSource (PromQL over the same vLLM series). name: recorded as Measurement.source."""
+
     name: str
 
-    def begin(self) -> Snapshot: ...
+    def begin(self) -> Snapshot:
+        """Opens a window: the counters and histograms at its start."""
+        ...
 
-    def measure(self, start: Snapshot, slo: SLO) -> Measurement: ...
+    def measure(self, start: Snapshot, slo: SLO) -> Measurement:
+        """The window from `start` to now, judged against `slo`."""
+        ...
 
 
 def combine(client: Measurement, server: Measurement) -> Measurement:
@@ -95,6 +102,7 @@ class WindowMeasurer:
         self.idle_timeout_s, self.confirm_timeout_s, self.live_seconds = idle_timeout_s, confirm_timeout_s, live_seconds
 
     def scrape(self, base_url: str) -> ScrapeSource:
+        """A direct /metrics reader for the engine at `base_url` (config check, idle wait: whatever the source)."""
         return ScrapeSource(base_url, {"model_name": self.model_name})
 
     def confirm(self, base_url: str, settings: EngineSettings) -> dict[str, str]:

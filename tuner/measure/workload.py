@@ -59,6 +59,7 @@ class Workload:
 
     @property
     def is_trace(self) -> bool:
+        """Whether `dataset` names a trace JSONL file (replayed at its timestamps) rather than ShareGPT."""
         return self.dataset != "sharegpt"
 
 

@@ -43,6 +43,8 @@ def tuned_inferenceservice(name: str, model_source: str, settings: EngineSetting
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
+    """Writes `manifest` (tuned_inferenceservice) to FOLDER/inferenceservice.yaml, ready for
+    `kubectl apply -f`; returns its path."""
     path = folder / "inferenceservice.yaml"
     path.write_text("# The tuned settings; apply with: kubectl apply -f inferenceservice.yaml\n"
                     + yaml.safe_dump(manifest, sort_keys=False))

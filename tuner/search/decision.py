@@ -62,6 +62,7 @@ class Decision:
     noise: float | None
 
     def as_dict(self) -> dict[str, Any]:
+        """The decision as the report's JSON keeps it (field name -> value)."""
         return asdict(self)
 
 

@@ -13,8 +13,7 @@ told COMPLETE, with constraint values in Optuna's contract (> 0 violated):
   value (`penalty_values`) and, on every constraint, a violation as large as the worst
   one measured so far (`penalty_constraints`), so both samplers rank it last without
   an outlier that would swamp the GP's standardisation;
-- cut short (a live-traffic trial that clearly broke an SLO): its partial measurement's
-  values and slack;
+- cut short (a live-traffic trial that clearly broke an SLO): its partial measurement's values and slack;
 - settings measured before: the earlier result ('duplicate', not re-run).
 The real outcome stays visible in the user attributes: `verdict`, `pruned_reason`,
 `failure_kind`, `failure_message`, `measurement`. Only a failure that says nothing about
@@ -24,9 +23,8 @@ The engine defaults are enqueued as the first trial; with `guided` (`kvpilot tun
 default) the next trials come from `kvpilot.tuner.search.guide` (memory-model points, a repair of
 the SLO the defaults broke, neighbour moves from the best so far) and the sampler proposes
 when the guide has nothing left. At the end the best few feasible trials (and the incumbent,
-the defaults, when feasible) are measured again; the report's decision
-(`kvpilot.tuner.search.decision`) replaces the running settings only when the winner beats the
-incumbent beyond the measured spread.
+the defaults, when feasible) are measured again; the report's decision (`kvpilot.tuner.search.decision`)
+replaces the running settings only when the winner beats the incumbent beyond the measured spread.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ from optuna.trial import TrialState
 from kvpilot.engine.config import ModelConfig
 from kvpilot.tuner.search import feasibility
 from kvpilot.tuner.search.decision import relative_spread, window_figure
-from kvpilot.tuner.failures import TRANSIENT, TrialFailed
+from kvpilot.tuner.failures import TRANSIENT, TrialCutShort, TrialFailed
 from kvpilot.tuner.search.guide import Guide, RequestTokens
-from kvpilot.tuner.failures import TrialCutShort
 from kvpilot.tuner.search.objective import (CONSTRAINTS_ATTR, INFEASIBLE, SLO, Measurement, constraint_names, is_feasible,
                                      slack, values)
 from kvpilot.tuner.search.settings import EngineSettings
@@ -62,10 +59,11 @@ class TuningStopped(Exception):
 
 
 class Runner(Protocol):
-    """Runs one trial: deploys `settings`, drives or observes load, returns the window's
-    Measurement. Raises TrialFailed (classified) when the settings cannot run."""
+    """Where trials run: local engine processes (LocalRunner) or an InferenceService (KubernetesRunner)."""
 
-    def run_trial(self, number: int, settings: EngineSettings) -> Measurement: ...
+    def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        """Deploys `settings` as trial `number`, drives or observes load, returns the window's Measurement.
+        Raises TrialFailed (classified) when the settings cannot run, TrialCutShort on a clear SLO breach."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,8 @@ class TunerConfig:
 
 
 class Tuner:
+    """The ask-and-tell loop of the module docstring over one study; `run` spends the budget of `config`."""
+
     def __init__(self, study: optuna.Study, space: SearchSpace, base: EngineSettings, model: ModelConfig,
                  hardware: feasibility.Hardware, slo: SLO, runner: Runner, config: TunerConfig = TunerConfig(),
                  on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None):

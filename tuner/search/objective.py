@@ -70,15 +70,18 @@ class Measurement:
 
     @property
     def preemptions_per_min(self) -> float:
+        """Preemptions over the window scaled to one minute (0 for a window of no duration)."""
         return self.preemptions * 60.0 / self.duration_s if self.duration_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-able fields (NaN as None) plus preemptions_per_min, as trial user attributes keep them."""
         d = asdict(self)
         d["preemptions_per_min"] = self.preemptions_per_min
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Measurement:
+        """The inverse of as_dict (None back to NaN); unknown keys, such as preemptions_per_min, are dropped."""
         known = {k: (math.nan if v is None else v) for k, v in d.items()
                  if k in cls.__dataclass_fields__ and k != "extra"}
         return cls(**known, extra=dict(d.get("extra") or {}))
@@ -134,6 +137,7 @@ def constraints_func(trial: optuna.trial.FrozenTrial) -> list[float]:
 
 
 def is_feasible(constraints: list[float] | None) -> bool:
+    """Whether every constraint value (`slack`) is <= 0, Optuna's feasibility rule; None is infeasible."""
     return constraints is not None and all(v <= 0 for v in constraints)
 
 

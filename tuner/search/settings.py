@@ -69,9 +69,11 @@ class EngineSettings:
         object.__setattr__(self, "gpu_memory_utilization", round(float(self.gpu_memory_utilization), 3))
 
     def replace(self, **changes: Any) -> EngineSettings:
+        """A copy with `changes` applied (dataclasses.replace: __post_init__ checks them again, ValueError)."""
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
+        """{setting: value}, as trial user attributes keep it (EngineSettings(**d) reads it back)."""
         return dataclasses.asdict(self)
 
     def to_flags(self, runtime: str = "kvpilot") -> list[str]:
