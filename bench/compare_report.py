@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvpilot.loadgen.datasets import encode_plain
+from kvpilot.loadgen.machine import load_1m
 from kvpilot.loadgen.metrics import calculate_metrics
 
 Peers = dict[str, dict[float, dict] | str]  # peer -> {rate: numbers}, or why it did not start
@@ -74,7 +75,7 @@ def markdown_table(peers: Peers, rates: list[float]) -> str:
             lines.append(f"| {rate:g} | {name} | {r['completed']} | {r['failed']} | {r['request_throughput']:.2f} "
                          f"| {r['output_throughput']:.1f} | {r['median_ttft_ms']:.0f} | {r['p95_ttft_ms']:.0f} "
                          f"| {r['median_itl_ms']:.1f} | {r['p95_itl_ms']:.1f} "
-                         f"| {r.get('load_1m_before', 0):.1f} / {r.get('load_1m_after', 0):.1f} |")
+                         f"| {load_1m(r, 'before') or 0:.1f} / {load_1m(r, 'after') or 0:.1f} |")
     return "\n".join(lines) + "\n"
 
 

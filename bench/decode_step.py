@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 
 from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 
 def _engine(model: str, dtype: str, max_batch: int, prompt_len: int, steps: int, quantization: str | None = None):
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from kvpilot.engine.cpu.info import choose_cpu_dtype, detect_cpu
 
-    load_before = os.getloadavg()
+    load_before = loadavg()
     modes = ["on", "off"] if args.cpu_kernel == "both" else [m.strip() for m in args.cpu_kernel.split(",")]
     if not modes or any(m not in _MODE_LABEL for m in modes):
         p.error("--cpu-kernel takes comma-separated modes among on, unfused, off, bf16-gemm, onednn (or 'both')")
@@ -191,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             results[d][str(batch)] = row
     cpu_info = detect_cpu()
     choice = choose_cpu_dtype(cpu_info)
-    out = {"cpu": cpu_info.as_dict(), "torch_threads": torch.get_num_threads(),
+    out = {"machine": machine_info(loadavg_before=load_before),
+           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
            "command": "kvpilot bench decode-step " + " ".join(sys.argv[1:] if argv is None else argv),
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
            "prompt_len": args.prompt_len, "steps_per_round": args.steps, "rounds": args.rounds,
            "auto_dtype": {"dtype": str(choice.dtype).removeprefix("torch."), "reason": choice.reason},
            "results": results}

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.harness.machine import cpu_model, loadavg
 from kvpilot.bench.harness.node_group import NodeGroup
 from kvpilot.bench.tensor_parallel import run, shares
 from kvpilot.engine.settings import BY_NAME, to_flags
 from kvpilot.loadgen.datasets import sharegpt_pairs
+from kvpilot.loadgen.machine import machine_info
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     prompts = [p[:800] for p, _ in sharegpt_pairs()][: ns.num_prompts]
     cores = len(os.sched_getaffinity(0))
-    report = {"cpu": cpu_model(), "cores": cores, "loadavg_before": loadavg(), "model": ns.model,
+    report = {"machine": machine_info(), "model": ns.model,
               "dtype": ns.dtype, "num_prompts": ns.num_prompts, "max_tokens": ns.max_tokens,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                        text=True).stdout.strip(), "layouts": []}
@@ -120,11 +120,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['comm_share_driver']:>14.1%} {row['comm_share_max_rank']:>16.1%} {row['restart_s']:>10.1f}",
               flush=True)
     os.environ.pop("OMP_NUM_THREADS", None)
-    report["loadavg_after"] = loadavg()
+    report["machine"] = machine_info(loadavg_before=report["machine"]["loadavg"])
     Path(ns.output_json).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output_json).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"CPU {report['cpu']} ({cores} cores); load average before {report['loadavg_before']}, after "
-          f"{report['loadavg_after']}; JSON: {ns.output_json}")
+    m = report["machine"]
+    print(f"CPU {m['cpu']} ({m['cores']} cores); load average before {m['loadavg_before']}, after "
+          f"{m['loadavg_after']}; JSON: {ns.output_json}")
 
 
 if __name__ == "__main__":

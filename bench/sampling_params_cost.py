@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
-from kvpilot.bench.harness.machine import cpu_model
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import sample_sharegpt_requests
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 BAD_WORDS = ["however", "therefore", "basically", "actually", "literally", "obviously", "simply", "really"]
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from kvpilot.engine import LLM
 
-    load_before = os.getloadavg()
+    load_before = loadavg()
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=2048,
               max_num_seqs=max(args.num_prompts, 1))
     requests = sample_sharegpt_requests(llm.get_tokenizer(), args.num_prompts, seed=args.seed)
@@ -76,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             runs[mode].append(run_once(llm, prompts, args.max_tokens, fields))
     best = {mode: max(r, key=lambda x: x["output_tokens_per_s"]) for mode, r in runs.items()}
     base = best["none"]["output_tokens_per_s"]
-    results = {"cpu": cpu_model(), "cpus": os.cpu_count(), "dtype": str(llm.engine.config.model.dtype).removeprefix("torch."),
+    results = {"dtype": str(llm.engine.config.model.dtype).removeprefix("torch."),
                "quantization": llm.engine.config.quantization, "num_prompts": len(prompts),
                "prompt_tokens": sum(map(len, prompts)), "max_tokens": args.max_tokens, "modes": table, **best,
                "all_runs": runs, "over_none": {m: best[m]["output_tokens_per_s"] / base for m in table},
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+               "machine": machine_info(loadavg_before=load_before),
                "command": "kvpilot bench sampling-params " + " ".join(argv or [])}
     _print(results)
     out = Path(args.output_json)
@@ -91,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(r: dict) -> None:
-    print(f"{r['cpu']} ({r['cpus']} CPUs), {r['dtype']}, quantization {r['quantization']}: {r['num_prompts']} "
-          f"ShareGPT chats at once, {r['max_tokens']} output tokens each; load before {r['loadavg_before']}")
+    m = r["machine"]
+    print(f"{m['cpu']} ({m['cores']} CPUs), {r['dtype']}, quantization {r['quantization']}: {r['num_prompts']} "
+          f"ShareGPT chats at once, {r['max_tokens']} output tokens each; load before {m['loadavg_before']}")
     print(f"{'mode':20} {'seconds':>8} {'out tok':>8} {'out tok/s':>10} {'vs none':>8}")
     for name in r["modes"]:
         x = r[name]

@@ -49,6 +49,7 @@ from kvpilot.engine.cpu import omp_wait
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.machine import loadavg, machine_info
 from kvpilot.loadgen.metrics import RequestResult
 from kvpilot.loadgen.request_client import RequestInput, send_request
 from kvpilot.loadgen.tokenizers import load_tokenizer
@@ -184,12 +185,12 @@ def run_peer(name: str, command: list[str], health: str, env: dict[str, str], ar
                                       timeout_s=a.burst_budget_s, progress=False))
             for arrangement in arrangements:
                 print(f"{name}: {arrangement}", file=sys.stderr, flush=True)
-                before, load = engine.stat(), os.getloadavg()[0]
+                before, load = engine.stat(), loadavg()
                 with arranged(arrangement, engine, neighbours, a):
                     figures[arrangement] = measure(server.base_url, a.model_name, *loads, a)
                 after = engine.stat()
                 figures[arrangement].update(
-                    load_1m_before=load, load_1m_after=os.getloadavg()[0],
+                    loadavg_before=load, loadavg_after=loadavg(),
                     throttled_periods=after.get("nr_throttled", 0) - before.get("nr_throttled", 0))
         finally:
             server.stop()
@@ -227,7 +228,7 @@ def main(argv: list[str]) -> int:
     except CgroupUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    env.update(load_avg_at_end=os.getloadavg(), wall_s=round(time.monotonic() - t0))
+    env.update(machine=machine_info(loadavg_before=env["machine"]["loadavg"]), wall_s=round(time.monotonic() - t0))
     for name, figures in report["peers"].items():
         if isinstance(figures, dict):
             figures["vs_alone"] = ratios(figures, arrangements)

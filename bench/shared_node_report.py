@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvpilot.loadgen.machine import load_1m, recorded_machine
+
 ARRANGEMENTS = ("alone", "neighbours", "quota")
 # arrangement -> {figure: the largest (ITL) or smallest (throughput) ratio to alone that meets the goal}
 GOALS = {
@@ -62,14 +64,17 @@ def render(report: dict[str, Any], console: Console | None = None) -> Table:
             table.add_row(name, arrangement, *(_cell(f, vs, ok, k, fmt) for k, fmt in (
                 ("median_itl_ms", ".1f"), ("p95_itl_ms", ".1f"), ("max_itl_ms", ".1f"), ("median_ttft_ms", ".1f"),
                 ("burst_output_throughput", ".1f"))), str(f.get("throttled_periods", "-")),
-                f"{f.get('load_1m_before', 0):.2f}")
+                f"{load_1m(f, 'before') or 0:.2f}")
     console = console or Console(width=150)
     console.print(table)
-    env = report["environment"]
-    console.print(f"CPU: {env.get('cpu')} ({env.get('cpu_count')} CPUs); load average at start "
-                                 f"{_loads(env.get('load_avg_at_start'))}, at end {_loads(env.get('load_avg_at_end'))}")
+    machine = recorded_machine(report["environment"])  # a new record's block or an old one's loose keys
+    console.print(f"CPU: {machine['cpu']} ({machine['cores']} CPUs); load average at start "
+                  f"{_loads(machine['loadavg_before'])}, at end {_loads(machine['loadavg_after'])}")
     return table
 
 
-def _loads(values) -> str:
-    return " ".join(f"{v:.2f}" for v in values) if values else "-"
+def _loads(values: list[float] | float | None) -> str:
+    """A recorded load average as "1m 5m 15m" (or the one figure an old record kept); "-" when none."""
+    if values is None:
+        return "-"
+    return " ".join(f"{v:.2f}" for v in (values if isinstance(values, list) else [values]))

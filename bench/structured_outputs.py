@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
-from kvpilot.bench.harness.machine import cpu_model
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import sample_sharegpt_requests
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string"}, "summary": {"type": "string"},
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from kvpilot.engine import LLM
 
-    load_before = os.getloadavg()
+    load_before = loadavg()
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=2048)
     tokenizer = llm.get_tokenizer()
     requests = sample_sharegpt_requests(tokenizer, args.num_prompts, seed=args.seed)
@@ -135,12 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             runs[mode].append(run_once(llm, prompts, args.max_tokens, compact))
     best = {mode: max(r, key=lambda x: x["output_tokens_per_s"]) for mode, r in runs.items()}
     free = best["without_schema"]
-    results = {"cpu": cpu_model(), "dtype": str(llm.engine.config.model.dtype).removeprefix("torch."),
+    results = {"dtype": str(llm.engine.config.model.dtype).removeprefix("torch."),
                "quantization": llm.engine.config.quantization, "num_prompts": len(prompts),
                "prompt_tokens": sum(map(len, prompts)), "max_tokens": args.max_tokens, **best, "all_runs": runs,
                "over_without_schema": {m: best[m]["output_tokens_per_s"] / free["output_tokens_per_s"] for m in MODES},
-               "compile": compiles, "loadavg_before": load_before,
-               "loadavg_after": os.getloadavg(), "command": "kvpilot bench structured-outputs " + " ".join(argv or [])}
+               "compile": compiles, "machine": machine_info(loadavg_before=load_before), "command": "kvpilot bench structured-outputs " + " ".join(argv or [])}
     _print(results)
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(r: dict) -> None:
-    print(f"{r['cpu']}, {r['dtype']}, quantization {r['quantization']}: {r['num_prompts']} ShareGPT chats, "
+    print(f"{r['machine']['cpu']}, {r['dtype']}, quantization {r['quantization']}: {r['num_prompts']} ShareGPT chats, "
           f"{r['max_tokens']} output tokens each")
     print(f"{'mode':20} {'seconds':>8} {'out tok':>8} {'out tok/s':>10} {'vs none':>8} {'grammar ms/step':>15} "
           f"{'grammar s':>9} {'tokens before stop':>19} {'valid JSON':>10}")

@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.bench import report
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, ServerRefused
+from kvpilot.bench.harness.server_process import ServerProcess, ServerRefused
 from kvpilot.bench.sweep_report import write_report
 from kvpilot.engine.settings import BY_NAME, to_flags
 from kvpilot.loadgen.benchmark import run_benchmark
 from kvpilot.loadgen.datasets import SampleRequest, encode_plain, sample_sharegpt_requests
 from kvpilot.loadgen.metrics import calculate_metrics, result_dict
+from kvpilot.loadgen.process import KVPILOT_SERVE
 from kvpilot.loadgen.tokenizers import load_tokenizer
 
 # Per-request lists are kept out of the run JSON: the report folder stays small.

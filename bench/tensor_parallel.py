@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 
 from kvpilot.bench.harness.node_group import HeadlessNode, node_flags
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, free_port
 from kvpilot.engine.settings import BY_NAME, to_flags
+from kvpilot.engine.settings.env import KVPILOT_PP_MICRO_BATCHES
 from kvpilot.loadgen.datasets import sharegpt_pairs
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if ns.threads:
         torch.set_num_threads(ns.threads)
     if ns.micro_batches:
-        os.environ["KVPILOT_PP_MICRO_BATCHES"] = str(ns.micro_batches)
+        os.environ[KVPILOT_PP_MICRO_BATCHES] = str(ns.micro_batches)
     sizes = [(tp, 1) for tp in ns.tp] if ns.tp else [parse_size(s) for s in ns.sizes]
     prompts = [p for p, _ in sharegpt_pairs()][: ns.num_prompts]
     prompts = [p[:800] for p in prompts]  # keep prefill short; decode dominates

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 
 def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256, size: int = 2048,
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dtype = str(choice.dtype).removeprefix("torch.")
         console.print(f"dtype auto -> {args.dtype}: {choice.reason}")
     dtype = getattr(torch, args.dtype)
-    load_before = os.getloadavg()
+    load_before = loadavg()
     peak = measure_matmul_peak_gflops(dtype)
     console.print(f"{cpu.model_name}: {args.dtype} matmul peak (M=256, engine path) {peak:.0f} GFLOP/s")
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(kernel_path)
     ours_s, single_ours, profile = _time_ours(llm, requests, args.max_num_seqs)
     results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-               "cpu": cpu.as_dict(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
+               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
                "cpu_kernel_path": kernel_path, "cpu_kernel_variant": path.variant,
                "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params,
                "quantization": llm.engine.config.quantization}
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                if results["quantization"] == "gguf" else "")
     _print_tables(console, results, profile, len(requests), args.dtype, weights)
     results["profile_share"] = dict(profile)
-    results["loadavg_before"], results["loadavg_after"] = load_before, os.getloadavg()
+    results["machine"] = machine_info(loadavg_before=load_before)
     out = Path(args.output_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

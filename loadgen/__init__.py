@@ -8,6 +8,9 @@ It imports neither of them (.importlinter), after vLLM's `vllm/benchmarks/` libr
                        (vllm/benchmarks/lib/endpoint_request_func.py)
     benchmark.py       arrival schedules and the run loop (`benchmark()` of vllm/benchmarks/serve.py)
     metrics.py         TTFT, TPOT, ITL, E2EL statistics, throughput and goodput
+    process.py         the server process: `kvpilot serve`, a free port, spawn into a log, wait
+                       for /health, stop; a process's CPU seconds; where vLLM's Python is
+    machine.py         the machine block of benchmark JSON (CPU, flags, cores, "loadavg")
 
 Torch-free at import: transformers and the engine load only inside `load_tokenizer`.
 """

@@ -13,7 +13,6 @@ a delegated subtree); `CgroupUnavailable` says which file could not be written.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,9 +133,3 @@ def stop_all(procs: list) -> None:
             proc.kill()
     for proc in procs:
         proc.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process (all its threads) has used, from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

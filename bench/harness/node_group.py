@@ -16,7 +16,8 @@ from pathlib import Path
 
 from kvpilot.engine.settings import to_flags
 
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess, free_port
+from kvpilot.bench.harness.server_process import ServerProcess
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
 
 
 def node_flags(nnodes: int, node_rank: int, master_port: int) -> list[str]:

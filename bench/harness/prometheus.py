@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from kvpilot.bench.harness.server_process import free_port
+from kvpilot.loadgen.process import free_port
 
 
 class Prometheus:

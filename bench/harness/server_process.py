@@ -1,5 +1,7 @@
 """A benchmark's server subprocess: start a command on a free port, poll `GET /health`
-until 200, stop with SIGTERM (the server drains) and SIGKILL after a grace period.
+until 200, stop with SIGTERM (the server drains) and SIGKILL after a grace period. The process
+helpers (the free port, the spawn into a log, the health poll, the stop) are the load library's
+(kvpilot.loadgen.process), which the tuner's EngineProcess starts `kvpilot serve` with too.
 
 A server that exits before it is healthy is a `ServerRefused` carrying its exit code and
 the last lines of its output, e.g. `kvpilot serve` exiting 2 with "max_num_batched_tokens
@@ -9,17 +11,12 @@ the last lines of its output, e.g. `kvpilot serve` exiting 2 with "max_num_batch
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import httpx
-
-KVPILOT_SERVE = [sys.executable, "-m", "kvpilot.cli.main", "serve"]
+from kvpilot.loadgen.process import free_port, spawn_logged, stop_process, wait_healthy
 
 
 class ServerRefused(RuntimeError):
@@ -30,12 +27,6 @@ class ServerRefused(RuntimeError):
     def __init__(self, exit_code: int | None, message: str, log_tail: str) -> None:
         super().__init__(f"server exited with {exit_code}: {message}" if exit_code is not None else message)
         self.exit_code, self.message, self.log_tail = exit_code, message, log_tail
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def refusal_message(log: str) -> str:
@@ -49,8 +40,8 @@ def refusal_message(log: str) -> str:
 class ServerProcess:
     """`command` (a list, without --port) started with `--port P` appended, its stdout and
     stderr in `log_path`, in the environment `env` (default: this process's) and the folder `cwd`
-    (default: this process's). Use as a context
-    manager: entering waits for health."""
+    (default: this process's). Use as a context manager: entering waits for health (raising
+    ServerRefused), leaving stops it. port=0 takes a free one; the timeouts are in seconds."""
 
     def __init__(self, command: list[str], log_path: Path, *, port: int = 0, host: str = "127.0.0.1",
                  startup_timeout_s: float = 300.0, stop_timeout_s: float = 30.0, health_path: str = "/health",
@@ -69,9 +60,11 @@ class ServerProcess:
 
     @property
     def base_url(self) -> str:
+        """http://HOST:PORT of the server (no trailing slash)."""
         return f"http://{self.host}:{self.port}"
 
     def log(self) -> str:
+        """The server's output so far (the whole log file), or "" when it cannot be read."""
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
@@ -82,45 +75,34 @@ class ServerProcess:
         first or is not healthy within startup_timeout_s (it is then stopped)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen([*self.command, "--port", str(self.port)], stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**self.env, "PYTHONUNBUFFERED": "1"}, cwd=self.cwd)
+        self.proc = spawn_logged([*self.command, "--port", str(self.port)], self.log_path, env=self.env, cwd=self.cwd)
         if self.on_spawn is not None:
             self.on_spawn(self.proc.pid)
-        while time.monotonic() - t0 < self.startup_timeout_s:
-            code = self.proc.poll()
-            if code is not None:
-                self.proc = None
-                log = self.log()
-                raise ServerRefused(code, refusal_message(log), log[-3000:])
-            try:
-                if httpx.get(self.base_url + self.health_path, timeout=2).status_code == 200:
-                    self.startup_s = time.monotonic() - t0
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        log = self.log()
-        raise ServerRefused(None, f"not healthy after {self.startup_timeout_s:.0f} s", log[-3000:])
+        try:
+            exited = wait_healthy(self.base_url + self.health_path, [self.proc],
+                                  self.startup_timeout_s - (time.monotonic() - t0))
+        except TimeoutError:
+            self.stop()
+            log = self.log()
+            raise ServerRefused(None, f"not healthy after {self.startup_timeout_s:.0f} s", log[-3000:]) from None
+        if exited is not None:
+            self.proc = None
+            log = self.log()
+            raise ServerRefused(exited[1], refusal_message(log), log[-3000:])
+        self.startup_s = time.monotonic() - t0
+        return self
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after stop_timeout_s; returns the exit code."""
         if self.proc is None:
             return None
         proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(proc, self.stop_timeout_s)
 
     def __enter__(self) -> ServerProcess:
+        """start(): the server, healthy (or ServerRefused)."""
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        """stop(), whatever ended the block."""
         self.stop()

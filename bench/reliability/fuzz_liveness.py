@@ -21,12 +21,13 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.harness.machine import cpu_model, loadavg
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.bench.reliability.fuzz_cases import FuzzCase, fuzz_cases
 from kvpilot.bench.reliability.probes import openai_error_shape
 from kvpilot.bench.reliability.run import metric, wait_idle
 from kvpilot.engine.settings import LIVE_SETTINGS, to_flags
+from kvpilot.loadgen.machine import loadavg, machine_info
+from kvpilot.loadgen.process import KVPILOT_SERVE
 
 API_KEY = "fuzz-liveness-key"
 ADMIN_TOKEN = "fuzz-liveness-admin-token"
@@ -201,7 +202,7 @@ def main(argv: list[str]) -> int:
         blocks, running = leaked_blocks(server.base_url, NUM_BLOCKS)
         errors = metric(server.base_url, 'vllm:request_success_total{engine="0",finished_reason="error"')
         alive_at_end = server.proc.poll() is None
-    out = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before, "loadavg_after": loadavg(),
+    out = {"server": " ".join(command[2:]), "machine": machine_info(loadavg_before=before),
            **summary(result, blocks, running), "request_errors_counted": errors, "process_alive_at_end": alive_at_end,
            "command": "kvpilot bench fuzz-liveness " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.harness.machine import cpu_model, loadavg
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.bench.reliability.probes import disconnect_storm, fuzz, generate_requests, overload
 from kvpilot.engine.settings import BY_NAME, to_flags
+from kvpilot.engine.settings.env import VLLM_API_KEY
+from kvpilot.loadgen.machine import machine_info
+from kvpilot.loadgen.process import KVPILOT_SERVE
 
 API_KEY = "reliability-bench-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -101,9 +103,9 @@ async def sigterm_under_load(server: ServerProcess, streams: int) -> dict:
 
 
 def run(a: argparse.Namespace) -> dict:
-    os.environ["VLLM_API_KEY"] = API_KEY
+    os.environ[VLLM_API_KEY] = API_KEY
     capacity = a.max_num_seqs + a.max_queue_len
-    results: dict = {"capacity": capacity, "cpu": cpu_model(), "loadavg_before": loadavg()}
+    results: dict = {"capacity": capacity, "machine": machine_info()}
     with ServerProcess(server_command(a), Path("/tmp") / f"kvpilot-reliability-{os.getpid()}.log") as server:
         url = server.base_url
         openapi = httpx.get(f"{url}/openapi.json").json()
@@ -128,7 +130,7 @@ def run(a: argparse.Namespace) -> dict:
         results["storm"] = {"closed_mid_stream": closed, "kv_after": wait_idle(url),
                             "waiting_after": metric(url, "vllm:num_requests_waiting")}
         results["sigterm"] = asyncio.run(sigterm_under_load(server, a.sigterm_streams))
-    results["loadavg_after"] = loadavg()
+    results["machine"] = machine_info(loadavg_before=results["machine"]["loadavg"])
     return results
 
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from kvpilot.bench.harness.machine import cpu_model, loadavg
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.engine.settings import to_flags
+from kvpilot.engine.settings.env import VLLM_API_KEY
+from kvpilot.loadgen.machine import loadavg, machine_info
+from kvpilot.loadgen.process import KVPILOT_SERVE
 
 API_KEY = "slow-clients-bench-key"
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2, "temperature": 0}
@@ -134,7 +136,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     a = p.parse_args(argv)
     nofile = raise_open_file_limit(2 * a.connections + 512)
-    os.environ["VLLM_API_KEY"] = API_KEY
+    os.environ[VLLM_API_KEY] = API_KEY
     engine = to_flags({"max_model_len": 256, "max_num_seqs": 4, "dtype": "float32", "num_gpu_blocks_override": 64})
     command = [*KVPILOT_SERVE, a.model, *engine, "--request-read-timeout-s", str(a.read_timeout_s),
                "--disable-log-requests", "--disable-uvicorn-access-log"]
@@ -142,8 +144,7 @@ def main(argv: list[str]) -> int:
     with ServerProcess(command, Path("/tmp") / f"kvpilot-slow-clients-{os.getpid()}.log") as server:
         result = asyncio.run(stall_and_probe(server.base_url, a.connections, a.connections // 10,
                                              wait_s=a.read_timeout_s + 60))
-    summary = {"server": " ".join(command[2:]), "cpu": cpu_model(), "loadavg_before": before,
-               "loadavg_after": loadavg(), "open_file_limit": nofile, **result.summary(),
+    summary = {"server": " ".join(command[2:]), "machine": machine_info(loadavg_before=before), "open_file_limit": nofile, **result.summary(),
                "command": "kvpilot bench slow-clients " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "slow_clients.json").write_text(json.dumps(summary, indent=1))

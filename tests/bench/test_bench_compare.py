@@ -59,6 +59,10 @@ def test_markdown_table_has_a_row_per_rate_and_peer():
     assert rows[0].startswith("| req/s sent | server |") and len(rows) == 4
     assert rows[2] == "| 0.5 | kvpilot | 8 | 0 | 1.00 | 50.0 | 80 | 100 | 40.0 | 50.0 | 1.0 / 2.5 |"
     assert rows[3] == "| 0.5 | llama-server |" + " - |" * 9
+    # the load as recorded now (kvpilot.loadgen.machine's spelling) reads the same as the old load_1m_* keys
+    now = {k: v for k, v in runs[0.5].items() if not k.startswith("load_1m")}
+    now.update(loadavg_before=[1.0, 0.7, 0.4], loadavg_after=[2.5, 1.0, 0.5])
+    assert compare.markdown_table({"kvpilot": {0.5: now}}, [0.5]).splitlines()[2] == rows[2]
 
 
 def test_unknown_peer_exits_2(capsys):

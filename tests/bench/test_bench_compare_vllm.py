@@ -141,7 +141,7 @@ def test_both_clients_get_the_same_run(client, tmp_path):
 
 def run(server, level, repeat, tok_s, ttft, **extra):
     return {"repeat": repeat, "concurrency": level, "server": server, "position": 0, "num_prompts": 32,
-            "load_1m_before": 1.0, "load_1m_after": 2.0, "completed": 32, "failed": 0, "output_throughput": tok_s,
+            "loadavg_before": [1.0, 0.8, 0.5], "loadavg_after": [2.0, 1.1, 0.6], "completed": 32, "failed": 0, "output_throughput": tok_s,
             "median_ttft_ms": ttft, "p95_ttft_ms": 2 * ttft, "median_itl_ms": 10.0, **extra}
 
 
@@ -181,11 +181,11 @@ def test_vllm_and_kvpilot_dense_run_through_vllm_bench_serve(tmp_path):
     data = json.loads((out / "compare.json").read_text())
     assert code == 0, data["runs"]
     assert data["client"] == "vllm bench serve" and data["eager"] is True and data["versions"]["vllm"]
-    assert data["machine"]["cpu"] and "load_at_end" in data["machine"]
+    assert data["machine"]["cpu"] and len(data["machine"]["loadavg_after"]) == 3  # kvpilot.loadgen.machine
     assert [(r["server"], r["concurrency"]) for r in data["runs"]] == [("vllm", 2), ("kvpilot-dense", 2)]
     for r in data["runs"]:
         assert r["completed"] == 4 and r["failed"] == 0 and r["max_concurrency"] == 2
         assert r["output_throughput"] > 0 and r["p95_ttft_ms"] >= r["median_ttft_ms"] > 0 and r["median_itl_ms"] > 0
-        assert r["load_1m_before"] >= 0 and r["load_1m_after"] >= 0
+        assert r["loadavg_before"][0] >= 0 and r["loadavg_after"][0] >= 0
     assert data["summary"]["2"]["vllm"]["output_ratio_to_vllm"] == pytest.approx(1.0)
     assert "| 2 | kvpilot-dense | 1 |" in (out / "compare.md").read_text()

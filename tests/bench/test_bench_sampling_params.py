@@ -20,4 +20,5 @@ def test_the_benchmark_times_each_mode_against_none_in_one_run(tmp_path):
     assert list(r["modes"]) == names and [r[m]["output_tokens"] for m in names] == [12] * len(names)
     assert r["over_none"]["none"] == 1.0 and all(v > 0 for v in r["over_none"].values())
     assert r["modes"]["all"]["repetition_penalty"] == 1.2 and len(r["modes"]["logit_bias"]["logit_bias"]) == 20
-    assert len(r["loadavg_before"]) == 3 and r["cpu"]
+    m = r["machine"]  # the one machine block (kvpilot.loadgen.machine)
+    assert len(m["loadavg_before"]) == 3 and len(m["loadavg_after"]) == 3 and m["cpu"] and m["cores"] >= 1

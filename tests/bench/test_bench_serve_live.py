@@ -12,8 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.bench import serve
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, ServerProcess
+from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.loadgen.datasets import is_valid_sequence, iter_sharegpt, token_ids_batch
+from kvpilot.loadgen.process import KVPILOT_SERVE
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from kvpilot.bench import shared_node
-from kvpilot.bench.harness.cgroups import CgroupUnavailable, CpuGroup, busy_loops, cpu_seconds, stop_all
+from kvpilot.bench.harness.cgroups import CgroupUnavailable, CpuGroup, busy_loops, stop_all
+from kvpilot.loadgen.process import cpu_seconds
 from kvpilot.bench.shared_node_report import meets, ratios
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cpu cgroups need root (CI runs as root)")

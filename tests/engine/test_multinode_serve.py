@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from kvpilot.bench.harness.node_group import HeadlessNode, NodeGroup, node_flags
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE, free_port
 from kvpilot.engine import LLM, SamplingParams
 from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.entrypoints import serve
 from kvpilot.engine.exit_codes import EXIT_BAD_ARGS, EXIT_ENGINE_DIED, parse_failure
 from kvpilot.engine.settings import to_flags
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
 
 from tiny_llama import save_tiny_llama, tiny_llm
 

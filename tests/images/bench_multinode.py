@@ -35,7 +35,7 @@ from kube.podman import VERSION  # noqa: E402
 from kube.release import Release  # noqa: E402
 from kube.tools import ROOT, Kubectl, wait_for  # noqa: E402
 
-from kvpilot.bench.harness.machine import cpu_model, loadavg  # noqa: E402
+from kvpilot.loadgen.machine import loadavg, machine_info  # noqa: E402
 
 TIMEOUT_S = 900
 
@@ -96,12 +96,12 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     result = {"command": " ".join([".venv/bin/python", "tests/images/bench_multinode.py", *sys.argv[1:]]),
-              "commit": commit, "cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg": load,
+              "commit": commit, "machine": machine_info(loadavg_before=load[0]), "loadavg_after_rounds": load[1:],
               "model": "smollm2-135m-instruct (builtin)", "pod": "cpu 900m (limit 1, one engine thread), memory 3Gi",
               "rounds": rounds, "median": medians}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{result['cpu']}, {result['cpus']} CPUs, load average {load[0]} -> {load[-1]}, commit {commit}")
+    print(f"\n{result['machine']['cpu']}, {result['machine']['cores']} CPUs, load average {load[0]} -> {load[-1]}, commit {commit}")
     print(f"{'':48}{'median':>8}  rounds")
     for key, label in (("one_pod_ready_s", "1 pod: apply -> Ready (s)"),
                        ("group_ready_s", "2-pod group (PP 2): apply -> Ready (s)"),

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from server_harness import ServerProcess
 
-from kvpilot.bench.harness.server_process import KVPILOT_SERVE
+from kvpilot.loadgen.process import KVPILOT_SERVE
 from kvpilot.bench.reliability.fuzz_cases import fuzz_cases
 from kvpilot.bench.reliability.fuzz_liveness import ADMIN_TOKEN, API_KEY, NUM_BLOCKS, leaked_blocks, run_fuzz, server_command
 

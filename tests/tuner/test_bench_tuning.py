@@ -40,7 +40,8 @@ def test_grid_replay_and_confirm_on_the_engine(tmp_path):
     # goes out with the next one (as vLLM streams), so a sampled reply may have fewer chunks
     assert all(1 <= len(gaps) <= entry["spec"]["output_len"] - 1 for w in windows for gaps in w["itl_s"])
     assert sorted(w["applied"] for w in windows) == ["live", "restart"]  # one engine, the second point live
-    assert table["runs"][0]["cpu"] and len(table["runs"][0]["load_avg"]) == 3
+    assert table["runs"][0]["machine"]["cpu"] and len(table["runs"][0]["machine"]["loadavg"]) == 3
+    assert all(len(w["loadavg"]) == 3 for w in windows)  # kvpilot.loadgen.machine's one spelling
     assert "| on | 2 | 2048 | 1 |" in run.stdout
 
     run = tuning("replay", "--grid", str(grid_json), "--seeds", "2", "--output-json", str(replay_json))
@@ -69,7 +70,7 @@ def test_grid_replay_and_confirm_on_the_engine(tmp_path):
         assert confirmed["summary"][label]["windows_meeting_slo"] in ("0/1", "1/1")
     medians = [confirmed["summary"][label]["median_goodput_rps"] for label in ("defaults", "chosen")]
     assert confirmed["chosen_over_defaults"] == (medians[1] / medians[0] if medians[0] else None)
-    assert confirmed["cpu"] and len(confirmed["load_avg"]) == 3
+    assert confirmed["machine"]["cpu"] and len(confirmed["machine"]["loadavg"]) == 3
 
 
 def test_the_recorded_replay_comes_back_from_the_recorded_grids(tmp_path):

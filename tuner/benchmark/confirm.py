@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvpilot.loadgen.machine import machine_info
 from kvpilot.tuner.benchmark.judge import window_measurement
 from kvpilot.tuner.benchmark.replay import key
 from kvpilot.tuner.benchmark.scenarios import Scenario
-from kvpilot.tuner.benchmark.windows import machine, measure_window, open_runner
+from kvpilot.tuner.benchmark.windows import measure_window, open_runner
 from kvpilot.tuner.search.objective import SLO, is_feasible, slack
 from kvpilot.tuner.search.settings import EngineSettings
 
@@ -40,7 +41,7 @@ def judged_window(window: dict[str, Any], slo: SLO) -> dict[str, Any]:
     m = window_measurement(window, slo)
     return {"throughput_rps": m.throughput_rps, "goodput_rps": m.goodput_rps, "ttft_p95_ms": m.ttft_p95_s * 1000,
             "itl_p95_ms": m.itl_p95_s * 1000, "preemptions": m.preemptions, "failed": m.failed,
-            "meets_slo": is_feasible(slack(m, slo)), "applied": window["applied"], "load_avg": window["load_avg"],
+            "meets_slo": is_feasible(slack(m, slo)), "applied": window["applied"], "loadavg": window["loadavg"],
             "finished": window["finished"]}
 
 
@@ -66,6 +67,6 @@ def confirm_scenario(name: str, replayed: dict[str, Any], model: str, windows: i
     summary = {k: {"median_goodput_rps": statistics.median(x["goodput_rps"] for x in v),
                    "windows_meeting_slo": f"{sum(x['meets_slo'] for x in v)}/{len(v)}"} for k, v in runs.items()}
     base = summary["defaults"]["median_goodput_rps"]
-    out.update(windows=runs, summary=summary, **machine(),
+    out.update(windows=runs, summary=summary, machine=machine_info(),
                chosen_over_defaults=summary["chosen"]["median_goodput_rps"] / base if base > 0 else None)
     return out

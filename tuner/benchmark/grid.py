@@ -11,7 +11,9 @@ every window, and a run given the same output file continues it (more repeats, m
 
 JSON: {"model", "scenarios": {name: {"spec", "defaults", "points": [{"settings",
 "feasible_model", "reason", "windows": [...]}]}}, "runs": [{"finished", "scenarios", "wall_s",
-"cpu", "cpus", "load_avg"}]}; recorded grids before this command kept "runs" as "load".
+"machine"}]}: kvpilot.loadgen.machine's machine block, and each window's load as "loadavg".
+Recorded grids kept "runs" as "load", later as loose "cpu", "cpus", "load_avg" keys (the
+windows' "load_avg"); nothing reads those back.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvpilot.loadgen.machine import machine_info
 from kvpilot.tuner.benchmark.scenarios import Scenario
-from kvpilot.tuner.benchmark.windows import machine, measure_window, open_runner
+from kvpilot.tuner.benchmark.windows import measure_window, open_runner
 from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
 from kvpilot.tuner.search.settings import EngineSettings
 
@@ -67,7 +70,7 @@ def measure_scenario(entry: dict[str, Any], name: str, scenario: Scenario, model
                 print(f"[{time.monotonic() - t0:6.0f}s] {name} repeat {rep} {settings.describe()} "
                       f"({window['applied']}): {window['duration_s']:.1f}s, ttft max {max(window['ttft_s'] or [0]):.2f}"
                       f" s, preemptions {window['preemptions']:.0f}, failed {window['failed']}, "
-                      f"load {window['load_avg'][0]}", file=sys.stderr, flush=True)
+                      f"load {window['loadavg'][0]}", file=sys.stderr, flush=True)
     finally:
         runner.close()
 
@@ -85,6 +88,6 @@ def measure_grid(table: dict[str, Any], scenarios: dict[str, Scenario], model: s
         measure_scenario(entry, name, scenario, model, repeats, log_dir, save)
     table.setdefault("runs", []).append({"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                          "scenarios": ",".join(scenarios), "wall_s": round(time.monotonic() - t0),
-                                         **machine()})
+                                         "machine": machine_info()})
     save()
     return table

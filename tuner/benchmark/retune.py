@@ -35,10 +35,11 @@ from typing import Any
 
 import httpx
 
-from kvpilot.engine.cpu.info import detect_cpu
 from kvpilot.engine.settings import BY_NAME
+from kvpilot.engine.settings.env import VLLM_API_KEY
+from kvpilot.loadgen.machine import loadavg, machine_info
+from kvpilot.loadgen.process import free_port
 from kvpilot.tuner.benchmark.windows import DEFAULT_MODEL
-from kvpilot.tuner.local.engine_process import free_port
 
 ARMS = ("continuous", "once")
 
@@ -126,8 +127,8 @@ def run_arm(a: argparse.Namespace, arm: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     port, key = free_port(), secrets.token_hex(8)
     base_url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "VLLM_API_KEY": key, "OPENAI_API_KEY": key}  # never on a command line
-    load_before = os.getloadavg()
+    env = {**os.environ, VLLM_API_KEY: key, "OPENAI_API_KEY": key}  # never on a command line
+    load_before = loadavg()
     with open(out / "tune.log", "w") as log:
         tuner = subprocess.Popen(tune_command(a, arm, port, out), env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -144,7 +145,7 @@ def run_arm(a: argparse.Namespace, arm: str) -> dict[str, Any]:
                 tuner.kill()
     timeline = json.loads((out / "timeline.json").read_text())
     return {"arm": arm, **figures(timeline, started, shift_s), "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(), "report_dir": str(out)}
+            "loadavg_after": loadavg(), "report_dir": str(out)}
 
 
 def run_phase(base_url: str, phase: tuple[int, int, float], seconds: float, env: dict[str, str], log: Path,
@@ -195,9 +196,9 @@ def figures(timeline: list[dict[str, Any]], started_s: float, shift_s: float) ->
 
 def main(argv: list[str]) -> int:
     a = parse(argv)
-    cpu = detect_cpu()
     results = [run_arm(a, arm) for arm in a.arms]
-    doc = {"cpu": cpu.model_name, "cpus": os.cpu_count(), "phase_a": a.phase_a, "phase_b": a.phase_b,
+    machine = machine_info(loadavg_before=results[0]["loadavg_before"])
+    doc = {"machine": machine, "phase_a": a.phase_a, "phase_b": a.phase_b,
            "phase_a_s": a.phase_a_s, "phase_b_s": a.phase_b_s, "watch_seconds": a.watch_seconds,
            "live_seconds": a.live_seconds, "slo": a.slo, "arms": results}
     keys = ("windows_to_detection", "trigger", "retune_trials", "windows_met_before", "windows_met_during",
@@ -205,8 +206,8 @@ def main(argv: list[str]) -> int:
             "preemptions_after_shift")
     for r in results:
         print(f"{r['arm']}: " + ", ".join(f"{k} {r[k]}" for k in keys))
-    print(f"CPU {cpu.model_name}, {os.cpu_count()} cores; load {results[0]['loadavg_before']} -> "
-          f"{results[-1]['loadavg_after']}")
+    print(f"CPU {machine['cpu']}, {machine['cores']} cores; load {machine['loadavg_before']} -> "
+          f"{machine['loadavg_after']}")
     path = a.output_json or a.report_dir / "retune.json"
     path.write_text(json.dumps(doc, indent=1))
     print(f"wrote {path}")

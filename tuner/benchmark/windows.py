@@ -4,19 +4,20 @@ through /admin/scheduler_config when only scheduler limits change, else a restar
 `WindowMeasurer.drive_window` confirms the engine reports them, warms up, waits for idle and
 drives the window. What is kept per window is what any SLO needs later: each request's TTFT,
 TPOT and every inter-token gap (client side), the server's preemptions and p95s, failures,
-the duration, the engine's CPU seconds and the load average."""
+the duration, the engine's CPU seconds (kvpilot.loadgen.process.cpu_seconds) and the load
+average ("loadavg", kvpilot.loadgen.machine's spelling)."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.cpu.info import detect_cpu
 from kvpilot.engine.settings import flag_words
+from kvpilot.loadgen.machine import loadavg
+from kvpilot.loadgen.process import cpu_seconds
 from kvpilot.tuner.benchmark.scenarios import Scenario
 from kvpilot.tuner.local.engine_process import EngineProcess
 from kvpilot.tuner.local.runner import LocalRunner
@@ -50,17 +51,6 @@ def open_runner(scenario: Scenario, model: str, log_path: Path) -> LocalRunner:
     return LocalRunner(engine, workload, load, SLO(), name)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine() -> dict[str, Any]:
-    """The CPU model, its core count and the load averages (1, 5, 15 min) now."""
-    return {"cpu": detect_cpu().model_name, "cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]}
-
-
 def _none_if_nan(seconds: float) -> float | None:
     return None if math.isnan(seconds) else seconds
 
@@ -81,5 +71,5 @@ def measure_window(runner: LocalRunner, settings: EngineSettings) -> dict[str, A
             "itl_s": [[round(x, 4) for x in r.itl] for r in ok],
             "itl_p95_server_s": _none_if_nan(window.server.itl_p95_s),
             "ttft_p95_server_s": _none_if_nan(window.server.ttft_p95_s),
-            "applied": applied, "load_avg": machine()["load_avg"],
+            "applied": applied, "loadavg": loadavg(),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -12,29 +12,18 @@ the trial as any engine exit does."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from kvpilot.engine.settings import flag_words, to_flags
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port, spawn_logged, stop_process, wait_healthy
 from kvpilot.tuner.failures import REJECTED, TRANSIENT, TrialFailed, classify
 from kvpilot.tuner.search.settings import EngineSettings
-
-KVPILOT_SERVE = [sys.executable, "-m", "kvpilot.cli.main", "serve"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kvpilot.engine.settings.env import KVPILOT_ADMIN_TOKEN, VLLM_API_KEY
 
 
 def check_flags(serve_command: list[str], flags: list[str], timeout_s: float = 120, help_flag: str = "--help",
@@ -114,20 +103,16 @@ class EngineProcess:
         return self.log_path.with_name(f"{self.log_path.stem}.node{node_rank}{self.log_path.suffix}")
 
     def _spawn(self, settings: EngineSettings, node_rank: int) -> subprocess.Popen:
-        command = self.command(settings, node_rank)
-        with self.node_log_path(node_rank).open("ab") as log:
-            log.write(f"\n=== {' '.join(command)}\n".encode())
-            log.flush()
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=self.environment(), cwd=self.cwd)
+        return spawn_logged(self.command(settings, node_rank), self.node_log_path(node_rank), env=self.environment(),
+                            cwd=self.cwd, append=True)
 
     def environment(self) -> dict[str, str]:
         """The key and the admin token go in the environment, never on the command line."""
         env = {**(os.environ if self.env is None else self.env), "PYTHONUNBUFFERED": "1"}
         if self.api_key:
-            env["VLLM_API_KEY"] = self.api_key
+            env[VLLM_API_KEY] = self.api_key
         if self.admin_token:
-            env["KVPILOT_ADMIN_TOKEN"] = self.admin_token
+            env[KVPILOT_ADMIN_TOKEN] = self.admin_token
         return env
 
     def log_tail(self, chars: int = 4000, node_rank: int = 0) -> str:
@@ -146,26 +131,20 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = self._spawn(settings, 0)
         self.nodes = [self._spawn(settings, rank) for rank in range(1, settings.nnodes)]
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            exited = [(rank, p.poll()) for rank, p in enumerate([self.proc, *self.nodes]) if p.poll() is not None]
-            if exited:
-                (rank, code), tail = exited[0], self.log_tail(node_rank=exited[0][0])
-                self.stop()
-                which = f"engine node {rank}" if settings.nnodes > 1 else "engine"
-                raise TrialFailed(classify(code, tail, structured=self.structured_exit),
-                                  f"{which} exited with {code}: {tail[-1500:]}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    self.settings = settings
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        tail = self.log_tail()
-        self.stop()
-        raise TrialFailed(classify(None, tail) if "KV blocks" in tail else TRANSIENT,
-                          f"engine not healthy after {self.startup_timeout_s:.0f} s: {tail[-1500:]}")
+        try:
+            exited = wait_healthy(f"{self.base_url}/health", [self.proc, *self.nodes], self.startup_timeout_s, 0.5)
+        except TimeoutError:
+            tail = self.log_tail()
+            self.stop()
+            raise TrialFailed(classify(None, tail) if "KV blocks" in tail else TRANSIENT,
+                              f"engine not healthy after {self.startup_timeout_s:.0f} s: {tail[-1500:]}") from None
+        if exited is not None:
+            (rank, code), tail = exited, self.log_tail(node_rank=exited[0])
+            self.stop()
+            which = f"engine node {rank}" if settings.nnodes > 1 else "engine"
+            raise TrialFailed(classify(code, tail, structured=self.structured_exit),
+                              f"{which} exited with {code}: {tail[-1500:]}")
+        self.settings = settings
 
     def apply_live(self, changes: dict) -> bool:
         """Sends scheduler changes to the running server. True when applied; False when
@@ -189,13 +168,6 @@ class EngineProcess:
         timeout_s to the process's whole session (vLLM's engine core and workers are children of
         its API server, started in the session `_spawn` opened); the other nodes likewise."""
         for proc in ([self.proc] if self.proc is not None else []) + self.nodes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_process(proc, timeout_s, kill_session=True)
         self.proc, self.nodes = None, []
         self.settings = None

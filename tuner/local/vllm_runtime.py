@@ -35,12 +35,14 @@ from pathlib import Path
 from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_MODULE, VLLM_VENV
 from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.local.engine_process import EngineProcess
+from kvpilot.engine.settings.env import VLLM_CPU_KVCACHE_SPACE, VLLM_LOG_STATS_INTERVAL
+from kvpilot.loadgen.process import venv_vllm_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # an editable install: the checkout
 VLLM_CPU_BLOCK_SIZE = VLLM_CPU_BLOCK_SIZE_MULTIPLE  # the smallest vLLM's CPU attention takes (kvpilot.api.vllm)
 VLLM_HELP = "--help=all"  # `vllm serve --help` lists its config groups only
-DEFAULT_ENVIRONMENT = {**VLLM_CPU_UNPINNED_ENVIRONMENT, "VLLM_LOG_STATS_INTERVAL": "1"}
-OVERRIDES_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"
+DEFAULT_ENVIRONMENT = {**VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_LOG_STATS_INTERVAL: "1"}
+OVERRIDES_KV_CACHE = VLLM_CPU_KVCACHE_SPACE
 
 
 class VLLMNotFound(ValueError):
@@ -65,8 +67,8 @@ def vllm_serve_command(vllm_python: str | None = None, root: Path = REPO_ROOT,
             raise VLLMNotFound(f"--vllm-python {vllm_python}: no `vllm` beside it, so vLLM is not installed in its "
                                f"environment; install it there (scripts/install-vllm.sh VENV) or give another Python")
         return _python_command(python)
-    venv = root / VLLM_VENV / "bin" / "python"
-    if venv.is_file():
+    venv = venv_vllm_python(root)
+    if venv is not None:
         return _python_command(venv)
     found = which("vllm")
     if found:
