@@ -23,6 +23,11 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from kvpilot.engine.settings.env import (
+    KVPILOT_LEADER_ELECT, KVPILOT_LIVENESS, KVPILOT_METRICS_PORT, KVPILOT_NAMESPACES, KVPILOT_RESYNC_SECONDS,
+    KVPILOT_TUNER,
+)
+
 if TYPE_CHECKING:
     from kvpilot.operator.runtime.leader import LeaseConfig
 
@@ -36,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", action="append", default=[],
                        help="namespace to watch; repeat for more (default: KVPILOT_NAMESPACES or all)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    parser.add_argument("--liveness", default=os.environ.get("KVPILOT_LIVENESS", ""),
+    parser.add_argument("--liveness", default=os.environ.get(KVPILOT_LIVENESS, ""),
                         help="serve the probes at this URL's port: its path (liveness), /readyz and /readyz/leader, "
                              "e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--peering", default="",
@@ -44,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "--leader-elect is the chart's way to run replicas")
     election = parser.add_argument_group("leader election (a coordination.k8s.io/v1 Lease, client-go's loop)")
     election.add_argument("--leader-elect", action=argparse.BooleanOptionalAction,
-                          default=os.environ.get("KVPILOT_LEADER_ELECT", "") == "1",
+                          default=os.environ.get(KVPILOT_LEADER_ELECT, "") == "1",
                           help="reconcile only while holding the Lease; identity: $POD_NAME (default: off, "
                                "or KVPILOT_LEADER_ELECT=1)")
     election.add_argument("--leader-election-lease", default="kvpilot-operator", help="the Lease's name")
@@ -59,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resync-seconds", type=float, default=None,
                         help="seconds over which the drift-repair resync visits every resource once (default 300, or KVPILOT_RESYNC_SECONDS); the children's own watches repair edits at once")
     parser.add_argument("--tuner", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("KVPILOT_TUNER", "") == "1",
+                        default=os.environ.get(KVPILOT_TUNER, "") == "1",
                         help="also run the SLO tuner daemon for resources with spec.tuning.enabled "
                              "(default: off, or KVPILOT_TUNER=1)")
     parser.add_argument("--metrics-port", type=int, default=None,
@@ -86,7 +91,7 @@ def env_port(parser: argparse.ArgumentParser, name: str) -> int:
 
 def metrics_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """--metrics-port, else $KVPILOT_METRICS_PORT, else 0 (off)."""
-    return args.metrics_port if args.metrics_port is not None else env_port(parser, "KVPILOT_METRICS_PORT")
+    return args.metrics_port if args.metrics_port is not None else env_port(parser, KVPILOT_METRICS_PORT)
 
 
 def lease_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> LeaseConfig | None:
@@ -161,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.resync_seconds is not None:
         if args.resync_seconds <= 0:
             build_parser().error("--resync-seconds must be > 0")
-        os.environ["KVPILOT_RESYNC_SECONDS"] = str(args.resync_seconds)
-    namespaces = args.namespace or [n for n in os.environ.get("KVPILOT_NAMESPACES", "").split(",") if n]
+        os.environ[KVPILOT_RESYNC_SECONDS] = str(args.resync_seconds)
+    namespaces = args.namespace or [n for n in os.environ.get(KVPILOT_NAMESPACES, "").split(",") if n]
     clusterwide = args.all_namespaces or not namespaces
 
     import kopf

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING
 from kvpilot.engine.config import ModelConfig, element_bytes, node_ranks
 
 from kvpilot.engine.exit_codes import KVCacheTooSmallError
+from kvpilot.engine.settings.env import VLLM_CPU_KVCACHE_SPACE
 
 if TYPE_CHECKING:  # torch loads only where a device is measured: the tuner sizes without it
     import torch
 
 GiB = 1 << 30
-CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_KVCACHE_SPACE_ENV = VLLM_CPU_KVCACHE_SPACE
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 4
 
 

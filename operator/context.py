@@ -15,6 +15,10 @@ from kvpilot.api.kube import AsyncKubeClient
 from kvpilot.operator.render.builders import Images
 from kvpilot.operator.render.network import NetworkPolicyConfig
 from kvpilot.operator.policy import Policy
+from kvpilot.engine.settings.env import (
+    KVPILOT_ENGINE_IMAGE, KVPILOT_RESYNC_SECONDS, KVPILOT_VLLM_CPU_IMAGE, KVPILOT_VLLM_IMAGE,
+    KVPILOT_WATCH_TIMEOUT_SECONDS,
+)
 
 
 RECONCILE_SLOTS = 64  # twice the API client's threads (kvpilot.api.kube.WORKERS), so they stay busy
@@ -37,12 +41,12 @@ class OperatorConfig:
         images), KVPILOT_RESYNC_SECONDS (s), KVPILOT_WATCH_TIMEOUT_SECONDS (whole s), the NetworkPolicy
         and Policy variables; unset ones keep the defaults. Raises ValueError on a non-numeric duration
         (and json.JSONDecodeError, a ValueError, on bad KVPILOT_OPERATOR_LABELS / _PROMETHEUS_PEER)."""
-        images = Images(kvpilot=env.get("KVPILOT_ENGINE_IMAGE", Images.kvpilot),
-                        vllm=env.get("KVPILOT_VLLM_IMAGE", Images.vllm),
-                        vllm_cpu=env.get("KVPILOT_VLLM_CPU_IMAGE", Images.vllm_cpu))
+        images = Images(kvpilot=env.get(KVPILOT_ENGINE_IMAGE, Images.kvpilot),
+                        vllm=env.get(KVPILOT_VLLM_IMAGE, Images.vllm),
+                        vllm_cpu=env.get(KVPILOT_VLLM_CPU_IMAGE, Images.vllm_cpu))
         return cls(images=images,
-                   resync_seconds=float(env.get("KVPILOT_RESYNC_SECONDS", 300)),
-                   watch_timeout_seconds=int(env.get("KVPILOT_WATCH_TIMEOUT_SECONDS", 300)),
+                   resync_seconds=float(env.get(KVPILOT_RESYNC_SECONDS, 300)),
+                   watch_timeout_seconds=int(env.get(KVPILOT_WATCH_TIMEOUT_SECONDS, 300)),
                    network=NetworkPolicyConfig.from_env(env), policy=Policy.from_env(env))
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from kvpilot.api.spec import InferenceServiceSpec
 
 from kvpilot.operator.validation import InvalidSpec
+from kvpilot.engine.settings.env import (
+    KVPILOT_ALLOWED_GPU_RESOURCES, KVPILOT_ALLOWED_IMAGE_PREFIXES, KVPILOT_ALLOWED_NODE_SELECTORS,
+)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -33,9 +36,9 @@ class Policy:
     def from_env(cls, env: Mapping[str, str]) -> "Policy":
         """KVPILOT_ALLOWED_IMAGE_PREFIXES, KVPILOT_ALLOWED_NODE_SELECTORS and
         KVPILOT_ALLOWED_GPU_RESOURCES, each a comma-separated list."""
-        return cls(_split(env.get("KVPILOT_ALLOWED_IMAGE_PREFIXES", "")),
-                   _split(env.get("KVPILOT_ALLOWED_NODE_SELECTORS", "")),
-                   _split(env.get("KVPILOT_ALLOWED_GPU_RESOURCES", "")))
+        return cls(_split(env.get(KVPILOT_ALLOWED_IMAGE_PREFIXES, "")),
+                   _split(env.get(KVPILOT_ALLOWED_NODE_SELECTORS, "")),
+                   _split(env.get(KVPILOT_ALLOWED_GPU_RESOURCES, "")))
 
     def check(self, spec: InferenceServiceSpec) -> None:
         """Raise InvalidSpec (ImageNotAllowed, NodeSelectorNotAllowed, GPUResourceNotAllowed)."""

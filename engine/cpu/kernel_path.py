@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from kvpilot.engine.cpu.info import CpuInfo, detect_cpu
 from kvpilot.engine.cpu.row_limits import bf16_kernel_max_rows, gguf_max_rows
 from kvpilot.kernels.cpu.gguf import ACTIVATIONS as GGUF_ACTIVATIONS  # the GGUF kernel's formats, default first
+from kvpilot.engine.settings.env import KVPILOT_CPU_KERNELS, KVPILOT_DECODE_STACK, KVPILOT_GGUF_ACTIVATIONS
 
 logger = logging.getLogger("kvpilot.engine.cpu.kernel_path")
 
-KERNELS_ENV = "KVPILOT_CPU_KERNELS"
-DECODE_STACK_ENV = "KVPILOT_DECODE_STACK"
-GGUF_ACTIVATIONS_ENV = "KVPILOT_GGUF_ACTIVATIONS"
+KERNELS_ENV = KVPILOT_CPU_KERNELS
+DECODE_STACK_ENV = KVPILOT_DECODE_STACK
+GGUF_ACTIVATIONS_ENV = KVPILOT_GGUF_ACTIVATIONS
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpilot.engine.cpu.threads import cgroup_cpu_quota
+from kvpilot.engine.settings.env import KVPILOT_ADAPTIVE_THREADS
 
 logger = logging.getLogger(__name__)
-ADAPTIVE_ENV = "KVPILOT_ADAPTIVE_THREADS"
+ADAPTIVE_ENV = KVPILOT_ADAPTIVE_THREADS
 
 
 def candidate_counts(max_threads: int) -> list[int]:

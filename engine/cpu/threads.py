@@ -42,10 +42,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpilot.engine.settings.env import VLLM_CPU_NUM_OF_RESERVED_CPU, VLLM_CPU_OMP_THREADS_BIND
+
 logger = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+THREADS_BIND_ENV = VLLM_CPU_OMP_THREADS_BIND
+RESERVED_CPU_ENV = VLLM_CPU_NUM_OF_RESERVED_CPU
 
 
 def _own_paths(proc_cgroup: Path) -> dict[str, str]:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from kvpilot.engine.distributed import parallel_state as ps
+from kvpilot.engine.settings.env import KVPILOT_PP_MICRO_BATCHES, KVPILOT_PP_MIN_MICRO_BATCH_TOKENS
 
 _LOGITS_TAG = 1 << 20
 
@@ -56,8 +57,8 @@ class MicroBatchPolicy:
         """Raises ValueError on a value below 1."""
         if pipeline_parallel_size == 1:
             return cls(1)
-        return cls(int(os.environ.get("KVPILOT_PP_MICRO_BATCHES", pipeline_parallel_size)),
-                   int(os.environ.get("KVPILOT_PP_MIN_MICRO_BATCH_TOKENS", 128)))
+        return cls(int(os.environ.get(KVPILOT_PP_MICRO_BATCHES, pipeline_parallel_size)),
+                   int(os.environ.get(KVPILOT_PP_MIN_MICRO_BATCH_TOKENS, 128)))
 
     def count(self, scheduled: Sequence) -> int:
         """Micro-batches for a step's [(sequence, num_tokens), ...]."""

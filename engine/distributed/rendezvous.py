@@ -43,11 +43,12 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from kvpilot.engine.config import ParallelConfig
+from kvpilot.engine.settings.env import KVPILOT_NODE_TIMEOUT_S, KVPILOT_RENDEZVOUS_TIMEOUT_S
 
 logger = logging.getLogger("kvpilot.engine.distributed.rendezvous")
 
-RENDEZVOUS_TIMEOUT_ENV = "KVPILOT_RENDEZVOUS_TIMEOUT_S"
-NODE_TIMEOUT_ENV = "KVPILOT_NODE_TIMEOUT_S"
+RENDEZVOUS_TIMEOUT_ENV = KVPILOT_RENDEZVOUS_TIMEOUT_S
+NODE_TIMEOUT_ENV = KVPILOT_NODE_TIMEOUT_S
 HEARTBEAT_INTERVAL_S = 1.0
 ABORT_KEY = "kvpilot/abort"
 GO_KEY = "kvpilot/go"

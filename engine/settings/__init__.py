@@ -8,6 +8,8 @@ HTTP server (`engine/entrypoints`), the operator, the tuner, `api/` and the CRD 
   defaults, its human-readable integers).
 - `cli_args`: `kvpilot serve`'s argument parser built from the table, which the engine
   (`EngineArgs.add_cli_args`), the server and the operator (`extraArgs`) all use.
+- `env`: the names of the environment variables kvpilot reads or sets (KVPILOT_*, and the
+  VLLM_* ones it reads or sets for vLLM), once.
 
 Standard library only, no torch (import-linter contract settings-is-a-leaf), so the operator
 and the tuner load it without the engine.

@@ -13,16 +13,19 @@ import functools
 
 from kvpilot.engine.settings.setting import Setting
 from kvpilot.engine.settings.table import ATTENTION_BACKENDS, ENGINE_SETTINGS, SETTINGS
+from kvpilot.engine.settings.env import (
+    KVPILOT_ADMIN_TOKEN, VLLM_API_KEY, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, VLLM_TORCH_PROFILER_DIR,
+)
 
 __all__ = ["ATTENTION_BACKENDS", "ArgsError", "add_engine_args", "add_http_limit_args", "add_server_args",
            "explicit_dests", "make_serve_parser"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
-API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads the key from this variable too
-KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"  # vLLM's only knob for it (seconds, default 5)
-ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"
-PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+API_KEY_ENV = VLLM_API_KEY  # vLLM reads the key from this variable too
+KEEP_ALIVE_ENV = VLLM_HTTP_TIMEOUT_KEEP_ALIVE  # vLLM's only knob for it (seconds, default 5)
+ADMIN_TOKEN_ENV = KVPILOT_ADMIN_TOKEN
+PROFILER_DIR_ENV = VLLM_TORCH_PROFILER_DIR
 
 
 class ArgsError(ValueError):

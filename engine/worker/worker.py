@@ -34,13 +34,14 @@ from kvpilot.engine.distributed.parallel_layout import RankPosition
 from kvpilot.engine.distributed.pipeline import MicroBatchPolicy
 from kvpilot.engine.distributed.rendezvous import Heartbeat, Rendezvous, abort_reason, describe_rank, rendezvous_timeout_s
 from kvpilot.engine.worker.stage_runner import StageRunner
+from kvpilot.engine.settings.env import KVPILOT_TP_TIMEOUT_S
 
 CONTROL_TIMEOUT = timedelta(days=7)  # an idle server sends no command for as long as it likes
 
 
 def collective_timeout() -> timedelta:
     """Bound on a blocked collective or transfer (KVPILOT_TP_TIMEOUT_S, default 60 s)."""
-    return timedelta(seconds=float(os.environ.get("KVPILOT_TP_TIMEOUT_S", "60")))
+    return timedelta(seconds=float(os.environ.get(KVPILOT_TP_TIMEOUT_S, "60")))
 
 
 def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:

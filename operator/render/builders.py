@@ -16,7 +16,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 from kvpilot.api.vllm import VLLM_CUDA_IMAGE
-
+from kvpilot.engine.settings.env import KVPILOT_API_KEY, VLLM_CACHE_ROOT, VLLM_TORCH_PROFILER_DIR
 from kvpilot.operator.render.engine_args import ADMIN_TOKEN_ENV, API_KEY_ENV, config_hash, engine_command, render_engine_args
 from kvpilot.operator.render.vllm_pod import CONFIG_DIR, VLLM_CPU_ENV_SET, vllm_cpu_config, vllm_cpu_env, vllm_cpu_program, vllm_on_cpu
 
@@ -38,14 +38,14 @@ CACHE_ENV = {
     "TRITON_HOME": CACHE,
     "TRITON_CACHE_DIR": f"{CACHE}/triton",
     "CUDA_CACHE_PATH": f"{CACHE}/nv",
-    "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
+    VLLM_CACHE_ROOT: f"{CACHE}/vllm",
 }
 
 # Environment variables the operator sets (or reserves) in the engine container; spec.engine.env
 # may not set them (operator/validation.py).
-PROFILER_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+PROFILER_DIR_ENV = VLLM_TORCH_PROFILER_DIR
 PROFILES_DIR = f"{HOME}/profiles"
-OPERATOR_ENV = frozenset({*CACHE_ENV, "TMPDIR", API_KEY_ENV, "KVPILOT_API_KEY", ADMIN_TOKEN_ENV, PROFILER_DIR_ENV,
+OPERATOR_ENV = frozenset({*CACHE_ENV, "TMPDIR", API_KEY_ENV, KVPILOT_API_KEY, ADMIN_TOKEN_ENV, PROFILER_DIR_ENV,
                           *VLLM_CPU_ENV_SET})
 ADMIN_TOKEN_KEY = "token"
 

@@ -15,11 +15,12 @@ from typing import Any
 from kvpilot.api.models import image_model_path, is_builtin
 from kvpilot.api.spec import EngineSpec, InferenceServiceSpec
 from kvpilot.engine import settings
+from kvpilot.engine.settings.env import KVPILOT_ADMIN_TOKEN, VLLM_API_KEY
 
 # The engine reads its API key from this variable (as vLLM does); extraArgs may not repeat
 # any flag rendered here (operator/render/extra_args.py).
-API_KEY_ENV = "VLLM_API_KEY"
-ADMIN_TOKEN_ENV = "KVPILOT_ADMIN_TOKEN"  # the control routes' own token, from the operator's Secret
+API_KEY_ENV = VLLM_API_KEY
+ADMIN_TOKEN_ENV = KVPILOT_ADMIN_TOKEN  # the control routes' own token, from the operator's Secret
 
 PROGRAMS = {"kvpilot": ["kvpilot", "serve"], "vllm": ["vllm", "serve"]}
 ADMIN_ROUTES_FLAG = "--enable-admin-routes"  # kvpilot serve's control routes (not a setting: a server switch)

@@ -20,6 +20,9 @@ from typing import Any
 from kvpilot.api.spec import InferenceServiceSpec
 
 from kvpilot.operator.render.builders import child_object, selector_labels
+from kvpilot.engine.settings.env import (
+    KVPILOT_NETWORK_POLICY, KVPILOT_OPERATOR_LABELS, KVPILOT_OPERATOR_NAMESPACE, KVPILOT_PROMETHEUS_PEER,
+)
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
@@ -43,11 +46,11 @@ class NetworkPolicyConfig:
         KVPILOT_OPERATOR_LABELS and KVPILOT_PROMETHEUS_PEER (JSON). Raises ValueError on bad JSON."""
         default = cls()
         return cls(
-            enabled=env.get("KVPILOT_NETWORK_POLICY", "true").lower() not in ("false", "0", "no"),
-            operator_namespace=env.get("KVPILOT_OPERATOR_NAMESPACE", ""),
-            operator_labels=json.loads(env["KVPILOT_OPERATOR_LABELS"]) if env.get("KVPILOT_OPERATOR_LABELS")
+            enabled=env.get(KVPILOT_NETWORK_POLICY, "true").lower() not in ("false", "0", "no"),
+            operator_namespace=env.get(KVPILOT_OPERATOR_NAMESPACE, ""),
+            operator_labels=json.loads(env[KVPILOT_OPERATOR_LABELS]) if env.get(KVPILOT_OPERATOR_LABELS)
             else default.operator_labels,
-            prometheus=json.loads(env["KVPILOT_PROMETHEUS_PEER"]) if env.get("KVPILOT_PROMETHEUS_PEER")
+            prometheus=json.loads(env[KVPILOT_PROMETHEUS_PEER]) if env.get(KVPILOT_PROMETHEUS_PEER)
             else default.prometheus,
         )
 

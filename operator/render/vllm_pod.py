@@ -15,11 +15,14 @@ from typing import Any
 from kvpilot.api.spec import InferenceServiceSpec
 
 from kvpilot.operator.render import vllm_cpu_launch
+from kvpilot.engine.settings.env import (
+    KVPILOT_CPU_LIMIT_MILLICORES, KVPILOT_MEMORY_LIMIT_BYTES, KVPILOT_RANKS_PER_POD, VLLM_CPU_NUM_OF_RESERVED_CPU,
+)
 
 CONFIG_DIR = "/etc/kvpilot"  # the ConfigMap's mount
 VLLM_CPU_LAUNCH_KEY = "vllm_cpu_launch.py"
-VLLM_CPU_ENV_SET = (vllm_cpu_launch.CPU_LIMIT_ENV, vllm_cpu_launch.MEMORY_LIMIT_ENV, vllm_cpu_launch.RANKS_ENV,
-                    "VLLM_CPU_NUM_OF_RESERVED_CPU")
+VLLM_CPU_ENV_SET = (KVPILOT_CPU_LIMIT_MILLICORES, KVPILOT_MEMORY_LIMIT_BYTES, KVPILOT_RANKS_PER_POD,
+                    VLLM_CPU_NUM_OF_RESERVED_CPU)
 
 
 def vllm_on_cpu(spec: InferenceServiceSpec) -> bool:
@@ -44,7 +47,7 @@ def vllm_cpu_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     def limit(env: str, resource: str, divisor: str) -> dict[str, Any]:
         return {"name": env, "valueFrom": {"resourceFieldRef": {
             "containerName": "engine", "resource": resource, "divisor": divisor}}}
-    return [limit(vllm_cpu_launch.CPU_LIMIT_ENV, "limits.cpu", "1m"),
-            limit(vllm_cpu_launch.MEMORY_LIMIT_ENV, "limits.memory", "1"),
-            {"name": vllm_cpu_launch.RANKS_ENV, "value": str(spec.ranks_per_pod)},
-            {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "0"}]
+    return [limit(KVPILOT_CPU_LIMIT_MILLICORES, "limits.cpu", "1m"),
+            limit(KVPILOT_MEMORY_LIMIT_BYTES, "limits.memory", "1"),
+            {"name": KVPILOT_RANKS_PER_POD, "value": str(spec.ranks_per_pod)},
+            {"name": VLLM_CPU_NUM_OF_RESERVED_CPU, "value": "0"}]

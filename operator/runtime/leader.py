@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.api.kube import ApiError, AsyncKubeClient, object_path
+from kvpilot.engine.settings.env import KVPILOT_OPERATOR_NAMESPACE
 
 JITTER = 1.2  # client-go's JitterFactor for the standby's retries
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -87,8 +88,8 @@ def default_identity(env: dict[str, str] | os._Environ = os.environ) -> str:
 def default_namespace(env: dict[str, str] | os._Environ = os.environ) -> str:
     """KVPILOT_OPERATOR_NAMESPACE (the chart sets it), else the pod's service account
     namespace, else "default"."""
-    if env.get("KVPILOT_OPERATOR_NAMESPACE"):
-        return env["KVPILOT_OPERATOR_NAMESPACE"]
+    if env.get(KVPILOT_OPERATOR_NAMESPACE):
+        return env[KVPILOT_OPERATOR_NAMESPACE]
     try:
         with open(SERVICE_ACCOUNT_NAMESPACE) as f:
             return f.read().strip() or "default"

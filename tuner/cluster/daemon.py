@@ -30,6 +30,7 @@ from kvpilot.tuner import cli
 from kvpilot.tuner.cluster.session import run_cluster
 from kvpilot.api.kube import KubeClient
 from kvpilot.tuner.search.loop import TuningStopped
+from kvpilot.engine.settings.env import KVPILOT_PROMETHEUS_URL, KVPILOT_TUNER_ARGS
 
 
 def wants_tuning(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
@@ -44,10 +45,10 @@ def wants_tuning(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
 def session_args(namespace: str, name: str, env: dict[str, str] | os._Environ = os.environ) -> list[str]:
     """The `kvpilot tune` flags for one resource: its identity, then KVPILOT_TUNER_ARGS,
     then --prometheus-url from KVPILOT_PROMETHEUS_URL unless the args name one."""
-    extra = shlex.split(env.get("KVPILOT_TUNER_ARGS", ""))
+    extra = shlex.split(env.get(KVPILOT_TUNER_ARGS, ""))
     argv = ["--namespace", namespace, "--name", name, *extra]
-    if env.get("KVPILOT_PROMETHEUS_URL") and "--prometheus-url" not in extra:
-        argv += ["--prometheus-url", env["KVPILOT_PROMETHEUS_URL"]]
+    if env.get(KVPILOT_PROMETHEUS_URL) and "--prometheus-url" not in extra:
+        argv += ["--prometheus-url", env[KVPILOT_PROMETHEUS_URL]]
     return argv
 
 
