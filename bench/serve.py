@@ -34,6 +34,9 @@ ENDPOINT_ALIASES = {"completions": "/v1/completions", "chat": "/v1/chat/completi
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot bench serve`'s flags: vLLM's `vllm bench serve` spellings and meanings (server,
+    endpoint, dataset, arrival schedule, concurrency, percentiles, goodput, result file), with
+    the two defaults the module doc names. Exits 2 on bad flags (argparse)."""
     p = argparse.ArgumentParser(prog="kvpilot bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: --host/--port)")
     p.add_argument("--host", default="127.0.0.1")

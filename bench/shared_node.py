@@ -56,6 +56,9 @@ from kvpilot.loadgen.tokenizers import load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot bench shared-node`'s flags: peers and arrangements, neighbours and the quota
+    (CPUs), the stream and the burst (requests, tokens, budgets in s), threads, timeouts; flags it
+    does not know go to `kvpilot serve` (main's parse_known_args)."""
     p = argparse.ArgumentParser(prog="kvpilot bench shared-node", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peers", default="kvpilot,llama-cpp-python", help=f"comma-separated, from {','.join(PEERS)}")

@@ -94,6 +94,9 @@ def fit_requests(requests: list[SampleRequest], max_model_len: int, max_output_l
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot bench sweep`'s flags: the model, the budgets and chunked settings of the grid,
+    requests and their rate (req/s), the model length (tokens), timeouts (s) and the report
+    folder; flags it does not know go to `kvpilot serve` (main's parse_known_args)."""
     p = argparse.ArgumentParser(prog="kvpilot bench sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="what `kvpilot serve` loads")

@@ -43,6 +43,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
+        """"agrees", "disagrees" or "not tested" for `agrees` True, False or None (the summary's word)."""
         return {True: "agrees", False: "disagrees", None: "not tested"}[self.agrees]
 
 
@@ -130,6 +131,8 @@ def check_large_budget_flat(records: Sequence[dict]) -> Verdict:
 
 
 def study_verdicts(records: Sequence[dict]) -> list[Verdict]:
+    """The four verdicts on the published chunked-prefill study (DESIGN.md), in order: chunked
+    off's TTFT/ITL, chunked on's budget trade-off, small budgets' growth, large budgets flat."""
     return [check(records) for check in (check_chunked_off_ttft_itl, check_chunked_on_budget_tradeoff,
                                          check_small_budget_growth, check_large_budget_flat)]
 

@@ -94,6 +94,9 @@ def shares(result: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -m kvpilot.bench.tensor_parallel`: offline output tok/s, ms per step and the
+    communication shares (driver, of it point-to-point, the busiest rank) of each TPxPP size, one
+    row per size on stdout. Raises ValueError on a malformed size (parse_size)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--sizes", nargs="+", default=["1x1", "3x1", "1x2"], help="TPxPP, e.g. 3x1 1x2 3x2")

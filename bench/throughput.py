@@ -60,6 +60,8 @@ def measure_matmul_peak_gflops(dtype: torch.dtype = torch.bfloat16, m: int = 256
 
 
 def run_ours(llm, requests: list[SampleRequest]) -> float:
+    """Seconds `llm` (our LLM) takes for every request at once, greedy with ignore_eos. Raises
+    RuntimeError when the output tokens differ from the requests' expected_output_len sum."""
     from kvpilot.engine import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=r.expected_output_len, ignore_eos=True) for r in requests]
@@ -74,6 +76,8 @@ def run_ours(llm, requests: list[SampleRequest]) -> float:
 
 
 def run_hf(model, tokenizer, requests: list[SampleRequest], batch_size: int) -> float:
+    """Seconds HF `model.generate()` takes over `requests` in static left-padded greedy batches of
+    `batch_size`, each exactly its longest request's tokens (pad token: EOS where it has none)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -89,6 +93,7 @@ def run_hf(model, tokenizer, requests: list[SampleRequest], batch_size: int) -> 
 
 
 def single_request_tok_s(fn, num_tokens: int) -> float:
+    """`num_tokens` over the wall seconds `fn()` takes: one request's decode rate (tokens/s)."""
     t = time.perf_counter()
     fn()
     return num_tokens / (time.perf_counter() - t)
@@ -234,6 +239,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`kvpilot bench throughput` (the module doc) into --output-json with the machine block. Returns
+    0; exits 2 when --num-prompts < 1; RuntimeError when our engine cuts a request short."""
     p = _parser()
     args = p.parse_args(argv)
     if args.num_prompts < 1:
@@ -258,18 +265,16 @@ def main(argv: list[str] | None = None) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048, quantization=args.quantization)
     tokenizer = llm.get_tokenizer()
     requests = sample_sharegpt_requests(tokenizer, args.num_prompts, seed=args.seed)
-    prompt_tokens = sum(r.prompt_len for r in requests)
-    output_tokens = sum(r.expected_output_len for r in requests)
-    num_params = llm.engine.config.model.num_params()
     model = llm.engine.runner.model
     path = model.kernel_path or cpu_kernel_path.current()
     kernel_path = cpu_kernel_path.describe(model, path)
     console.print(kernel_path)
     ours_s, single_ours, profile = _time_ours(llm, requests, args.max_num_seqs)
-    results = {"num_prompts": len(requests), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
-               "cpu_kernel_path": kernel_path, "cpu_kernel_variant": path.variant,
-               "matmul_peak_gflops": peak, "matmul_peak_dtype": args.dtype, "num_params": num_params,
+    results = {"num_prompts": len(requests), "prompt_tokens": sum(r.prompt_len for r in requests),
+               "output_tokens": sum(r.expected_output_len for r in requests), "dtype": args.dtype,
+               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
+               "cpu_kernel_path": kernel_path, "cpu_kernel_variant": path.variant, "matmul_peak_gflops": peak,
+               "matmul_peak_dtype": args.dtype, "num_params": llm.engine.config.model.num_params(),
                "quantization": llm.engine.config.quantization}
     results["gguf_activations"] = path.gguf_activations if results["quantization"] == "gguf" else None
     results["kvpilot"] = _summary(ours_s, results) | {"single_request_decode_tok_s": single_ours}

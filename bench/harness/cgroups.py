@@ -85,6 +85,7 @@ class CpuGroup:
         (self.path / "cgroup.procs").write_text(str(pid))
 
     def pids(self) -> list[int]:
+        """The pids in the group (cgroup.procs), or [] when the group is gone or unreadable."""
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
         except OSError:
@@ -128,6 +129,8 @@ def busy_loops(count: int, group: CpuGroup) -> list:
 
 
 def stop_all(procs: list) -> None:
+    """SIGKILLs every process of `procs` (subprocess.Popen, e.g. busy_loops') still running and
+    waits for all of them."""
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from pathlib import Path
 from kvpilot.engine.settings import to_flags
 
 from kvpilot.bench.harness.server_process import ServerProcess
-from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
+from kvpilot.loadgen.process import KVPILOT_SERVE, free_port, spawn_logged, stop_process
 
 
 def node_flags(nnodes: int, node_rank: int, master_port: int) -> list[str]:
@@ -27,18 +26,19 @@ def node_flags(nnodes: int, node_rank: int, master_port: int) -> list[str]:
 
 
 class HeadlessNode:
-    """A node > 0: `kvpilot serve MODEL FLAGS --node-rank R ...`, output in log_path."""
+    """A node > 0: `kvpilot serve MODEL FLAGS --node-rank R ...`, output in log_path, started
+    in `env` (kvpilot.loadgen.process.spawn_logged: a session of its own, unbuffered output)."""
 
     def __init__(self, command: list[str], log_path: Path, env: Mapping[str, str]) -> None:
         self.log_path = Path(log_path)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**env, "PYTHONUNBUFFERED": "1"})
+        self.proc = spawn_logged(command, self.log_path, env=env)
 
     def log(self) -> str:
+        """The node's output so far (raises OSError when the log cannot be read)."""
         return self.log_path.read_text(errors="replace")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` (default SIGKILL: a lost node) to the node's process unless it has exited."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
 
@@ -94,6 +94,7 @@ class NodeGroup:
 
     @property
     def url(self) -> str:
+        """Node 0's http://HOST:PORT (the only node serving HTTP); start() first."""
         return self.server.base_url
 
     def node0_exit_code(self, timeout_s: float) -> int:
@@ -101,15 +102,12 @@ class NodeGroup:
         return self.server.proc.wait(timeout_s)
 
     def stop(self) -> None:
+        """Stops node 0 (SIGTERM, then SIGKILL after its stop timeout), then every headless node
+        (SIGTERM, SIGKILL after 10 s)."""
         if self.server is not None:
             self.server.stop()
         for node in self.workers:
-            node.kill(signal.SIGTERM)
-            try:
-                node.wait(10)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait(10)
+            stop_process(node.proc, 10)
 
     def __enter__(self) -> NodeGroup:
         return self.start()

@@ -47,10 +47,14 @@ class Prometheus:
         return body["data"]["result"]
 
     def value(self, promql: str, at: float | None = None) -> float | None:
+        """The first sample's value of instant query `promql` (at Unix time `at`, default now) as a
+        float, or None when the query returns no series. Raises httpx.HTTPError as `query` does."""
         result = self.query(promql, at)
         return float(result[0]["value"][1]) if result else None
 
     def stop(self) -> None:
+        """SIGTERM to Prometheus, waits up to 30 s for it (subprocess.TimeoutExpired after that),
+        closes its log."""
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()

@@ -85,6 +85,9 @@ RAW_BODIES = [b'{"prompt": "Hi", "max_tokens": ', b'{"messages": [', b"\xff\xfe"
 
 @dataclass(frozen=True)
 class FuzzCase:
+    """One fuzz request: `method` and `path`, the generator that made it (`kind`), its body (JSON
+    `json_body` when has_json, else the `raw` bytes, sent with `content_type`) and query `params`."""
+
     method: str
     path: str
     kind: str  # "schemathesis-positive", "schemathesis-negative", "hostile-<family>"
@@ -204,6 +207,10 @@ def hostile_strategy(openapi: dict, max_size: int):
 
 
 def hostile_cases(openapi: dict, count: int, seed: int, max_size: int = 1_000_000) -> list[FuzzCase]:
+    """`count` hostile requests: the raw bodies and structured-output bodies (each once, on the
+    generation routes), the rest drawn with hypothesis (seeded by `seed`) from a valid body per
+    POST route of `openapi` with one field replaced by a hostile value (arrays and strings up to
+    `max_size`). See the module doc for the families."""
     fixed = len(RAW_BODIES) + len(STRUCTURED_BODIES)
     cases = [FuzzCase("POST", path, "hostile-" + family, json_body=body, has_json=True)
              for path, family, body in draw(hostile_strategy(openapi, max_size), count - fixed, seed)]

@@ -38,6 +38,11 @@ CANARY_ATTEMPTS = 3
 
 @dataclass
 class LivenessResult:
+    """What the liveness fuzz saw: requests sent and their routes, kinds and statuses; the
+    labels of 5xx answers (other than 503 with Retry-After), 4xx/5xx JSON not in OpenAI's error
+    shape, timeouts, dropped connections and requests after which the server stopped answering;
+    health checks, canaries (each one's seconds) and the run's length (s)."""
+
     sent: int = 0
     routes: Counter = field(default_factory=Counter)  # "METHOD /path" -> requests
     kinds: Counter = field(default_factory=Counter)
@@ -55,11 +60,16 @@ class LivenessResult:
 
 
 def headers_for(path: str) -> dict[str, str]:
+    """The Authorization header for `path`: the admin token on /admin/ routes, the API key elsewhere."""
     token = ADMIN_TOKEN if path.startswith("/admin/") else API_KEY
     return {"Authorization": f"Bearer {token}"}
 
 
 def send(client: httpx.Client, case: FuzzCase, result: LivenessResult, timeout_s: float) -> None:
+    """Sends one fuzz case and counts its outcome in `result`: a timeout (after `timeout_s` s) is
+    unanswered, a transport error a connection error, a 5xx other than 503 with Retry-After a
+    server error, a 4xx/5xx JSON answer not in OpenAI's shape a bad error shape. Raises nothing
+    for the server's answers."""
     headers = headers_for(case.path)
     if case.content_type or case.has_json:
         headers["Content-Type"] = case.content_type or "application/json"
@@ -159,6 +169,9 @@ def leaked_blocks(url: str, num_blocks: int) -> tuple[int, float]:
 
 
 def server_command(model: str, max_model_len: int) -> list[str]:
+    """`kvpilot serve MODEL` as the fuzz runs it: float32, 4 sequences, NUM_BLOCKS KV blocks, a
+    16-deep queue, 20 s request deadline, admin routes on, request logging off (ServerProcess
+    appends --port)."""
     engine = to_flags({"max_model_len": max_model_len, "max_num_seqs": 4, "dtype": "float32",
                        "num_gpu_blocks_override": NUM_BLOCKS})
     return [*KVPILOT_SERVE, model, *engine, "--max-queue-len", "16", "--request-deadline-s", "20",
@@ -166,6 +179,9 @@ def server_command(model: str, max_model_len: int) -> list[str]:
 
 
 def summary(result: LivenessResult, blocks: int, running: float) -> dict:
+    """The JSON summary of a fuzz run: counts by route, kind and status, the first 20 of each
+    failure list, canary p50/max (s), and `blocks` KV blocks leaked and `running` requests still
+    running after the run."""
     canary = sorted(result.canary_s)
     return {"requests": result.sent, "routes": dict(result.routes), "kinds": dict(result.kinds),
             "statuses": {str(k): v for k, v in sorted(result.statuses.items())},
@@ -181,6 +197,10 @@ def summary(result: LivenessResult, blocks: int, running: float) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot bench fuzz-liveness`: starts `kvpilot serve`, sends --requests fuzz cases with a
+    liveness check (and canary chat) after each --canary-every, then checks the KV cache is idle;
+    writes fuzz_liveness.json (with the machine block, kvpilot.loadgen.machine) under --out.
+    Returns 0, or 1 when the engine died or KV blocks leaked."""
     p = argparse.ArgumentParser(prog="kvpilot bench fuzz-liveness", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--requests", type=int, default=2000)

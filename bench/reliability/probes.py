@@ -28,6 +28,10 @@ ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatC
 
 @dataclass
 class FuzzResult:
+    """What `fuzz` saw: requests answered and their statuses, 5xx answers (of them `overloaded`:
+    503 with Retry-After), requests unanswered within the client timeout and 4xx bodies not in
+    OpenAI's error shape (each "route body -> status answer", cut to 300 characters)."""
+
     requests: int = 0
     statuses: Counter = field(default_factory=Counter)
     server_errors: list[str] = field(default_factory=list)      # 5xx: route, body, answer
@@ -122,6 +126,9 @@ def generate_requests(openapi: dict, count: int, seed: int = 0) -> list[tuple[st
 
 async def fuzz(url: str, headers: dict[str, str], requests: list[tuple[str, dict]], concurrency: int = 4,
                timeout_s: float = 60.0) -> FuzzResult:
+    """POSTs each (route, body) of `requests` to the server at `url`, `concurrency` at a time, each
+    with a `timeout_s` s client timeout, and counts the answers (FuzzResult). Raises httpx errors
+    other than timeouts (e.g. a refused connection)."""
     result = FuzzResult()
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s) as client:
@@ -150,6 +157,10 @@ async def fuzz(url: str, headers: dict[str, str], requests: list[tuple[str, dict
 
 @dataclass
 class OverloadResult:
+    """What `overload` saw: requests offered and their statuses, 503s without Retry-After, /health
+    probes and their failures (with the first errors), the server's peak RSS (bytes, 0 without a
+    pid) and the run's length (s)."""
+
     offered: int = 0
     statuses: Counter = field(default_factory=Counter)
     missing_retry_after: int = 0
@@ -161,6 +172,8 @@ class OverloadResult:
 
 
 def rss_bytes(pid: int) -> int:
+    """Resident set size of process `pid` in bytes (VmRSS of /proc/PID/status, kB x 1024), 0 when
+    the line is missing. Raises FileNotFoundError when no such process exists."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024

@@ -31,6 +31,8 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def server_command(a: argparse.Namespace) -> list[str]:
+    """`kvpilot serve` as the reliability run starts it: float32, 256 KV blocks, the flags' model
+    length, sequences, queue length and request deadline (s), request logging off."""
     engine = {"max_model_len": a.max_model_len, "max_num_seqs": a.max_num_seqs, "num_gpu_blocks_override": 256,
               "dtype": "float32"}
     return [*KVPILOT_SERVE, a.model, *to_flags(engine), "--max-queue-len", str(a.max_queue_len),
@@ -38,6 +40,8 @@ def server_command(a: argparse.Namespace) -> list[str]:
 
 
 def metric(url: str, name: str) -> float:
+    """The sum over every series of Prometheus metric `name` on the server's /metrics (0.0 when
+    absent). Raises httpx.HTTPError when /metrics does not answer within 10 s."""
     total = 0.0
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -103,6 +107,10 @@ async def sigterm_under_load(server: ServerProcess, streams: int) -> dict:
 
 
 def run(a: argparse.Namespace) -> dict:
+    """Starts `kvpilot serve` and runs the four probes in order: the OpenAPI fuzz, an overload of
+    10 x capacity (running + queued), the disconnect storm, SIGTERM under load; returns their
+    figures with the machine block (kvpilot.loadgen.machine, the load before and after). Raises
+    ServerRefused when the server does not start."""
     os.environ[VLLM_API_KEY] = API_KEY
     capacity = a.max_num_seqs + a.max_queue_len
     results: dict = {"capacity": capacity, "machine": machine_info()}
@@ -135,6 +143,8 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot bench reliability`: `run` with the flags' server limits, written to results.json
+    under --out and printed. Returns 0."""
     p = argparse.ArgumentParser(prog="kvpilot bench reliability", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--model", default="smollm2-135m-instruct")

@@ -33,6 +33,11 @@ CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2, "t
 
 @dataclass
 class SlowClientResult:
+    """What the slow-client run saw: connections stalled (headers and one body byte) and idle
+    (nothing sent), how many the server closed and after how long (s, from the connect), 408
+    answers, those still open at the end, and the /health and chat latencies (s) and failures
+    measured meanwhile."""
+
     stalled: int = 0  # connections opened that sent headers + 1 body byte
     idle: int = 0  # connections opened that sent nothing
     open_failures: int = 0
@@ -46,6 +51,8 @@ class SlowClientResult:
     chat_failures: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
+        """The JSON summary: the counts as they are, each list of seconds as its min/p50/max/n
+        (rounded to ms), the first 10 failures of each kind."""
         def spread(values: list[float]) -> dict:
             if not values:
                 return {}
@@ -129,6 +136,10 @@ async def stall_and_probe(url: str, stalled: int, idle: int, wait_s: float, body
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot bench slow-clients`: starts `kvpilot serve` with --request-read-timeout-s, holds
+    --connections stalled connections (and a tenth as many idle ones) while probing /health and a
+    chat, and writes slow_clients.json (with the machine block, kvpilot.loadgen.machine) under
+    --out. Raises the open-file limit first. Returns 0."""
     p = argparse.ArgumentParser(prog="kvpilot bench slow-clients", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability"))
     p.add_argument("--connections", type=int, default=1000)
@@ -144,7 +155,8 @@ def main(argv: list[str]) -> int:
     with ServerProcess(command, Path("/tmp") / f"kvpilot-slow-clients-{os.getpid()}.log") as server:
         result = asyncio.run(stall_and_probe(server.base_url, a.connections, a.connections // 10,
                                              wait_s=a.read_timeout_s + 60))
-    summary = {"server": " ".join(command[2:]), "machine": machine_info(loadavg_before=before), "open_file_limit": nofile, **result.summary(),
+    summary = {"server": " ".join(command[2:]), "machine": machine_info(loadavg_before=before),
+               "open_file_limit": nofile, **result.summary(),
                "command": "kvpilot bench slow-clients " + " ".join(argv)}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "slow_clients.json").write_text(json.dumps(summary, indent=1))

@@ -141,7 +141,8 @@ def test_both_clients_get_the_same_run(client, tmp_path):
 
 def run(server, level, repeat, tok_s, ttft, **extra):
     return {"repeat": repeat, "concurrency": level, "server": server, "position": 0, "num_prompts": 32,
-            "loadavg_before": [1.0, 0.8, 0.5], "loadavg_after": [2.0, 1.1, 0.6], "completed": 32, "failed": 0, "output_throughput": tok_s,
+            "loadavg_before": [1.0, 0.8, 0.5], "loadavg_after": [2.0, 1.1, 0.6], "completed": 32, "failed": 0,
+            "output_throughput": tok_s,
             "median_ttft_ms": ttft, "p95_ttft_ms": 2 * ttft, "median_itl_ms": 10.0, **extra}
 
 

@@ -65,7 +65,8 @@ def test_an_exit_before_health_names_the_process_and_its_code(tmp_path):
 
 
 def test_a_process_that_ignores_sigterm_is_killed_with_its_session(tmp_path):
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "time.sleep(60)")
     proc = spawn_logged([sys.executable, "-c", stubborn], tmp_path / "s.log")
     deadline = time.monotonic() + 30
     while "ready" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:

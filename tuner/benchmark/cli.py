@@ -90,6 +90,8 @@ def _add_confirm(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`kvpilot bench tuning`'s parser: the grid, replay and confirm steps as subcommands (one
+    required), each with its own flags. Exits 2 on bad flags (argparse)."""
     p = argparse.ArgumentParser(prog="kvpilot bench tuning", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True, metavar="{grid,replay,confirm}")

@@ -24,6 +24,7 @@ LOOSE_MS = 1e6  # a limit nothing reaches: the SLO does not constrain it
 
 
 def p95(values: list[float]) -> float:
+    """The 95th percentile of `values` (numpy's linear interpolation), NaN when empty."""
     return float(np.percentile(values, 95)) if values else math.nan
 
 

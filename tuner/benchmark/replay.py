@@ -59,12 +59,17 @@ class GridSpace(SearchSpace):
         object.__setattr__(self, "axes", axes)
 
     def batched_tokens_choices(self, base: EngineSettings) -> list[int]:
+        """The grid's max_num_batched_tokens values, sorted; the base value alone when the grid has
+        no such axis (SearchSpace.batched_tokens_choices: powers of two)."""
         return sorted(self.axes.get("max_num_batched_tokens", [base.max_num_batched_tokens]))
 
     def seqs_choices(self, base: EngineSettings) -> list[int]:
+        """The grid's max_num_seqs values, sorted; the base value alone when the grid has no such axis."""
         return sorted(self.axes.get("max_num_seqs", [base.max_num_seqs]))
 
     def bounds_with(self, base: EngineSettings) -> SearchSpace:
+        """This space unchanged: a replay deploys only the grid's recorded points, so the ranges are
+        not widened to hold the base settings (as SearchSpace.bounds_with widens them)."""
         return self
 
 
@@ -85,6 +90,9 @@ class TableRunner:
         return found
 
     def run_trial(self, number: int, settings: EngineSettings) -> Measurement:
+        """Trial `number` at `settings`: the point's next recorded window (each point's windows in a
+        random order drawn once, then taken in turn) judged against the SLO. Raises ValueError for
+        settings off the grid and TrialFailed(OUT_OF_MEMORY) for a point the engine refused."""
         p = self.point(settings.as_dict())
         self.deployed.append(p)
         if not p["windows"]:

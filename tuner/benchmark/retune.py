@@ -51,6 +51,9 @@ def _phase(text: str) -> tuple[int, int, float]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """`kvpilot bench retune`'s flags: the arms, each phase as IN,OUT,RATE (prompt and reply
+    tokens, req/s) and its length (s), the watch and live windows (s), the SLOs, the report
+    folder. Exits 2 on bad flags (argparse)."""
     p = argparse.ArgumentParser(prog="kvpilot bench retune", description=__doc__.split("\n\n")[0])
     p.add_argument("--arms", default="continuous,once")
     p.add_argument("--phase-a", type=_phase, default=(32, 16, 1.5), metavar="IN,OUT,RATE")
@@ -195,6 +198,9 @@ def figures(timeline: list[dict[str, Any]], started_s: float, shift_s: float) ->
 
 
 def main(argv: list[str]) -> int:
+    """`kvpilot bench retune`: runs each arm (`run_arm`), prints its figures and writes them with
+    the machine block (kvpilot.loadgen.machine; the load before the first arm and after the last)
+    to --output-json (default REPORT_DIR/retune.json). Returns 0."""
     a = parse(argv)
     results = [run_arm(a, arm) for arm in a.arms]
     machine = machine_info(loadavg_before=results[0]["loadavg_before"])

@@ -75,6 +75,8 @@ class Scenario:
             raise ValueError(f"slo_percentiles {sorted(unknown)}: choose among {', '.join(SLO_LIMITS)}")
 
     def replace(self, **changes: Any) -> Scenario:
+        """A copy with `changes` (field=value) applied (dataclasses.replace; __post_init__ checks it
+        again, raising ValueError as the constructor does)."""
         return dataclasses.replace(self, **changes)
 
     def defaults(self) -> EngineSettings:

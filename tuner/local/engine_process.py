@@ -69,18 +69,23 @@ class EngineProcess:
 
     @property
     def base_url(self) -> str:
+        """http://HOST:PORT of node 0 (the port chosen at start(); 0 before)."""
         return f"http://{self.host}:{self.port}"
 
     @property
     def headers(self) -> dict[str, str]:
+        """The Authorization header the /v1 routes take (the API key), {} without one."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def admin_headers(self) -> dict[str, str]:
+        """The Authorization header of kvpilot serve's /admin routes (the generated admin token), {}
+        for other engines."""
         return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
 
     @property
     def running(self) -> bool:
+        """Whether node 0's process was started and has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
     def command(self, settings: EngineSettings, node_rank: int = 0) -> list[str]:
@@ -116,6 +121,7 @@ class EngineProcess:
         return env
 
     def log_tail(self, chars: int = 4000, node_rank: int = 0) -> str:
+        """The last `chars` characters of node `node_rank`'s log, "" when it cannot be read."""
         try:
             return self.node_log_path(node_rank).read_text(errors="replace")[-chars:]
         except OSError:
