@@ -83,3 +83,27 @@ def test_vllm_is_a_python_with_the_vllm_script_beside_it(tmp_path):
     assert venv_vllm_python(tmp_path) == python and not has_vllm(python)
     (python.parent / "vllm").write_text("")
     assert has_vllm(python) and has_vllm(str(python))
+
+
+def test_the_tuners_engine_process_starts_and_stops_through_the_same_helpers(tmp_path):
+    """EngineProcess (kvpilot.tuner.local) with a stand-in `serve` that takes any flags: one start
+    appends to the log under a "===" command line and answers /health; an exit before health is
+    a TrialFailed classified from the log (an upstream engine's: no structured exit code)."""
+    from kvpilot.tuner.failures import REJECTED, TrialFailed
+    from kvpilot.tuner.local.engine_process import EngineProcess
+    from kvpilot.tuner.search.settings import EngineSettings
+
+    lenient = HEALTH_SERVER.replace("a = p.parse_args()", "a = p.parse_known_args()[0]")
+    engine = EngineProcess("m", tmp_path / "engine.log", serve_command=[sys.executable, "-c", lenient],
+                           startup_timeout_s=30)
+    engine.start(EngineSettings())
+    try:
+        assert engine.running and engine.port > 0 and engine.log_path.read_text().startswith("\n=== ")
+    finally:
+        engine.stop(timeout_s=5)
+    assert not engine.running and engine.proc is None
+    refusing = EngineProcess("m", tmp_path / "refused.log", startup_timeout_s=30,
+                             serve_command=[sys.executable, "-c", "import sys; print('bad value'); sys.exit(2)"])
+    with pytest.raises(TrialFailed) as failed:
+        refusing.start(EngineSettings())
+    assert failed.value.kind == REJECTED and "engine exited with 2" in failed.value.message

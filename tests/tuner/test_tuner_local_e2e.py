@@ -17,10 +17,11 @@ import pytest
 from prometheus_harness import Prometheus
 
 from kvpilot.loadgen.datasets import SampleRequest
+from kvpilot.loadgen.process import free_port
 from kvpilot.loadgen.tokenizers import load_tokenizer
 from kvpilot.engine.exit_codes import EXIT_ENGINE_DIED
 from kvpilot.tuner.report import tuning_report as report
-from kvpilot.tuner.local.engine_process import EngineProcess, free_port
+from kvpilot.tuner.local.engine_process import EngineProcess
 from kvpilot.tuner.failures import OUT_OF_MEMORY, TRANSIENT, TrialFailed
 from kvpilot.tuner.search.feasibility import Hardware, check, resolve_model
 from kvpilot.tuner.local.runner import LocalRunner
