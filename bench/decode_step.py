@@ -12,14 +12,13 @@ average before and after, and `--dtype auto`'s choice on this CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from kvpilot.bench.report import write_result
 from kvpilot.engine.cpu.row_limits import ROW_LIMITS
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.machine import loadavg, machine_info
@@ -201,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
            "prompt_len": args.prompt_len, "steps_per_round": args.steps, "rounds": args.rounds,
            "auto_dtype": {"dtype": str(choice.dtype).removeprefix("torch."), "reason": choice.reason},
            "results": results}
-    path = Path(args.output_json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    write_result(args.output_json, out)
     return 0
 
 

@@ -128,6 +128,16 @@ def result_path(
     return Path(name)
 
 
+def write_result(path: str | Path, data: dict[str, Any]) -> Path:
+    """Writes an offline benchmark's result `data` as indented JSON to `path` (its folder made)
+    and prints "wrote PATH"; returns the path. Raises OSError when it cannot be written."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2))
+    print(f"wrote {out}")
+    return out
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Writes `data` as compact JSON (UTF-8) to `path`, as vLLM's --save-result does. Raises
     OSError when the file cannot be written."""

@@ -10,10 +10,9 @@ the text. Figures: benchmarks/results/sampling_params/README.md."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
+from kvpilot.bench.report import write_result
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import sample_sharegpt_requests
 from kvpilot.loadgen.machine import loadavg, machine_info
@@ -85,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                "machine": machine_info(loadavg_before=load_before),
                "command": "kvpilot bench sampling-params " + " ".join(argv or [])}
     _print(results)
-    out = Path(args.output_json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    write_result(args.output_json, results)
     return 0
 
 

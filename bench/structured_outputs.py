@@ -13,8 +13,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
+from kvpilot.bench.report import write_result
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import sample_sharegpt_requests
 from kvpilot.loadgen.machine import loadavg, machine_info
@@ -145,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                "compile": compiles, "machine": machine_info(loadavg_before=load_before),
                "command": "kvpilot bench structured-outputs " + " ".join(argv or [])}
     _print(results)
-    out = Path(args.output_json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    write_result(args.output_json, results)
     return 0
 
 

@@ -19,14 +19,13 @@ from that GGUF); `--quantization none` keeps our engine on the dense weights as 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from kvpilot.bench.report import write_result
 from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.settings import BY_NAME
 from kvpilot.loadgen.datasets import SampleRequest, sample_sharegpt_requests
@@ -289,10 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     _print_tables(console, results, profile, len(requests), args.dtype, weights)
     results["profile_share"] = dict(profile)
     results["machine"] = machine_info(loadavg_before=load_before)
-    out = Path(args.output_json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    console.print(f"wrote {out}")
+    write_result(args.output_json, results)
     return 0
 
 

@@ -19,4 +19,5 @@ def test_the_benchmark_times_each_mode_and_every_grammars_compile(tmp_path):
     assert [r[m]["output_tokens"] for m in structured_outputs.MODES] == [8, 8, 8]
     assert r["without_schema"]["grammar_s"] == 0 and r["json_schema"]["grammar_ms_per_step"] > 0
     assert set(r["compile"]["grammars"]) == set(structured_outputs.GRAMMARS)
+    assert set(r["machine"]) == {"cpu", "flags", "cores", "loadavg_before", "loadavg_after"}  # kvpilot.loadgen.machine
     assert all(g["cold_ms"] > 0 and g["cached_ms"] > 0 for g in r["compile"]["grammars"].values())

@@ -33,6 +33,7 @@ def test_throughput_runs_the_engine_as_shipped_and_records_its_weights(tmp_path)
     assert result["quantization"] == "gguf" and result["gguf_activations"] == "q8_1"
     assert result["dtype"] == "float32" and result["kvpilot"]["output_tokens_per_s"] > 0
     assert "hf_generate" not in result
+    assert result["machine"]["cpu"] and len(result["machine"]["loadavg_after"]) == 3  # kvpilot.loadgen.machine
     # the step profile sees the C decode stack (a torch profiler range), not only "other"
     assert result["profile_share"]["decode stack (all layers in one C call)"] > 0
 
