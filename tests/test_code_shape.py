@@ -111,3 +111,15 @@ def test_every_public_function_and_class_of_the_product_has_a_docstring():
     shapes, units, errors and sources where they apply: STYLE.md); the count stays at zero."""
     missing = [entry for p in _product_files() for entry in missing_docstrings(p)]
     assert not missing, f"{len(missing)} public names without a docstring: " + ", ".join(missing)
+
+
+def test_the_product_uses_absolute_imports_only():
+    """Issue 51: every package imports by its full kvpilot.* name (the operator was the last with
+    relative imports), so a moved module is found by one search for its dotted name."""
+    relative = [
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for p in _product_files()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert not relative, "relative imports: " + ", ".join(relative)
