@@ -32,11 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.api.spec import TuningSpec
 from kvpilot.tuner.search.objective import INFEASIBLE, SLO, Measurement, violations
 from kvpilot.tuner.measure.shape import FIGURES, WorkloadShape, shifted
 
 SLO_BREACHED, WORKLOAD_SHIFTED = "SLOBreached", "WorkloadShifted"
 HOUR_S = 3600.0
+
+_SPEC = TuningSpec()  # spec.tuning's defaults (the CRD's: tests/operator/test_crd_generated.py)
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,13 @@ class WatchConfig:
     the reference when there is none (after a study: the traffic its settings serve). Raises
     ValueError on values that cannot work."""
 
-    window_s: float = 60.0
-    breach_windows: int = 3
-    shift_ratio: float = 2.0
+    window_s: float = float(_SPEC.watchSeconds)
+    breach_windows: int = _SPEC.breachWindows
+    shift_ratio: float = _SPEC.shiftRatio
     shift_windows: int = 2
     min_requests: int = 10
-    cooldown_s: float = 600.0
-    max_studies_per_hour: int = 2
+    cooldown_s: float = float(_SPEC.cooldownSeconds)
+    max_studies_per_hour: int = _SPEC.maxStudiesPerHour
     reference_windows: int = 3
 
     def __post_init__(self) -> None:

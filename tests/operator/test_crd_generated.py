@@ -76,3 +76,27 @@ def test_the_nnodes_rule_on_spec_is_the_settings_tables():
         assert bool(program.evaluate({"self": celpy.json_to_cel(obj)})) == settings.nnodes_divides(tp * pp, nnodes)
     for partial in ({}, {"engine": {}}, {"parallelism": {"nnodes": 2}}, {"engine": {"tensorParallelSize": 3}}):
         assert bool(program.evaluate({"self": celpy.json_to_cel(partial)}))  # absent: checked after defaulting
+
+
+def test_every_crd_default_outside_the_engine_is_the_spec_dataclasss():
+    """Issue 51: one source per default. spec.engine's come from the settings table (above); the
+    other sections' defaults written in crd_base.yaml must equal api/spec.py's dataclasses (what
+    the operator and the tuner apply to a spec the API server did not default, and what the
+    tuner's watcher starts from: tuner/watch.py WatchConfig reads TuningSpec)."""
+    from dataclasses import fields, is_dataclass
+
+    from kvpilot.api.spec import InferenceServiceSpec
+
+    spec_schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    checked = 0
+    for section in fields(InferenceServiceSpec):
+        if section.name in ("model", "engine") or not callable(section.default_factory):
+            continue
+        instance = section.default_factory()
+        assert is_dataclass(instance), section.name
+        for name, schema in spec_schema[section.name]["properties"].items():
+            if "default" in schema:
+                value = getattr(instance, name)
+                assert schema["default"] == (list(value) if isinstance(value, tuple) else value), f"{section.name}.{name}"
+                checked += 1
+    assert checked >= 10, checked  # the tuning and SLO sections' defaults at least
