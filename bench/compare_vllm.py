@@ -31,9 +31,8 @@ from typing import Any
 
 from kvpilot.api.vllm import VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_MODULE, VLLM_VENV
 from kvpilot.engine.settings import BY_NAME, flag_words, to_flags
-from kvpilot.loadgen.process import has_vllm, venv_vllm_python
+from kvpilot.loadgen.process import REPO_ROOT, has_vllm, venv_vllm_python
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,95,99"
 CLIENTS = {"vllm": "vllm bench serve", "kvpilot": "kvpilot bench serve"}

@@ -107,3 +107,14 @@ def test_the_tuners_engine_process_starts_and_stops_through_the_same_helpers(tmp
     with pytest.raises(TrialFailed) as failed:
         refusing.start(EngineSettings())
     assert failed.value.kind == REJECTED and "engine exited with 2" in failed.value.message
+
+
+def test_the_checkout_root_is_found_from_every_package_that_names_it():
+    """Issue 51 moved files a folder deeper: a `Path(__file__).parents[N]` that still counted the old
+    depth would point inside a package and miss the checkout's .venv-vllm."""
+    from kvpilot.bench import compare_vllm
+    from kvpilot.loadgen import process
+    from kvpilot.tuner.local import vllm_runtime
+
+    for root in (process.REPO_ROOT, compare_vllm.REPO_ROOT, vllm_runtime.REPO_ROOT):
+        assert (root / "pyproject.toml").is_file() and (root / "engine").is_dir(), root

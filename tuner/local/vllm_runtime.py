@@ -36,9 +36,8 @@ from kvpilot.api.vllm import VLLM_CPU_BLOCK_SIZE_MULTIPLE, VLLM_CPU_UNPINNED_ENV
 from kvpilot.engine.settings import flag_words
 from kvpilot.tuner.local.engine_process import EngineProcess
 from kvpilot.engine.settings.env import VLLM_CPU_KVCACHE_SPACE, VLLM_LOG_STATS_INTERVAL
-from kvpilot.loadgen.process import venv_vllm_python
+from kvpilot.loadgen.process import REPO_ROOT, venv_vllm_python
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # an editable install: the checkout
 VLLM_CPU_BLOCK_SIZE = VLLM_CPU_BLOCK_SIZE_MULTIPLE  # the smallest vLLM's CPU attention takes (kvpilot.api.vllm)
 VLLM_HELP = "--help=all"  # `vllm serve --help` lists its config groups only
 DEFAULT_ENVIRONMENT = {**VLLM_CPU_UNPINNED_ENVIRONMENT, VLLM_LOG_STATS_INTERVAL: "1"}
