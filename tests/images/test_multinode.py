@@ -2,8 +2,15 @@
 CNI bridge, kube-proxy, CoreDNS, NetworkPolicies enforced by kube-network-policies), run by the
 chart's operator from the images `make images` built: spec.parallelism.nnodes 2 with pipeline
 parallel 2 (a stage per pod) and nnodes 3 with tensor parallel 3 (SmolLM2's 9 heads and 3 KV
-heads split in 3, not in 2) give the same greedy text as one pod; a worker killed with SIGKILL
-has its whole group recreated by the operator, which then serves the same text again.
+heads split in 3, not in 2) answer as one pod; a worker killed with SIGKILL has its whole group
+recreated by the operator, which then serves the same text again.
+
+Pipeline stages run the same kernels on the same rows as one pod, so their greedy text is the
+same; tensor parallel adds each row-parallel matmul's three partial sums in another order, so on
+some CPUs a near tie flips (2-core Intel Xeon with AMX: " United" -3.351 against " answer" -3.414
+on one pod, the other way round on three). Tensor parallel is held to vLLM's rule for parallel and
+quantized runs instead (tests/models/utils.py check_logprobs_close): the same tokens up to the
+first difference, and there each side's token among the other's top 5.
 
 Each engine pod asks for 900 m CPU (600 m for three), so its limit is one CPU and the engine
 runs one thread: the node's 2 CPUs less its 100 m reserved and the operator's 2 x 50 m leave
@@ -27,6 +34,7 @@ from kube.tools import Kubectl, free_port, tool, wait_for
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 MAX_TOKENS = 12
+TOP_LOGPROBS = 5
 
 
 @contextlib.contextmanager
@@ -52,17 +60,34 @@ def forwarded(kubectl: Kubectl, pod: str, log: pathlib.Path) -> Iterator[str]:
         process.wait(30)
 
 
-def greedy(kubectl: Kubectl, pod: str, log: pathlib.Path) -> list[str]:
-    """The texts of PROMPTS, greedy, MAX_TOKENS each, from the engine behind pod POD."""
+def greedy(kubectl: Kubectl, pod: str, log: pathlib.Path) -> list[tuple[str, list[str], list[dict]]]:
+    """Per prompt of PROMPTS, greedy, MAX_TOKENS each, from the engine behind pod POD: the text,
+    its tokens and each position's top TOP_LOGPROBS {token: logprob}."""
     with forwarded(kubectl, pod, log) as url:
-        texts = []
+        outputs = []
         for prompt in PROMPTS:
             r = httpx.post(f"{url}/v1/completions", timeout=300, json={
                 "model": "smollm2-135m-instruct", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "ignore_eos": True})
+                "ignore_eos": True, "logprobs": TOP_LOGPROBS})
             assert r.status_code == 200, r.text
-            texts.append(r.json()["choices"][0]["text"])
-        return texts
+            choice = r.json()["choices"][0]
+            outputs.append((choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["top_logprobs"]))
+        return outputs
+
+
+def texts(outputs: list[tuple[str, list[str], list[dict]]]) -> list[str]:
+    return [text for text, _, _ in outputs]
+
+
+def assert_logprobs_close(reference, ours) -> None:
+    """vLLM's check_logprobs_close (tests/models/utils.py): per prompt, the same tokens up to the
+    first that differs; there each side's token is among the other's top TOP_LOGPROBS."""
+    for prompt, (_, ref_tokens, ref_top), (_, our_tokens, our_top) in zip(PROMPTS, reference, ours):
+        assert len(our_tokens) == len(ref_tokens) == MAX_TOKENS, (prompt, ref_tokens, our_tokens)
+        for pos, (a, b) in enumerate(zip(ref_tokens, our_tokens)):
+            if a != b:
+                assert b in ref_top[pos] and a in our_top[pos], (prompt, pos, ref_top[pos], our_top[pos])
+                break
 
 
 def serve(kubectl: Kubectl, name: str, nnodes: int, cpu: str, **engine: int) -> dict:
@@ -101,12 +126,14 @@ def test_one_model_over_pods_serves_as_one_pod_and_a_killed_worker_restarts_its_
             kubectl("delete", "isvc", "tp", "--wait=true", timeout=120)
         finally:
             release.uninstall()
-    assert all(len(text) > 0 for text in reference), reference
-    assert pipeline == reference and tensor == reference and after_kill == reference, \
-        (reference, pipeline, tensor, after_kill)
+    assert all(len(text) > 0 for text in texts(reference)), reference
+    assert texts(pipeline) == texts(reference) and texts(after_kill) == texts(reference), \
+        (texts(reference), texts(pipeline), texts(after_kill))
+    assert_logprobs_close(reference, tensor)
     assert restarted and "pod pp-0" in restarted[0], restarted  # the worker, or node 0 that lost it
     assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvpilot-engine",
                                                       "app.kubernetes.io/instance": "pp"}}}]} in policy
     with capsys.disabled():
-        print(f"\n[multinode] greedy texts (one pod = pp2 over 2 pods = tp3 over 3 pods = pp2 after a "
-              f"killed worker): {json.dumps(reference)}; group restart: {restarted[0]}")
+        print(f"\n[multinode] greedy texts (one pod = pp2 over 2 pods = pp2 after a killed worker): "
+              f"{json.dumps(texts(reference))}; tp3 over 3 pods: {json.dumps(texts(tensor))}; "
+              f"group restart: {restarted[0]}")
