@@ -28,9 +28,9 @@ from kvpilot.bench.harness.prometheus import Prometheus
 from kvpilot.bench.harness.server_process import ServerProcess
 from kvpilot.engine.settings import flag_words
 from kvpilot.loadgen.datasets import sharegpt_pairs
-from kvpilot.loadgen.process import KVPILOT_SERVE, free_port
+from kvpilot.loadgen.process import KVPILOT_SERVE, REPO_ROOT, free_port
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "kvpilot" / "dashboards" / "kvpilot.json"
+DASHBOARD = REPO_ROOT / "charts" / "kvpilot" / "dashboards" / "kvpilot.json"
 LABELS = {"namespace": "default", "app_kubernetes_io_instance": "smollm2", "pod": "smollm2-0"}
 ROWS = {  # PNG name -> dashboard panel titles
     "latency": ["Time to first token (p50/p95/p99)", "Inter-token latency (p50/p95/p99)",

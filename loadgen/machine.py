@@ -14,7 +14,8 @@ averaged over 1, 5 and 15 minutes), rounded to 0.01.
 
 Results recorded before this spelling (benchmarks/results) stay as they were: "loadavg_before"
 as /proc/loadavg's text, "load_1m_before" (the 1-minute figure alone), "load_avg_at_start",
-"load_at_start", "load_avg". `recorded_load`, `load_1m` and `recorded_machine` read every one.
+"load_at_start", "load_avg", "load_average_before" / "load_average" (the operator's benchmarks).
+`recorded_load`, `load_1m` and `recorded_machine` read every one.
 
 Source of the CPU fields: /proc/cpuinfo's "model name" and "flags" (kvpilot.kernels.cpu.cpu_flags,
 the ISA flags that decide kernels and dtypes). Standard library only; torch-free.
@@ -30,7 +31,8 @@ from kvpilot.kernels.cpu.cpu_flags import ISA_FLAGS, detect_cpu
 
 # each recorded spelling of (the first sample, the last sample), newest first
 _LOAD_KEYS = (("loadavg_before", "loadavg_after"), ("loadavg", "loadavg"), ("load_1m_before", "load_1m_after"),
-              ("load_avg_at_start", "load_avg_at_end"), ("load_at_start", "load_at_end"), ("load_avg", "load_avg"))
+              ("load_avg_at_start", "load_avg_at_end"), ("load_at_start", "load_at_end"), ("load_avg", "load_avg"),
+              ("load_average_before", "load_average"), ("load_average", "load_average"))
 
 
 def loadavg() -> list[float]:

@@ -14,7 +14,7 @@ from kvpilot.loadgen.machine import load_1m, loadavg, machine_info, recorded_loa
 
 REPO = Path(__file__).resolve().parents[2]
 OLD_LOAD_KEYS = {"load_1m_before", "load_1m_after", "load_avg", "load_avg_at_start", "load_avg_at_end",
-                 "load_at_start", "load_at_end"}
+                 "load_at_start", "load_at_end", "load_average_before", "load_average"}
 
 
 def test_the_block_has_the_cpu_its_flags_the_cores_and_one_load_key():
@@ -38,6 +38,9 @@ def test_the_block_has_the_cpu_its_flags_the_cores_and_one_load_key():
     ({"load_avg_at_start": [0.1, 0.2, 0.3], "load_avg_at_end": [0.4, 0.5, 0.6]}, [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]),
     ({"load_at_start": "0.3 0.2 0.1 1/2 3", "load_at_end": "0.6 0.5 0.4 1/2 3"}, [0.3, 0.2, 0.1], [0.6, 0.5, 0.4]),
     ({"load_avg": [3.0, 2.0, 1.0]}, [3.0, 2.0, 1.0], [3.0, 2.0, 1.0]),  # the tuner's grid windows
+    ({"load_average_before": [0.9, 0.8, 0.7], "load_average": [1.9, 1.8, 1.7]}, [0.9, 0.8, 0.7],
+     [1.9, 1.8, 1.7]),  # the operator's scale benchmark (benchmarks/results/operator)
+    ({"load_average": [0.5, 0.4, 0.3]}, [0.5, 0.4, 0.3], [0.5, 0.4, 0.3]),  # its takeover benchmark
     ({}, None, None),
 ])
 def test_every_recorded_spelling_reads_back(record, before, after):
@@ -70,8 +73,11 @@ def test_a_benchmark_writer_records_the_block():
 
 
 def _writer_files() -> list[Path]:
-    return [p for p in sorted((REPO / "bench").rglob("*.py")) + sorted((REPO / "tuner" / "benchmark").glob("*.py"))
-            if "__pycache__" not in p.parts]
+    """Every file that writes a benchmark's or a tuning run's JSON: bench/, the tuner's benchmarks,
+    the local tuner's report and the operator's benchmarks (tests/operator/bench_operator*.py)."""
+    files = [*sorted((REPO / "bench").rglob("*.py")), *sorted((REPO / "tuner" / "benchmark").glob("*.py")),
+             *sorted((REPO / "tuner" / "local").glob("*.py")), *sorted((REPO / "tests" / "operator").glob("bench_*.py"))]
+    return [p for p in files if "__pycache__" not in p.parts]
 
 
 def test_no_benchmark_writes_the_load_its_own_way():

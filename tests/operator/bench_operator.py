@@ -26,9 +26,7 @@ import collections
 import concurrent.futures
 import datetime
 import json
-import os
 import pathlib
-import platform
 import random
 import sys
 import tempfile
@@ -38,6 +36,8 @@ import urllib.parse
 
 import psutil
 import yaml
+
+from kvpilot.loadgen.machine import loadavg, machine_info
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from kube.cluster import Cluster, standalone  # noqa: E402
@@ -353,7 +353,7 @@ def main() -> int:
             operator.python = [sys.executable, "-m", "memray", "run", "--aggregate", "--force", "-o", str(args.memray)]
         operator.start()
         meter = Meter(operator, cluster, release.username)
-        load_before = os.getloadavg()
+        load_before = loadavg()
         unrelated = unrelated_deployments(cluster, meter, args.unrelated, args.parallel or 16) if args.unrelated else {}
         meter.phase()
         cpu_before, wall_before = component_cpu_s(cluster), time.monotonic()
@@ -376,21 +376,14 @@ def main() -> int:
         if args.operator_log:
             args.operator_log.write_bytes(operator.log.read_bytes())
     result = {"kube_apiserver": version, "controller_qps_limits": not args.disable_qps_limits,
-              "command": " ".join(["tests/operator/bench_operator.py", *sys.argv[1:]]), "cpu": platform.processor() or platform.machine(),
-              "cpu_model": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_before,
-              "load_average": os.getloadavg(), "unrelated": unrelated, "create": create, "change": change}
+              "command": " ".join(["tests/operator/bench_operator.py", *sys.argv[1:]]),
+              "machine": machine_info(loadavg_before=load_before), "unrelated": unrelated, "create": create,
+              "change": change}
     print_table(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0 if create["all_ready_s"] and not change.get("not_converged") else 1
-
-
-def cpu_model() -> str:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def print_table(result: dict) -> None:
@@ -433,8 +426,9 @@ def print_table(result: dict) -> None:
 
 def print_rows(result: dict, rows: list[tuple[str, str, str]]) -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
-    print(f"kube-apiserver {result['kube_apiserver']}, {result['cpu_model']}, {result['cores']} cores, "
-          f"load average {result['load_average'][0]:.2f}")
+    machine = result["machine"]
+    print(f"kube-apiserver {result['kube_apiserver']}, {machine['cpu']}, {machine['cores']} cores, "
+          f"load average {machine['loadavg_after'][0]:.2f}")
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, width)))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import random
 import sys
@@ -31,8 +30,10 @@ import time
 
 import yaml
 
+from kvpilot.loadgen.machine import machine_info
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from bench_operator import cpu_model, percentile  # noqa: E402  (this folder: the script's own)
+from bench_operator import percentile  # noqa: E402  (this folder: the script's own)
 from kube.cluster import Cluster, standalone  # noqa: E402
 from kube.release import Release  # noqa: E402
 from kube.takeover import children, converged, first_reconcile, kill, lease, lease_name  # noqa: E402
@@ -170,8 +171,7 @@ def wait_all(kubectl: Kubectl, names: list[str], seed: int, timeout: float, sinc
 def summary(args: argparse.Namespace, kills: list[dict], version: str) -> dict:
     takeover = [k["takeover_s"] for k in kills]
     converge = [k["converged_s"] for k in kills if k["converged_s"] is not None]
-    return {"kube_apiserver": version, "cpu_model": cpu_model(), "cores": os.cpu_count(),
-            "load_average": os.getloadavg(), "replicas": args.replicas, "inferenceservices": args.count,
+    return {"kube_apiserver": version, "machine": machine_info(), "replicas": args.replicas, "inferenceservices": args.count,
             "lease_duration_s": 15, "renew_deadline_s": 10, "retry_period_s": 2,
             "kills": len(kills), "converged": len(converge),
             "duplicate_children": sum(k["duplicate_children"] for k in kills),
@@ -184,8 +184,9 @@ def summary(args: argparse.Namespace, kills: list[dict], version: str) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"kube-apiserver {result['kube_apiserver']}, {result['cpu_model']}, {result['cores']} cores, load average "
-          f"{result['load_average'][0]:.2f}; {result['replicas']} replicas, {result['inferenceservices']} "
+    machine = result["machine"]
+    print(f"kube-apiserver {result['kube_apiserver']}, {machine['cpu']}, {machine['cores']} cores, load average "
+          f"{machine['loadavg'][0]:.2f}; {result['replicas']} replicas, {result['inferenceservices']} "
           f"InferenceServices rolling out at each kill")
     header = ("kill", "killed", "new leader", "lease taken s", "first reconcile s", "all Ready s", "dup", "missing",
               "tokens changed")

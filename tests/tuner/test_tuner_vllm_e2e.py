@@ -37,7 +37,7 @@ def test_two_restart_trials_on_upstream_vllm_measured_from_its_metrics(tmp_path)
     assert cli.main(argv) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["meta"]["runtime"] == "vllm" and rep["meta"]["applied"] == ["restart", "restart"]
-    assert rep["meta"]["machine"]["cpus"] >= 1 and len(rep["meta"]["machine"]["loadavg_before"]) == 3
+    assert rep["meta"]["machine"]["cores"] >= 1 and len(rep["meta"]["machine"]["loadavg_before"]) == 3
     first, second = sorted(rep["trials"], key=lambda t: t["number"])
     for trial in (first, second):
         m, settings = trial["measurement"], trial["settings"]

@@ -7,7 +7,6 @@ per trial and the report at the end."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -15,7 +14,7 @@ import optuna
 
 from kvpilot.api.models import is_gguf_source
 from kvpilot.api.tuning_metrics import TunerMetrics
-from kvpilot.engine.cpu.info import detect_cpu
+from kvpilot.loadgen.machine import loadavg, machine_info
 from kvpilot.engine.settings import BY_NAME, flag_value, flag_words, resolve_quantization
 from kvpilot.tuner.report import artifacts
 from kvpilot.tuner.report import tuning_report as reports
@@ -182,13 +181,12 @@ def run_local(a: argparse.Namespace, on_study: Any = None) -> dict[str, Any]:
                   on_trial=progress_printer(a.trials, metrics, [study]))
     print(f"tuning {name} locally on {a.runtime}: {a.trials} trials of {a.workload.num_requests} ShareGPT requests; "
           f"SLOs {vars(a.slo)}; report in {a.report_dir}", file=sys.stderr, flush=True)
-    load_before = os.getloadavg()
+    load_before = loadavg()
     try:
         tuner.run()
     finally:
         runner.close()
-    machine = {"cpu": detect_cpu().model_name, "cpus": os.cpu_count(), "loadavg_before": load_before,
-               "loadavg_after": os.getloadavg()}  # the trials share this machine with whatever else runs
+    machine = machine_info(loadavg_before=load_before)  # the trials share this machine with whatever else runs
     meta = {"mode": "local", "model": name, "workload": vars(a.workload), "applied": runner.applied,
             "engine_args": a.engine_args, "runtime": a.runtime, "machine": machine}
     rep = reports.build(study, a.slo, a.objective, meta)
