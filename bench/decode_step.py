@@ -45,9 +45,21 @@ _MODES = {
     "on": {},
     "unfused": {"fused_rope_cache": False, "c_norm_act": False, "decode_stack": False},
     "off": {"c_attention": False, "fused_rope_cache": False, "c_norm_act": False, "decode_stack": False},
-    "bf16-gemm": {"bf16_gemm_max_rows": ROW_LIMITS.bf16_kernel.rows},
+    "bf16-gemm": {"bf16_gemm_max_rows": None},  # the kernel's own limit here: _mode_overrides
     "onednn": {"bf16_gemm_max_rows": 0},
 }
+
+
+def _mode_overrides(mode: str) -> dict:
+    """The kernel path fields `mode` sets; 'bf16-gemm' takes the kernel's own row limit on this CPU
+    (ROW_LIMITS.bf16_kernel_amx_tiles where it runs on AMX tiles, else ROW_LIMITS.bf16_kernel)."""
+    from kvpilot.kernels.cpu import bf16_gemm
+
+    fields = dict(_MODES[mode])
+    if fields.get("bf16_gemm_max_rows", 0) is None:
+        tiles = bf16_gemm.amx()
+        fields["bf16_gemm_max_rows"] = (ROW_LIMITS.bf16_kernel_amx_tiles if tiles else ROW_LIMITS.bf16_kernel).rows
+    return fields
 
 
 def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_len: int, steps: int,
@@ -55,7 +67,7 @@ def _engine_in_mode(model: str, dtype: str, mode: str, max_batch: int, prompt_le
     """An engine loaded with the kernel path of `mode` (see _MODES and --cpu-kernel)."""
     from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 
-    with cpu_kernel_path.chosen(cpu_kernel_path.choose(**_MODES[mode])):
+    with cpu_kernel_path.chosen(cpu_kernel_path.choose(**_mode_overrides(mode))):
         return _engine(model, dtype, max_batch, prompt_len, steps, quantization)
 
 
@@ -149,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the C kernels (float32 CPU), comma-separated modes run side by side: 'on' (all), "
                         "'unfused' (C decode attention only, labelled '<dtype>/unfused'), 'off' (torch only, "
                         "'<dtype>/torch-attn'), 'bf16-gemm' (bf16: decode matmuls on the AVX512_BF16 kernel "
-                        "and the decode stack up to 32 rows even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
+                        "and the decode stack up to the kernel's row limit (32 rows, 64 on AMX tiles) even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
                         "'onednn' (bf16: every matmul on oneDNN, no bf16 decode stack, '<dtype>/onednn'); "
                         "'both' = on,off")
     p.add_argument(BY_NAME["quantization"].flag, default="default",

@@ -112,7 +112,8 @@ PROFILE_GROUPS = {
                                                  "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub",
                                                  "kvpilot::rms_norm", "kvpilot::silu_mul"),
     "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
-    "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort"),
+    "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort",
+                 "aten::uniform_", "aten::log_", "kvpilot::sample_gumbel"),
 }
 
 

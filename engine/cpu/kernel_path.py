@@ -53,7 +53,8 @@ class CpuKernelPath:
     blocks, with `gguf_activations` ("q8_1": 8-bit, "float32": exact); gguf_amx: the 8-bit ones
     read them on AMX tiles, in kernels/cpu/gguf.amx_pack's layout; c_attention: the attention
     backend's C decode and prefill attention; fused_rope_cache: RoPE and the K/V write fused into
-    the C decode attention; c_norm_act: RMSNorm and SiLU*mul in C.
+    the C decode attention; c_norm_act: RMSNorm and SiLU*mul in C; c_sample: random rows with a
+    temperature only drawn in one C pass (kernels/cpu/sample.py, engine/sample/sampler.py).
     Raises ValueError where the fields contradict each other (the decode stack calls the C
     attention, norm and activation, so it needs them on)."""
 
@@ -68,13 +69,15 @@ class CpuKernelPath:
     c_attention: bool
     fused_rope_cache: bool
     c_norm_act: bool
+    c_sample: bool = False
 
     def __post_init__(self) -> None:
         if self.gguf_activations not in GGUF_ACTIVATIONS:
             raise ValueError(f"gguf_activations={self.gguf_activations!r}: use one of {', '.join(GGUF_ACTIVATIONS)}")
         if self.bf16_gemm_max_rows < 0 or self.gguf_max_rows < 0:
             raise ValueError("bf16_gemm_max_rows and gguf_max_rows count rows: use 0 or more")
-        uses_c = [name for name in ("c_attention", "fused_rope_cache", "c_norm_act", "decode_stack", "gguf_amx")
+        uses_c = [name for name in ("c_attention", "fused_rope_cache", "c_norm_act", "decode_stack", "gguf_amx",
+                                    "c_sample")
                   if getattr(self, name)] + (["bf16_gemm_max_rows"] if self.bf16_gemm_max_rows else [])
         if not self.kernels and uses_c:
             raise ValueError(f"kernels=False runs no C kernel: set {', '.join(uses_c)} off too")
@@ -125,7 +128,7 @@ def choose(cpu: CpuInfo | None = None, env: Mapping[str, str] = os.environ, **ov
 
 def _with_kernels(cpu: CpuInfo, activations: str, stack: bool) -> CpuKernelPath:
     """The path with the C kernels on for `cpu` (the kernels' own probes say what they run on)."""
-    from kvpilot.kernels.cpu import bf16_gemm, gguf, loader
+    from kvpilot.kernels.cpu import bf16_gemm, gguf, loader, sample
 
     variant = loader.selected_variant()
     tiles = bf16_gemm.amx()
@@ -146,7 +149,7 @@ def _with_kernels(cpu: CpuInfo, activations: str, stack: bool) -> CpuKernelPath:
     return CpuKernelPath(kernels=True, variant=variant, bf16_gemm_max_rows=rows, decode_stack=stack,
                          reason="; ".join(why), gguf_max_rows=gguf_max_rows(activations, int8_tiles),
                          gguf_amx=int8_tiles, gguf_activations=activations,
-                         c_attention=True, fused_rope_cache=True, c_norm_act=True)
+                         c_attention=True, fused_rope_cache=True, c_norm_act=True, c_sample=sample.available())
 
 
 _current: CpuKernelPath | None = None

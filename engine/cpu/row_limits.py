@@ -29,7 +29,8 @@ class RowLimit:
 @dataclass(frozen=True)
 class RowLimits:
     """bf16_kernel: bfloat16 matmuls on kernels/cpu/bf16_gemm.py's kernel, AVX512_BF16 CPUs
-    without AMX, and AMX CPUs where the kernel runs on the tiles itself (bf16_gemm.amx());
+    without AMX; bf16_kernel_amx_tiles: the same kernel where it runs on AMX tiles itself
+    (bf16_gemm.amx()), which also bounds the C decode stack's rows there;
     bf16_kernel_vdpbf16ps_on_amx: the same kernel's vdpbf16ps loop on an AMX CPU whose tiles it
     cannot use (oneDNN's tiles take larger steps); gguf_q8: `--quantization gguf`'s blocks with
     8-bit activations on the AVX2 dot products; gguf_q8_amx: the same on AMX int8 tiles
@@ -37,6 +38,7 @@ class RowLimits:
     (KVPILOT_GGUF_ACTIVATIONS=float32, the tiled kernel)."""
 
     bf16_kernel: RowLimit
+    bf16_kernel_amx_tiles: RowLimit
     bf16_kernel_vdpbf16ps_on_amx: RowLimit
     gguf_q8: RowLimit
     gguf_q8_amx: RowLimit
@@ -52,6 +54,15 @@ ROW_LIMITS = RowLimits(
         "1,4,8,12,16,24,32 --threads 2 --steps 16 --rounds 3`, "
         "benchmarks/results/throughput/amx/decode_step_onednn_vs_amx_tiles_t2.json): 14.9 vs 32.6 ms a step "
         "at 1 row, 22.6 vs 40.2 at 16, 32.8 vs 53.7 at 32")),
+    bf16_kernel_amx_tiles=RowLimit(64, (
+        "issue 49, Sapphire Rapids VM, 2 threads: a layer's four matmuls (qkv 960x576, o 576x576, gate_up "
+        "3072x576, down 576x1536) on the kernel's AMX tiles vs oneDNN's packed ones, "
+        "`python -P benchmarks/results/amx_rows/matmul_rows.py`, ms: 0.38 vs 0.37 at 64 rows, 0.60 vs 0.52 at "
+        "128, 1.09 vs 0.88 at 256 (oneDNN ahead above 64); whole decode steps, kernel + decode stack vs oneDNN "
+        "layer by layer (`kvpilot bench decode-step --dtypes bfloat16 --cpu-kernel onednn,bf16-gemm "
+        "--batch-sizes 32,48,64 --prompt-len 256 --quantization none --threads 2`), ms a step: 38.7 vs 58.3 "
+        "at 32, 52.1 vs 68.0 at 48, 63.0 vs 79.9 at 64 "
+        "(benchmarks/results/amx_rows/README.md)")),
     bf16_kernel_vdpbf16ps_on_amx=RowLimit(8, (
         "596a719, Sapphire Rapids VM, 2 threads, alone: `kvpilot bench decode-step --dtypes bfloat16 "
         "--cpu-kernel on,bf16-gemm --batch-sizes 1,4,8,12,16,24,32 --threads 2 --steps 16 --rounds 3` "
@@ -85,11 +96,11 @@ def bf16_kernel_max_rows(cpu: CpuInfo, tiles: bool = False) -> int:
     instead of oneDNN's matmul (0: never): AVX512F with AVX512_BF16 is needed; on an AMX CPU the
     kernel's `vdpbf16ps` loop hands over to oneDNN's tiles above
     ROW_LIMITS.bf16_kernel_vdpbf16ps_on_amx rows, unless the kernel runs on the tiles itself
-    (`tiles`: bf16_gemm.amx())."""
+    (`tiles`: bf16_gemm.amx(), then ROW_LIMITS.bf16_kernel_amx_tiles)."""
     if not has_bf16_matmul_kernel(cpu):
         return 0
-    if "amx_bf16" in cpu.flags and not tiles:
-        return ROW_LIMITS.bf16_kernel_vdpbf16ps_on_amx.rows
+    if "amx_bf16" in cpu.flags:
+        return (ROW_LIMITS.bf16_kernel_amx_tiles if tiles else ROW_LIMITS.bf16_kernel_vdpbf16ps_on_amx).rows
     return ROW_LIMITS.bf16_kernel.rows
 
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
+from kvpilot.kernels.cpu import sample as cpu_sample
+from kvpilot.kernels.cpu.loader import KernelsNotBuilt
+
 from kvpilot.engine.structured_output.bitmask import GrammarBitmasks
 from kvpilot.engine.sample.logits_adjust import LogitsAdjustments
 from kvpilot.engine.sampling_params import SamplingParams
@@ -44,6 +48,9 @@ class Sampler:
         self.grammars: GrammarBitmasks | None = None  # built with the first grammar
         self.adjust = LogitsAdjustments()
         self.errors: dict[str, BaseException] = {}
+        # random rows with a temperature only: one C pass (kernels/cpu/sample.py) where the engine's CPU
+        # kernel path has it (engine/cpu/kernel_path.py), else the torch ops of __call__
+        self.fused_sampling = _path_samples_in_c()
 
     def add_request(self, request_id: str, params: SamplingParams, output_token_ids: list[int],
                     grammar: object | None = None, prompt_token_ids: list[int] | None = None,
@@ -143,6 +150,25 @@ class Sampler:
                 noise[row].uniform_(generator=self._generator(request_id, params))
         return noise.log_().neg_()
 
+    def _gumbel_rows(self, logits: torch.Tensor, rows: list[int], greedy: torch.Tensor, request_ids: list[str],
+                     params: list[SamplingParams]) -> torch.Tensor:
+        """The tokens of `rows` (random rows with a temperature only) drawn in one C pass
+        (kernels/cpu/sample.py): each row's key is one 63-bit draw from its generator (a seeded
+        request's own, else the shared one: one draw for all of those), so a seed fixes its tokens as
+        before. A row with no finite logit keeps its greedy token, as the torch path would."""
+        keys = torch.empty(len(rows), dtype=torch.int64)
+        shared = [j for j, i in enumerate(rows) if params[i].seed is None]
+        if shared:
+            keys[shared] = torch.randint(0, 2**63 - 1, (len(shared),), generator=self.generator, dtype=torch.int64)
+        for j, i in enumerate(rows):
+            if params[i].seed is not None:
+                keys[j] = torch.randint(0, 2**63 - 1, (1,), generator=self._generator(request_ids[i], params[i]),
+                                        dtype=torch.int64)[0]
+        inv_t = torch.tensor([1.0 / params[i].temperature for i in rows], dtype=torch.float32)
+        sub = logits if len(rows) == logits.shape[0] else logits[rows]
+        drawn = cpu_sample.gumbel_sample(sub, inv_t, keys)
+        return torch.where(drawn < 0, greedy[rows], drawn)
+
     def __call__(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> list[tuple[int, dict[int, float] | None]]:
@@ -163,6 +189,11 @@ class Sampler:
         n = logits.shape[0]
         tokens = argmax_rows(logits)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows and self.fused_sampling and logits.device.type == "cpu":
+            plain = [i for i in random_rows if _temperature_only(params[i], logits.shape[-1])]
+            if plain:
+                tokens[plain] = self._gumbel_rows(logits, plain, tokens, request_ids, params)
+                random_rows = [i for i in random_rows if i not in set(plain)]
         if random_rows:
             idx = torch.tensor(random_rows)
             sub = logits[idx] / torch.tensor([params[i].temperature for i in random_rows]).unsqueeze(1)
@@ -197,6 +228,19 @@ class Sampler:
                     entry.setdefault(tid, val)
             results.append((token_list[i], entry))
         return results
+
+
+def _path_samples_in_c() -> bool:
+    """Whether the process's CPU kernel path draws random rows in C (False where no kernels were built)."""
+    try:
+        return cpu_kernel_path.current().c_sample
+    except KernelsNotBuilt:
+        return False
+
+
+def _temperature_only(p: SamplingParams, vocab: int) -> bool:
+    """Whether a random row's draw needs no top-k, top-p or min-p (the fused kernel's rows)."""
+    return (p.top_k == -1 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p <= 0.0
 
 
 def _apply_min_p(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:

@@ -12,18 +12,21 @@ import pytest
 from kvpilot.bench import decode_step
 from kvpilot.engine.cpu import kernel_path as cpu_kernel_path
 from kvpilot.engine.cpu.row_limits import ROW_LIMITS
+from kvpilot.kernels.cpu import bf16_gemm
 
 
 def test_every_cpu_kernel_mode_is_a_kernel_path():
     assert set(decode_step._MODES) == set(decode_step._MODE_LABEL)
-    paths = {mode: cpu_kernel_path.choose(**overrides) for mode, overrides in decode_step._MODES.items()}
+    paths = {mode: cpu_kernel_path.choose(**decode_step._mode_overrides(mode)) for mode in decode_step._MODES}
     default = cpu_kernel_path.choose()
     assert paths["on"] == default
     unfused, off = paths["unfused"], paths["off"]
     assert unfused.c_attention and not (unfused.fused_rope_cache or unfused.c_norm_act or unfused.decode_stack)
     assert not (off.c_attention or off.fused_rope_cache or off.c_norm_act or off.decode_stack)
     assert off.gguf_max_rows == default.gguf_max_rows and off.bf16_gemm_max_rows == default.bf16_gemm_max_rows
-    assert paths["bf16-gemm"].bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel.rows
+    # the kernel's own limit on this CPU: on AMX tiles where it runs there, else without them
+    tiles = ROW_LIMITS.bf16_kernel_amx_tiles if bf16_gemm.amx() else ROW_LIMITS.bf16_kernel
+    assert paths["bf16-gemm"].bf16_gemm_max_rows == tiles.rows
     assert paths["onednn"].bf16_gemm_max_rows == 0 and "bf16_gemm_max_rows=0" in paths["onednn"].reason
 
 
@@ -49,4 +52,5 @@ def test_decode_step_compares_onednn_with_the_bf16_kernel_and_stack(tmp_path, mo
     onednn, kernel = built["onednn"], built["bf16-gemm"]
     assert onednn.decode_stack is None and onednn.kernel_path.bf16_gemm_max_rows == 0
     assert not any(getattr(m, "bf16_packed", None) is not None for m in onednn.modules())
-    assert kernel.decode_stack is not None and kernel.decode_stack.max_rows == 32
+    assert kernel.decode_stack is not None
+    assert kernel.decode_stack.max_rows == decode_step._mode_overrides("bf16-gemm")["bf16_gemm_max_rows"]

@@ -5,8 +5,9 @@ attention functions in the same order), leaves larger and prefill steps to the m
 built where a layer lacks the bf16 kernel's packed copy, and the start-up log says which path
 decode steps take.
 
-The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16, up to 32 rows without AMX
-and 8 with it (engine/cpu/info.py). These tests load the engine with the kernel's own limit (32)
+The engine uses the bf16 matmul kernel only on CPUs with AVX512_BF16, up to 32 rows without AMX,
+64 where it runs on AMX tiles and 8 on an AMX CPU whose tiles it cannot use
+(engine/cpu/row_limits.py). These tests load the engine with the kernel's limit without AMX (32)
 whatever the CPU; where it has no AVX512_BF16 the same library builds the same packed layout in
 plain C and that build serves (both paths call it), so the stack's glue is checked on every CPU
 the suite runs on.

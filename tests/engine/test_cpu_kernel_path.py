@@ -89,17 +89,19 @@ def test_applying_a_path_sets_the_norm_activation_and_attention_switches():
     assert not (layer.backend.use_cpu_kernel or layer.norm.use_c_kernel or layer.act.use_c_kernel)
 
 
-@pytest.mark.parametrize("flags, rows", [
-    (EPYC_AVX2 + " avx512f avx512bw avx512vl avx512_bf16", ROW_LIMITS.bf16_kernel.rows),  # Zen 4
-    (SAPPHIRE_RAPIDS, ROW_LIMITS.bf16_kernel_vdpbf16ps_on_amx.rows),  # AMX: oneDNN's tiles above
-    (EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq", 0),  # Skylake-X: AVX-512 without BF16
-    (EPYC_AVX2, 0),
+@pytest.mark.parametrize("flags, rows, tile_rows", [
+    (EPYC_AVX2 + " avx512f avx512bw avx512vl avx512_bf16", ROW_LIMITS.bf16_kernel.rows,
+     ROW_LIMITS.bf16_kernel.rows),  # Zen 4: no tiles, one limit
+    (SAPPHIRE_RAPIDS, ROW_LIMITS.bf16_kernel_vdpbf16ps_on_amx.rows,  # AMX: oneDNN's tiles above
+     ROW_LIMITS.bf16_kernel_amx_tiles.rows),  # unless the kernel runs on the tiles itself
+    (EPYC_AVX2 + " avx512f avx512bw avx512vl avx512dq", 0, 0),  # Skylake-X: AVX-512 without BF16
+    (EPYC_AVX2, 0, 0),
 ])
-def test_the_bf16_matmul_kernel_serves_avx512_bf16_cpus_up_to_a_row_limit_per_kind(flags, rows):
+def test_the_bf16_matmul_kernel_serves_avx512_bf16_cpus_up_to_a_row_limit_per_kind(flags, rows, tile_rows):
     assert bf16_kernel_max_rows(cpu(flags)) == rows
     assert has_bf16_matmul_kernel(cpu(flags)) == (rows > 0)
-    # with the kernel on AMX tiles (bf16_gemm.amx()) it serves up to its own limit on every such CPU
-    assert bf16_kernel_max_rows(cpu(flags), tiles=True) == (ROW_LIMITS.bf16_kernel.rows if rows else 0)
+    # with the kernel on AMX tiles (bf16_gemm.amx()) an AMX CPU takes the tiles' own limit
+    assert bf16_kernel_max_rows(cpu(flags), tiles=True) == tile_rows
 
 
 def test_the_gguf_row_limit_follows_the_activation_format_and_the_amx_tiles():

@@ -1,7 +1,9 @@
 """The sampler's exponential race (engine/sample/sampler.py): argmax(p / q), q ~ Exp(1), draws token i
 with probability p_i (vLLM's v1 sampler; the race is the Gumbel-max trick in another form).
 Checked here on a small vocabulary with many rows at once, against the softmax of the
-temperature-scaled logits, for unseeded rows (one shared draw) and seeded ones (a draw each)."""
+temperature-scaled logits, for unseeded rows (one shared draw) and seeded ones (a draw each), on
+both paths: the torch ops and the one-pass C kernel (kernels/cpu/sample.py) the CPU kernel path
+takes for rows with a temperature only."""
 
 from __future__ import annotations
 
@@ -10,14 +12,26 @@ import torch
 
 from kvpilot.engine.sample.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.kernels.cpu import sample as cpu_sample
+
+PATHS = [pytest.param(False, id="torch"),
+         pytest.param(True, id="c-kernel", marks=pytest.mark.skipif(not cpu_sample.available(),
+                                                                    reason="no CPU sampling kernel built"))]
+
+
+def _sampler(seed: int, fused: bool) -> Sampler:
+    sampler = Sampler(seed=seed)
+    sampler.fused_sampling = fused
+    return sampler
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
 
 
+@pytest.mark.parametrize("fused", PATHS)
 @pytest.mark.parametrize("seeded", [False, True], ids=["shared-generator", "per-request-seed"])
-def test_exponential_race_draws_tokens_with_the_softmax_probabilities(seeded):
+def test_exponential_race_draws_tokens_with_the_softmax_probabilities(seeded, fused):
     rows, temperature = 4000, 0.7
-    sampler = Sampler(seed=1)
+    sampler = _sampler(1, fused)
     params = [SamplingParams(temperature=temperature, seed=i if seeded else None) for i in range(rows)]
     out = sampler(LOGITS.repeat(rows, 1), [str(i) for i in range(rows)], params)
     counts = torch.bincount(torch.tensor([t for t, _ in out]), minlength=len(LOGITS)).double()
@@ -26,10 +40,11 @@ def test_exponential_race_draws_tokens_with_the_softmax_probabilities(seeded):
     assert ((counts - want) ** 2 / want).sum().item() < 25
 
 
-def test_seeded_rows_repeat_and_unseeded_rows_vary():
+@pytest.mark.parametrize("fused", PATHS)
+def test_seeded_rows_repeat_and_unseeded_rows_vary(fused):
     params = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=1.0)]
     logits = torch.zeros(2, 1000)  # uniform: every draw is the noise's argmax alone
-    a, b = Sampler(seed=0), Sampler(seed=1)
+    a, b = _sampler(0, fused), _sampler(1, fused)
     first = [a(logits, ["r", "s"], params)[0][0] for _ in range(3)]
     again = [b(logits, ["r", "s"], params)[0][0] for _ in range(3)]
     assert first == again  # the seeded request's own generator, whatever the sampler's seed
@@ -48,3 +63,21 @@ def test_argmax_rows_matches_torch_argmax_with_ties_and_nan(dtype):
     got = argmax_rows(x)
     assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
     assert got[1].item() == 7 and got[2].item() == 100 and got[3].item() == 0
+
+
+def test_the_c_kernel_takes_temperature_only_rows_and_leaves_top_k_top_p_min_p_to_torch(monkeypatch):
+    if not cpu_sample.available():
+        pytest.skip("no CPU sampling kernel built")
+    sampler = _sampler(0, True)
+    calls = []
+    real = cpu_sample.gumbel_sample
+    monkeypatch.setattr(cpu_sample, "gumbel_sample", lambda x, t, k: calls.append(x.shape[0]) or real(x, t, k))
+    logits = torch.randn(5, 300)
+    params = [SamplingParams(temperature=0.9), SamplingParams(temperature=1.0, top_k=5),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.5),
+              SamplingParams(temperature=1.1, min_p=0.1)]
+    out = sampler(logits, [str(i) for i in range(5)], params)
+    assert calls == [1]  # row 0 only; row 2 is greedy
+    assert out[2][0] == logits[2].argmax().item()
+    top5 = set(logits[1].topk(5).indices.tolist())
+    assert out[1][0] in top5

@@ -30,7 +30,7 @@ def lib(request, monkeypatch):
     return lib
 
 
-def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_32_rows():
+def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_the_tiles_limit():
     # AMX CPUs load the amx build (kernels/cpu/loader.py); Linux 5.16+ grants it the tile state.
     # With k % 32 == 0 its matmuls run TDPBF16PS (the product tests above check them on such a CPU);
     # other shapes, and every other build, the vdpbf16ps loop or plain C.
@@ -38,7 +38,7 @@ def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_
     assert bf16_gemm.amx() == tiles
     assert not bf16_gemm.amx("generic")
     if tiles:
-        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel.rows == 32
+        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel_amx_tiles.rows == 64
 
 
 def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
