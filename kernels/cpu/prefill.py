@@ -6,9 +6,12 @@ blocks of an extend into a dense copy. `kvp_paged_prefill_f32` (csrc/prefill.c)
 attends every chunk of the layer in one call, reading K/V in place through the block tables
 (the chunks' own K/V are written to the cache first, as for the decodes), the query rows of a
 GQA group sharing each K/V load. In a variant without AVX2 (generic) the caller keeps the torch
-path (`available()`).
+path (`available()`). In the amx build the bfloat16 kernel runs on AMX tiles (`amx()`): q.K^T and
+p.V by TDPBF16PS, the probabilities rounded to bfloat16 as FlashAttention does on GPUs, so its
+results differ from the float32 tiles' in the low bits (within bfloat16's tolerance of the float64
+reference).
 Source: FlashAttention's online softmax (Dao et al., NeurIPS 2022); vLLM's CPU backend and its
-`context_attention_fwd` for the paged layout.
+`context_attention_fwd` for the paged layout; vLLM's csrc/cpu attention for bf16 probabilities on AMX.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ def _fn(dtype: torch.dtype = torch.float32, variant: str | None = None):
         fn.restype = ctypes.c_int
         fn.argtypes = [p, i, i, p, p, p, i, p, p, i, p, i, i, i, i, i, ctypes.c_float, i]
     return fn
+
+
+def amx(variant: str | None = None) -> bool:
+    """Whether the bfloat16 kernel of this CPU's variant (or `variant`) runs on AMX tiles
+    (TDPBF16PS for q.K^T and p.V, the probabilities rounded to bfloat16): the amx build, on a
+    Linux kernel that grants the process the tile state. Elsewhere, and always for float32, the
+    float32 register tiles serve. Raises loader.KernelsNotBuilt where the install built no kernels."""
+    return bool(cpu_decode.load(torch.bfloat16, variant).kvp_prefill_amx())
 
 
 def available(dtype: torch.dtype = torch.float32, variant: str | None = None) -> bool:

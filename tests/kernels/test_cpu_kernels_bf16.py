@@ -129,6 +129,11 @@ def test_prefill_attention_is_the_float32_kernels_result_rounded(kernel, head_di
                                                torch.empty(f32.query.shape))
     ref = paged_extend_attention_ref(batch.query.double(), batch.k_cache.double(), batch.v_cache.double(), *args)
     assert_close_to_ref(out, ref, BF16, seed)
+    if cpu_prefill.amx():
+        # the AMX path rounds the probabilities to bf16 before p.V (test_cpu_prefill_amx.py): its
+        # results differ from the float32 kernel's beyond the output's rounding, and are held to
+        # the float64 reference within bf16's tolerance (above) instead
+        return
     torch.testing.assert_close(out.float(), want.to(BF16).float(), rtol=2**-7, atol=1e-6)
 
 
