@@ -100,8 +100,8 @@ def _assert_f32_close(got: torch.Tensor, ref: torch.Tensor, ulps: float, atol: f
     err = (got.double() - ref).abs()
     bound = ulps * ULP * ref.abs() + atol
     worst = int((err - bound).argmax())
-    assert bool((err <= bound).all()), (f"{got.flatten()[worst].item()!r} vs {ref.flatten()[worst].item()!r}: "
-                                        f"{err.flatten()[worst].item() / (ULP * ref.flatten()[worst].abs().item() + 1e-300):.2f} ulp")
+    g, r = got.flatten()[worst].item(), ref.flatten()[worst].item()
+    assert bool((err <= bound).all()), f"{g!r} vs {r!r}: {abs(g - r) / (ULP * abs(r) + 1e-300):.2f} ulp"
 
 
 def _assert_bf16_nearly(got: torch.Tensor, want: torch.Tensor, max_fraction: float) -> None:
@@ -187,7 +187,8 @@ def _norm_ref(res: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 @pytest.mark.parametrize("fused", [True, False], ids=["residual", "plain"])
 def test_rms_norm_against_float64(builds, rows, hidden, fused, seed):
     dtype = builds[0].dtype
-    x, res, w = (torch.randn(rows, hidden) * 3).to(dtype), torch.randn(rows, hidden).to(dtype), torch.randn(hidden).to(dtype)
+    x, res = (torch.randn(rows, hidden) * 3).to(dtype), torch.randn(rows, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
     x[0, 0] = -0.0
     new_res = (res.float() + x.float()).to(dtype) if fused else x  # one rounding of the float sum
     ref = _norm_ref(new_res, w, 1e-5)
@@ -206,7 +207,8 @@ def test_rms_norm_simd_against_portable_extremes(builds, seed):
     simd, portable = _simd(builds[0]), builds[1]
     dtype = simd.dtype
     rows, hidden = 2049, 576
-    x, res, w = (torch.randn(rows, hidden) * 3).to(dtype), torch.randn(rows, hidden).to(dtype), torch.randn(hidden).to(dtype)
+    x, res = (torch.randn(rows, hidden) * 3).to(dtype), torch.randn(rows, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
     x[1], res[1] = 0.0, 0.0                       # a zero row: out 0 (inv_rms = 1 / sqrt(eps))
     x[2], res[2] = -0.0, -0.0                     # -0 + -0 = -0, out -0 * w
     x[3] *= 1e15                                  # large values, squares near float32's top
@@ -215,7 +217,8 @@ def test_rms_norm_simd_against_portable_extremes(builds, seed):
     res[5] = 0.0
     x[6, ::7] = float("nan")                      # NaN in x only: the sum carries x's payload, quiet
     x[7, ::5] = float("inf")
-    x[8] = torch.arange(-(2**15), 2**15, 113, dtype=torch.int32)[:hidden].to(torch.int16).view(BF16).to(dtype)  # spread bit patterns
+    spread = torch.arange(-(2**15), 2**15, 113, dtype=torch.int32)[:hidden]  # bf16 bit patterns across the range
+    x[8] = spread.to(torch.int16).view(BF16).to(dtype)
     out, got_res = simd.rms_norm(x, w, res)
     want_out, want_res = portable.rms_norm(x, w, res)
     assert torch.equal(_bits(got_res), _bits(want_res))  # the stored residual, bit for bit
