@@ -61,6 +61,9 @@ def test_this_cpu_loads_its_best_level_and_each_level_it_runs_has_its_instructio
         assert loader.load("gguf", variant).kvp_gguf_simd() == avx2
         assert loader.load("attention", variant).kvp_prefill_simd() == avx2
         assert loader.load("attention_bf16", variant).kvp_prefill_simd() == avx2
+        avx512 = variant in ("avx512", "avx512_bf16", "amx")
+        assert loader.load("attention", variant).kvp_elementwise_simd() == avx512
+        assert loader.load("attention_bf16", variant).kvp_elementwise_simd() == avx512
         bf16 = variant in ("avx512_bf16", "amx")
         assert loader.load("bf16_gemm", variant).kvp_bf16_gemm_simd() == bf16
         assert set(loader.manifest()["variants"][variant]["cpu_flags"]) <= flags
