@@ -85,7 +85,7 @@ class Library:
     ldflags: tuple[str, ...]
 
 
-_ATTENTION = (("attention.c", "prefill.c", "layernorm.c", "activation.c"),
+_ATTENTION = (("attention.c", "prefill.c", "prefill_amx.c", "layernorm.c", "activation.c"),
               ("-O3", "-fopenmp", "-ffast-math"), ("-fopenmp", "-lmvec", "-lm"))
 LIBRARIES = {
     "attention": Library(*_ATTENTION),
