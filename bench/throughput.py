@@ -110,7 +110,7 @@ PROFILE_GROUPS = {
                                         "aten::masked_fill"),
     "elementwise (norm, RoPE, SiLU, residual)": ("aten::mul", "aten::add", "aten::cat", "aten::silu",
                                                  "aten::rsqrt", "aten::mean", "aten::pow", "aten::neg", "aten::sub",
-                                                 "kvpilot::rms_norm", "kvpilot::silu_mul"),
+                                                 "kvpilot::rms_norm", "kvpilot::silu_mul", "kvpilot::rope_cache_write"),
     "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
     "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort",
                  "aten::uniform_", "aten::log_", "kvpilot::sample_gumbel"),

@@ -41,6 +41,7 @@ WORKSPACE_BYTES = 8 << 20
 _PLAN_KEY = "torch_paged_plan"
 _FUSED_KEY = "cpu_fused_decode"
 _PREFILL_KEY = "cpu_prefill"
+_PREFILL_ROPE_KEY = "cpu_prefill_rope"
 
 
 def write_kv_cache(
@@ -129,17 +130,26 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward_qkv(self, qkv, rope, k_cache, v_cache, meta: AttentionMetadata, scale, num_heads):
         """As the base class; where the C kernel serves the decodes (float32/bf16 CPU), one call
-        per layer rotates, stores and attends every decode row (cpu_decode.FusedDecode), and
-        only the prefill/extend rows take the torch path."""
-        fused = self._fused_decode(meta, qkv, k_cache, rope, num_heads, scale)
-        if fused is None:
-            return super().forward_qkv(qkv, rope, k_cache, v_cache, meta, scale, num_heads)
+        per layer rotates, stores and attends every decode row (cpu_decode.FusedDecode); where the C
+        prefill attention serves the prefill/extend rows, one call rotates them and stores their K/V
+        (cpu_decode.PrefillRope) before it; else those rows take torch's RoPE and cache write."""
         nd = meta.num_decodes
-        out = fused(qkv[:nd], k_cache, v_cache)
+        fused = self._fused_decode(meta, qkv, k_cache, rope, num_heads, scale)
+        if nd and fused is None:
+            return super().forward_qkv(qkv, rope, k_cache, v_cache, meta, scale, num_heads)
+        prefill_rope = self._prefill_rope(meta, qkv, k_cache, rope, num_heads) if nd < qkv.shape[0] else None
+        if not nd and prefill_rope is None:
+            return super().forward_qkv(qkv, rope, k_cache, v_cache, meta, scale, num_heads)
+        out = fused(qkv[:nd], k_cache, v_cache) if nd else None
         if nd == qkv.shape[0]:
             return out
-        num_kv_heads = (qkv.shape[1] - num_heads) // 2
         rest = qkv[nd:]
+        if prefill_rope is not None:  # RoPE and the K/V write in one C call, then the C prefill attention
+            q = prefill_rope(rest, k_cache, v_cache)
+            out_rest = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            self._extends(q, None, None, k_cache, v_cache, meta, scale, out_rest, nd)
+            return out_rest if out is None else torch.cat((out, out_rest))
+        num_kv_heads = (qkv.shape[1] - num_heads) // 2
         qk = apply_rotary(rest[:, : num_heads + num_kv_heads], (rope[0][nd:], rope[1][nd:]))
         q, k = qk.split([num_heads, num_kv_heads], dim=1)
         v = rest[:, num_heads + num_kv_heads :]
@@ -160,6 +170,19 @@ class TorchAttentionBackend(AttentionBackend):
                 rope[0][:nd], rope[1][:nd], meta.slot_mapping[:nd], meta.block_tables[:nd],
                 meta.seq_lens[:nd], meta.seq_lens_cpu[:nd], num_heads, scale) if ok else None
         return state[_FUSED_KEY]
+
+    def _prefill_rope(self, meta: AttentionMetadata, qkv, k_cache, rope, num_heads):
+        """The step's cpu_decode.PrefillRope for its prefill/extend rows (built in the first layer), or
+        None where they take torch's RoPE and cache write: the C prefill attention must serve them
+        (it reads their K/V from the cache only) and RoPE be fused (fuse_rope_cache), as for decodes."""
+        state = meta.backend_state
+        if _PREFILL_ROPE_KEY not in state:
+            nd = meta.num_decodes
+            ok = (self.use_cpu_kernel and self.fuse_rope_cache and qkv.stride(-1) == 1
+                  and rope[0].dtype == qkv.dtype and self._prefill(meta, qkv[nd:, :num_heads], k_cache) is not None)
+            state[_PREFILL_ROPE_KEY] = cpu_decode.PrefillRope(
+                rope[0][nd:], rope[1][nd:], meta.slot_mapping[nd:], num_heads) if ok else None
+        return state[_PREFILL_ROPE_KEY]
 
     def _get_plan(self, meta: AttentionMetadata, query, k_cache) -> tuple[list[_Gather], list[_Gather]]:
         plan = meta.backend_state.get(_PLAN_KEY)

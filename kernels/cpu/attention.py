@@ -180,6 +180,62 @@ class FusedDecode:
         return out
 
 
+class PrefillRope:
+    """RoPE (rotate-half) of the prefill/extend rows of every attention layer of one step, one C
+    call per layer (`kvp_rope_cache_write_f32` / `_bf16`): per row, q and k rotated in float32 with
+    the row's cos/sin, the rotated q returned (rounded once to the step's dtype), the rotated k and
+    the v stored at the row's cache slot. Built once per step (validated here), as FusedDecode,
+    whose decode rows get the same rotation.
+
+    cos, sin: [rows, 1 or nothing, head_dim / 2] float32 or bfloat16, head_dim / 2 contiguous
+    slots:    [rows] int64, contiguous: flat cache slot of each row's token
+    Raises ValueError on mismatched shapes/dtypes, loader.KernelsNotBuilt where the install built
+    no kernels. Source: HF Llama rotate_half; vLLM csrc/cpu/pos_encoding.cpp."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, num_heads: int) -> None:
+        self.dtype = cos.dtype
+        self.fn = _bind_rope_write(load(self.dtype), self.dtype)
+        cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
+        n = cos.shape[0]
+        if (cos.shape != sin.shape or cos.stride() != sin.stride() or cos.stride(-1) != 1 or sin.dtype != cos.dtype
+                or slots.dtype != torch.int64 or slots.shape != (n,) or not slots.is_contiguous()):
+            raise ValueError(f"PrefillRope: bad metadata cos {tuple(cos.shape)} {cos.dtype}, sin "
+                             f"{tuple(sin.shape)}, slots {tuple(slots.shape)} {slots.dtype}")
+        self.keep = (cos, sin, slots)  # alive while the pointers are used
+        self.ptrs = (cos.data_ptr(), sin.data_ptr(), cos.stride(0), slots.data_ptr())
+        self.rows, self.num_heads, self.half = n, num_heads, cos.shape[1]
+
+    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """qkv [rows, num_heads + 2 num_kv_heads, head_dim] (the fused projection; head_dim
+        contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] contiguous, all in the
+        step's dtype (k and v written at the slots) -> the rotated q [rows, num_heads, head_dim], a new
+        tensor. Uses torch.get_num_threads() threads."""
+        n, heads, head_dim = qkv.shape
+        num_kv_heads = k_cache.shape[2]
+        if (n != self.rows or k_cache.shape[3] != head_dim or head_dim != 2 * self.half
+                or v_cache.shape != k_cache.shape or heads != self.num_heads + 2 * num_kv_heads
+                or qkv.stride(1) != head_dim or qkv.stride(2) != 1
+                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+                or not (qkv.dtype == k_cache.dtype == v_cache.dtype == self.dtype)):
+            raise ValueError(f"PrefillRope: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
+                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
+        q = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
+        if n:
+            with kernel_range("rope_cache_write"):
+                self.fn(qkv.data_ptr(), qkv.stride(0), *self.ptrs, k_cache.data_ptr(), v_cache.data_ptr(),
+                        q.data_ptr(), n, self.num_heads, num_kv_heads, head_dim, torch.get_num_threads())
+        return q
+
+
+def _bind_rope_write(lib: ctypes.CDLL, dtype: torch.dtype):
+    fn = getattr(lib, kernel_name("kvp_rope_cache_write", dtype))
+    if fn.argtypes is None:
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        fn.restype = ctypes.c_int
+        fn.argtypes = [p, i, p, p, i, p, p, p, p, i, i, i, i, i]
+    return fn
+
+
 def _bind_fused(lib: ctypes.CDLL, dtype: torch.dtype):
     fn = getattr(lib, kernel_name("kvp_rope_cache_decode", dtype))
     if fn.argtypes is None:

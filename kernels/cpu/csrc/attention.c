@@ -375,3 +375,30 @@ int KVP_FN(kvp_rope_cache_decode)(const kvp_t *qkv, int64_t qkv_stride, const kv
     return attend_rows(a, &r, num_threads);
 }
 
+
+/* The prefill/extend side of RoPE and the cache write (the decode side is fused into
+   kvp_rope_cache_decode), per row s < n: q_out row s = the rotated q heads, rounded once to the
+   stored type; the rotated k and the v stored at flat cache slot slots[s]. The same float32 rotation
+   as the decode rows (rope_heads), one rounding of each result, as vLLM's CPU rotary kernel
+   (csrc/cpu/pos_encoding.cpp: widen, rotate, narrow). qkv, cos, sin, slots as
+   kvp_rope_cache_decode; q_out: n x num_heads x head_dim contiguous. Rows are shared over
+   num_threads threads where there are enough of them. Returns 0. */
+int KVP_FN(kvp_rope_cache_write)(const kvp_t *qkv, int64_t qkv_stride, const kvp_t *cos, const kvp_t *sin,
+                                 int64_t rope_stride, const int64_t *slots, kvp_t *k_cache, kvp_t *v_cache,
+                                 kvp_t *q_out, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+                                 int64_t head_dim, int64_t num_threads) {
+    const int64_t qn = num_heads * head_dim, row = num_kv_heads * head_dim;
+    #pragma omp parallel for schedule(static) num_threads((int)num_threads) \
+        if (num_threads > 1 && n > 1 && n * (qn + 2 * row) >= ELEMENTWISE_PARALLEL_MIN)
+    for (int64_t s = 0; s < n; ++s) {
+        const kvp_t *src = qkv + s * qkv_stride, *c = cos + s * rope_stride, *sn = sin + s * rope_stride;
+        float qrot[qn], krot[row];
+        rope_heads(src, qrot, num_heads, head_dim, c, sn);
+        rope_heads(src + qn, krot, num_kv_heads, head_dim, c, sn);
+        kvp_t *qo = q_out + s * qn, *kc = k_cache + slots[s] * row;
+        for (int64_t i = 0; i < qn; ++i) qo[i] = kvp_st(qrot[i]);
+        for (int64_t i = 0; i < row; ++i) kc[i] = kvp_st(krot[i]);
+        memcpy(v_cache + slots[s] * row, src + qn + row, sizeof(kvp_t) * row);
+    }
+    return 0;
+}
