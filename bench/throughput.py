@@ -113,7 +113,7 @@ PROFILE_GROUPS = {
                                                  "kvpilot::rms_norm", "kvpilot::silu_mul", "kvpilot::rope_cache_write"),
     "copies and dtype casts": ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone"),
     "sampling": ("aten::argmax", "aten::softmax", "aten::log_softmax", "aten::topk", "aten::sort",
-                 "aten::uniform_", "aten::log_", "kvpilot::sample_gumbel"),
+                 "aten::uniform_", "aten::log_", "kvpilot::sample_rows"),
 }
 
 

@@ -54,7 +54,7 @@ class CpuKernelPath:
     read them on AMX tiles, in kernels/cpu/gguf.amx_pack's layout; c_attention: the attention
     backend's C decode and prefill attention; fused_rope_cache: RoPE and the K/V write fused into
     the C decode attention; c_norm_act: RMSNorm and SiLU*mul in C; c_sample: random rows with a
-    temperature only drawn in one C pass (kernels/cpu/sample.py, engine/sample/sampler.py).
+    temperature only drawn in C from their logits (kernels/cpu/sample.py, engine/sample/sampler.py).
     Raises ValueError where the fields contradict each other (the decode stack calls the C
     attention, norm and activation, so it needs them on)."""
 

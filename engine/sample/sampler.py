@@ -6,8 +6,10 @@ then bad_words, min_tokens, logit_bias and the penalties change its logits (batc
 step's rows that use them, logits_adjust.py), for greedy rows too, as vLLM v1's.
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw by
 the exponential race (argmax of p / q with q ~ Exp(1)), which lets a seeded request draw
-its noise from its own generator while the batch shares one kernel. Logprobs come from the
-model's raw distribution (log_softmax of the unprocessed logits), as vLLM returns by
+its noise from its own generator while the batch shares one kernel; where the CPU kernel path
+has it (c_sample), rows with a temperature only are drawn in C instead, by inverse transform
+sampling from one uniform per row keyed from the same generators (kernels/cpu/sample.py). Logprobs
+come from the model's raw distribution (log_softmax of the unprocessed logits), as vLLM returns by
 default. Source: vLLM v1 `Sampler` / `TopKTopPSampler`.
 """
 
@@ -48,7 +50,7 @@ class Sampler:
         self.grammars: GrammarBitmasks | None = None  # built with the first grammar
         self.adjust = LogitsAdjustments()
         self.errors: dict[str, BaseException] = {}
-        # random rows with a temperature only: one C pass (kernels/cpu/sample.py) where the engine's CPU
+        # random rows with a temperature only: drawn in C (kernels/cpu/sample.py) where the engine's CPU
         # kernel path has it (engine/cpu/kernel_path.py), else the torch ops of __call__
         self.fused_sampling = _path_samples_in_c()
 
@@ -150,10 +152,11 @@ class Sampler:
                 noise[row].uniform_(generator=self._generator(request_id, params))
         return noise.log_().neg_()
 
-    def _gumbel_rows(self, logits: torch.Tensor, rows: list[int], greedy: torch.Tensor, request_ids: list[str],
+    def _c_sampled_rows(self, logits: torch.Tensor, rows: list[int], greedy: torch.Tensor, request_ids: list[str],
                      params: list[SamplingParams]) -> torch.Tensor:
-        """The tokens of `rows` (random rows with a temperature only) drawn in one C pass
-        (kernels/cpu/sample.py): each row's key is one 63-bit draw from its generator (a seeded
+        """The tokens of `rows` (random rows with a temperature only) drawn straight from their logits
+        in C (kernels/cpu/sample.py, inverse transform sampling): each row's key is one 63-bit draw
+        from its generator (a seeded
         request's own, else the shared one: one draw for all of those), so a seed fixes its tokens as
         before. A row with no finite logit keeps its greedy token, as the torch path would."""
         keys = torch.empty(len(rows), dtype=torch.int64)
@@ -166,7 +169,7 @@ class Sampler:
                                         dtype=torch.int64)[0]
         inv_t = torch.tensor([1.0 / params[i].temperature for i in rows], dtype=torch.float32)
         sub = logits if len(rows) == logits.shape[0] else logits[rows]
-        drawn = cpu_sample.gumbel_sample(sub, inv_t, keys)
+        drawn = cpu_sample.sample_from_logits(sub, inv_t, keys)
         return torch.where(drawn < 0, greedy[rows], drawn)
 
     def __call__(
@@ -192,7 +195,7 @@ class Sampler:
         if random_rows and self.fused_sampling and logits.device.type == "cpu":
             plain = [i for i in random_rows if _temperature_only(params[i], logits.shape[-1])]
             if plain:
-                tokens[plain] = self._gumbel_rows(logits, plain, tokens, request_ids, params)
+                tokens[plain] = self._c_sampled_rows(logits, plain, tokens, request_ids, params)
                 random_rows = [i for i in random_rows if i not in set(plain)]
         if random_rows:
             idx = torch.tensor(random_rows)

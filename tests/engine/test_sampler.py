@@ -70,8 +70,8 @@ def test_the_c_kernel_takes_temperature_only_rows_and_leaves_top_k_top_p_min_p_t
         pytest.skip("no CPU sampling kernel built")
     sampler = _sampler(0, True)
     calls = []
-    real = cpu_sample.gumbel_sample
-    monkeypatch.setattr(cpu_sample, "gumbel_sample", lambda x, t, k: calls.append(x.shape[0]) or real(x, t, k))
+    real = cpu_sample.sample_from_logits
+    monkeypatch.setattr(cpu_sample, "sample_from_logits", lambda x, t, k: calls.append(x.shape[0]) or real(x, t, k))
     logits = torch.randn(5, 300)
     params = [SamplingParams(temperature=0.9), SamplingParams(temperature=1.0, top_k=5),
               SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.5),

@@ -48,7 +48,7 @@ def test_every_kernel_range_falls_in_a_breakdown_group():
     assert groups["gguf_matmul"].startswith("matmul") and groups["bf16_matmul"].startswith("matmul")
     assert groups["attention_decode"] == groups["attention_prefill"] == "attention (SDPA, C kernels)"
     assert groups["rms_norm"] == groups["silu_mul"] == "elementwise (norm, RoPE, SiLU, residual)"
-    assert groups["sample_gumbel"] == "sampling"
+    assert groups["sample_rows"] == "sampling"
     assert set(groups.values()) <= set(PROFILE_GROUPS)
     assert profile_group("aten::mm") == "matmul (linear layers, LM head)"
     assert profile_group("kvpilot::something_new") is None  # counted as "other", not silently misfiled

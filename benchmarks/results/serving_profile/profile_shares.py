@@ -23,7 +23,7 @@ NATIVE = {
     "sampling noise (torch uniform_, log_)": ("Sampler._exponential_noise (engine/sample/sampler.py:147)",
                                               "Sampler._exponential_noise (engine/sample/sampler.py:150)",
                                               "Sampler._exponential_noise (engine/sample/sampler.py:151)"),
-    "sampling (C kernel, one pass)": ("gumbel_sample (kernels/cpu/sample.py:54)",),
+    "sampling (C kernel, one pass)": ("sample_from_logits (kernels/cpu/sample.py:54)",),
     "RoPE (torch ops, prefill rows)": ("apply_rotary (engine/layers/rotary_embedding.py:18)",
                                        "apply_rotary (engine/layers/rotary_embedding.py:19)"),
     "attention prefill (C kernel)": ("paged_prefill_attention (kernels/cpu/prefill.py",),

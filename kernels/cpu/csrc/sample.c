@@ -1,117 +1,154 @@
 /*
- * Random sampling of one token per row in one pass over the logits (Python face:
- * kernels/cpu/sample.py; engine/sample/sampler.py uses it for rows with a temperature and no
- * top-k, top-p or min-p).
+ * Random sampling of one token per row straight from the logits (Python face: kernels/cpu/sample.py;
+ * engine/sample/sampler.py uses it for rows with a temperature and no top-k, top-p or min-p).
  *
- * The Gumbel-max trick: argmax_i (l_i / T + g_i), with g_i = -log(-log u_i) and u_i uniform on
- * (0, 1), is a draw from softmax(l / T). It is the exponential race vLLM's sampler runs
- * (argmax_i p_i / q_i with q_i = -log u_i ~ Exp(1): log of it is log p_i - log q_i, the same
- * order), without the [rows, vocab] tensors of probabilities and noise: torch's softmax, uniform_,
- * log_ and division each wrote and read a 12.6 MB tensor for 64 rows of SmolLM2's 49,152 logits,
- * and its allocator returned each one to the system between steps (page faults on every use).
+ * Inverse transform sampling: with p_i = exp((l_i - max l) / T) (softmax(l / T) before its
+ * normalization, S = sum p_i) and one uniform u per row, the token is the first i whose running sum
+ * p_0 + ... + p_i exceeds u * S: a draw from softmax(l / T), as torch.multinomial and FlashInfer's
+ * sampling_from_probs draw, and the same distribution as vLLM's exponential race. One exp per logit
+ * and one random number per row, in three passes over the row (its maximum; the p_i and their sums
+ * per tile of SAMPLE_TILE; the scan of the one tile the target falls in), instead of torch's
+ * softmax, uniform_, log_ and division each writing and reading a [rows, vocab] float32 tensor
+ * (12.6 MB for 64 rows of SmolLM2's 49,152 logits, handed back to the system between steps).
  *
- * The uniforms come from a counter-based generator: u_i from SplitMix64's output function of
- * key + (i + 1) * 0x9E3779B97F4A7C15 (Steele, Lea and Flood, "Fast splittable pseudorandom number
- * generators", OOPSLA 2014; the mix passes BigCrush as a generator), its top 24 bits plus a half
- * scaled into (0, 1), so the row's key (drawn by the caller from the request's generator) fixes
- * every draw and any element can be computed on its own, in vector lanes. The logs are a
- * Cephes-style logf (range reduction to [sqrt(1/2), sqrt(2)), a degree-9 polynomial; within 2 ulp
- * on normal inputs, which are all it gets here) written in plain arithmetic so gcc vectorizes the
- * loop without -ffast-math, which would let it assume the -inf logits of masked tokens away. The
- * noise is bounded (the uniforms' 24 bits), so only tokens near the row's largest logit need it.
- * Source: Gumbel (1954); Maddison, Tarlow and Minka, "A* sampling" (NeurIPS 2014) for the trick;
- * vLLM v1 `vllm/v1/sample/ops/topk_topp_sampler.py` `random_sample`; Cephes `logf.c`.
+ * The row's uniform is SplitMix64's output for its key (Steele, Lea and Flood, "Fast splittable
+ * pseudorandom number generators", OOPSLA 2014), 53 bits; the caller draws the key from the
+ * request's generator, so a seed fixes its tokens. The exp is Cephes' expf (range reduction by
+ * ln 2 in two parts, a degree-5 polynomial, 2^n by the exponent bits) in plain arithmetic so gcc
+ * vectorizes it without -ffast-math, which would let it assume the -inf logits of masked tokens
+ * away; arguments below -87 (probabilities under 2^-125 of the top token's) count as 0, as do
+ * NaN logits. Sums are float32 within a tile and double across tiles; the scan recomputes the
+ * tile's terms in the same order, and should rounding leave the target past the tile's last term,
+ * the tile's last token with mass is drawn.
+ * Source: Devroye, Non-Uniform Random Variate Generation (1986), ch. 2 (inversion); FlashInfer
+ * `sampling_from_probs`; vLLM v1 `vllm/v1/sample/ops/topk_topp_sampler.py`; Cephes `expf.c`.
  */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define SAMPLE_TILE 512 /* scores computed per pass: 2 KB, stays in L1 */
+#define SAMPLE_TILE 1024 /* terms per partial sum */
 
-/* log(x) for a positive normal float x (Cephes logf's coefficients). */
-static inline float cephes_logf(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    float e = (float)((int32_t)(bits >> 23) - 127);
-    bits = (bits & 0x007fffffu) | 0x3f800000u; /* mantissa in [1, 2) */
-    float m;
-    memcpy(&m, &bits, sizeof m);
-    const int big = m > 1.41421356f;
-    m = big ? 0.5f * m : m;
-    e = big ? e + 1.f : e;
-    const float f = m - 1.f, z = f * f;
-    float y = 7.0376836292e-2f;
-    y = y * f - 1.1514610310e-1f;
-    y = y * f + 1.1676998740e-1f;
-    y = y * f - 1.2420140846e-1f;
-    y = y * f + 1.4249322787e-1f;
-    y = y * f - 1.6668057665e-1f;
-    y = y * f + 2.0000714765e-1f;
-    y = y * f - 2.4999993993e-1f;
-    y = y * f + 3.3333331174e-1f;
-    y = y * f * z;
-    y += -2.12194440e-4f * e;
-    y += -0.5f * z;
-    return f + y + 0.693359375f * e;
+/* e^x for x in [-87, 0] (Cephes expf's reduction and polynomial; within 2 ulp). */
+static inline float cephes_expf(float x) {
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    const float z = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * z + r + 1.f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
 }
 
-/* The uniform (0, 1) draw of element i under key: SplitMix64's mix, top 24 bits, plus a half. */
-static inline float uniform01(uint64_t key, uint64_t i) {
-    uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
+/* The term of one scaled logit: e^x, or 0 where x is below -87 or NaN. */
+static inline float term(float x) { return x >= -87.f ? cephes_expf(x) : 0.f; }
+
+/* The terms of n scaled logits, stored in p where p is not NULL; returns their float32 sum. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* e^x for 16 lanes, x in [-87, 0]: cephes_expf's steps, 2^n by VSCALEFPS. */
+static inline __m512 cephes_expf16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
+                                                          _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    const __m512 z = _mm512_mul_ps(r, r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, z, r), _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(y, n);
+}
+
+static float terms(const float *l, int64_t n, float top, float inv_temp, float *p) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 vt = _mm512_set1_ps(top), vi = _mm512_set1_ps(inv_temp), lo = _mm512_set1_ps(-87.f);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 in = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, l + j), vt), vi);
+        const __mmask16 live = _mm512_mask_cmp_ps_mask(in, x, lo, _CMP_GE_OQ); /* NaN and -inf: no mass */
+        const __m512 e = _mm512_maskz_mov_ps(live, cephes_expf16(_mm512_max_ps(x, lo)));
+        if (p) _mm512_mask_storeu_ps(p + j, in, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#else
+static float terms(const float *l, int64_t n, float top, float inv_temp, float *p) {
+    float s = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+        const float e = term((l[j] - top) * inv_temp);
+        if (p) p[j] = e;
+        s += e;
+    }
+    return s;
+}
+#endif
+
+/* SplitMix64's output for key: the row's uniform in [0, 1), 53 bits. */
+static inline double uniform53(uint64_t key) {
+    uint64_t z = key + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return ((float)(uint32_t)(z >> 40) + 0.5f) * (1.f / 16777216.f);
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* Gumbel noise -log(-log u) lies in [G_LOW, G_HIGH] for the uniforms above (u in [2^-25, 1 - 2^-25]:
-   -log(17.33) = -2.85 and -log(2.98e-8) = 17.33), so a token whose scaled logit is more than
-   G_HIGH - G_LOW below the row's largest can never win; PRUNE_NATS rounds that up by a margin for
-   the logs' rounding. */
-#define PRUNE_NATS 21.f
-
-/* The draw of one row: the first index of the largest l_i * inv_temp + g_i, or -1 where no
-   score is above -inf (every logit -inf or NaN). Exact: the noise is computed only for the tokens
-   within PRUNE_NATS of the row's largest scaled logit (the others cannot win), each token's noise
-   that of its own index under the key, so the result is the one of computing every score. */
+/* The draw of one row, or -1 where it has no finite logit (every one -inf or NaN). */
 static int64_t sample_row(const float *logits, int64_t vocab, float inv_temp, uint64_t key) {
     float top = -INFINITY;
     #pragma omp simd reduction(max:top)
     for (int64_t i = 0; i < vocab; ++i) top = logits[i] > top ? logits[i] : top;
-    if (top == -INFINITY) return -1; /* every logit -inf or NaN */
-    const float floor = top * inv_temp - PRUNE_NATS;
-    float best = -INFINITY;
-    int64_t best_i = -1;
-    float v[SAMPLE_TILE], s[SAMPLE_TILE];
-    int64_t idx[SAMPLE_TILE];
-    for (int64_t i0 = 0; i0 < vocab; i0 += SAMPLE_TILE) {
-        const int64_t n = vocab - i0 < SAMPLE_TILE ? vocab - i0 : SAMPLE_TILE;
-        int64_t k = 0;
-        for (int64_t j = 0; j < n; ++j) { /* the tile's candidates, in index order */
-            const float x = logits[i0 + j] * inv_temp;
-            if (x >= floor) { v[k] = x; idx[k] = i0 + j; ++k; }
-        }
-        float mx = -INFINITY;
-        #pragma omp simd reduction(max:mx)
-        for (int64_t t = 0; t < k; ++t) {
-            const float g = -cephes_logf(-cephes_logf(uniform01(key, (uint64_t)idx[t])));
-            s[t] = v[t] + g;
-            mx = s[t] > mx ? s[t] : mx;
-        }
-        if (mx > best) {
-            for (int64_t t = 0; t < k; ++t)
-                if (s[t] == mx) { best_i = idx[t]; break; }
-            best = mx;
+    if (top == -INFINITY) return -1;
+    const int64_t tiles = (vocab + SAMPLE_TILE - 1) / SAMPLE_TILE;
+    float sums[tiles];
+    double total = 0.0;
+    for (int64_t b = 0; b < tiles; ++b) {
+        const float *l = logits + b * SAMPLE_TILE;
+        const int64_t n = vocab - b * SAMPLE_TILE < SAMPLE_TILE ? vocab - b * SAMPLE_TILE : SAMPLE_TILE;
+        sums[b] = terms(l, n, top, inv_temp, NULL);
+        total += sums[b];
+    }
+    const double target = uniform53(key) * total;
+    double before = 0.0;
+    int64_t b = 0;
+    while (b < tiles - 1 && before + sums[b] <= target) before += sums[b++];
+    const float *l = logits + b * SAMPLE_TILE;
+    const int64_t n = vocab - b * SAMPLE_TILE < SAMPLE_TILE ? vocab - b * SAMPLE_TILE : SAMPLE_TILE;
+    float p[SAMPLE_TILE];
+    terms(l, n, top, inv_temp, p); /* the same terms as the tile's sum */
+    int64_t last = -1;
+    double acc = before;
+    for (int64_t j = 0; j < n; ++j) {
+        if (p[j] > 0.f) {
+            acc += p[j];
+            last = b * SAMPLE_TILE + j;
+            if (acc > target) return last;
         }
     }
-    return best_i;
+    if (last >= 0) return last;
+    /* the tile held no mass after all (rounding at its edge): the row's last token with mass */
+    for (int64_t i = b * SAMPLE_TILE - 1; i >= 0; --i)
+        if ((logits[i] - top) * inv_temp >= -87.f) return i;
+    return -1;
 }
 
 /* out[r] = the sampled token of row r of logits [rows, vocab] float32 (row stride ld), at
-   temperature 1 / inv_temp[r] with the draws of keys[r] (-1 where the row has no finite score);
+   temperature 1 / inv_temp[r] with the draw of keys[r] (-1 where the row has no finite logit);
    rows shared out over num_threads OpenMP threads. */
-void kvp_sample_gumbel(const float *logits, int64_t ld, int64_t rows, int64_t vocab, const float *inv_temp,
+void kvp_sample_rows(const float *logits, int64_t ld, int64_t rows, int64_t vocab, const float *inv_temp,
                        const uint64_t *keys, int64_t *out, int64_t num_threads) {
     #pragma omp parallel for schedule(static) num_threads((int)num_threads) if (num_threads > 1 && rows > 1)
     for (int64_t r = 0; r < rows; ++r) out[r] = sample_row(logits + r * ld, vocab, inv_temp[r], keys[r]);
