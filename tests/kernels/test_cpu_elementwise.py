@@ -87,6 +87,12 @@ def _silu_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return s * u
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test draws from the same seed, whatever ran before it (the bf16 bounds count values)."""
+    torch.manual_seed(0)
+
+
 def _gates(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     """[rows, 2 * width] gate | up: normal values times 4, some gates extreme."""
     gate_up = torch.randn(rows, 2 * width) * 4
@@ -200,7 +206,7 @@ def test_rms_norm_against_float64(builds, rows, hidden, fused, seed):
             # the sum of squares in float32 (another order per build), inv_rms, two products
             _assert_f32_close(out, ref, 16.0, atol=0)
         else:
-            _assert_bf16_nearly(out, ref.float().bfloat16(), 2e-4)
+            _assert_bf16_nearly(out, ref.float().bfloat16(), 4e-4)
 
 
 def test_rms_norm_simd_against_portable_extremes(builds, seed):

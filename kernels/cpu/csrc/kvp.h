@@ -48,10 +48,14 @@ static inline float kvp_ld(kvp_t x) { return x; }
 static inline kvp_t kvp_st(float f) { return f; }
 #endif
 
-/* From this many elements (a prefill chunk's rows, not a decode step's) RMSNorm and SiLU*mul
-   share their rows out over the calling thread's OpenMP team (torch's thread count); each row is
-   computed by one thread as before, so results do not change. */
-#define ELEMENTWISE_PARALLEL_MIN 65536
+/* From this many elements RMSNorm, SiLU*mul and the prefill rows' RoPE share their rows out over the
+   calling thread's OpenMP team (torch's thread count); each row is computed by one thread either
+   way, so results do not change. Below it one thread is faster than waking the team: the engine's
+   waiting threads sleep after a short spin (engine/cpu/omp_wait.py), and a parallel region after a
+   Python gap pays their futex wake-up (~50-100 us on a 2-core Sapphire Rapids VM) for work one
+   thread does in that time (a 220-row norm ~40 us, SiLU*mul ~130 us). 65,536 before: 128 ShareGPT
+   requests at 64 at a time, offline, dense bf16, 23.7 s -> 22.4 and 22.5 s (issue 49). */
+#define ELEMENTWISE_PARALLEL_MIN 1048576
 
 /* AVX-512 (F, BW, DQ, VL: the avx512, avx512_bf16 and amx builds) helpers for the element-wise
    kernels (activation.c, layernorm.c): 32 stored values at a time as two float32 vectors, the
