@@ -11,8 +11,8 @@ slice, and the engine's other thread spends the group's share spinning at the ba
 giving its CPU up, so the kernel never moves the descheduled thread there. One thread's slice,
 every barrier: 1.4 s per token instead of 10 ms (2-core Sapphire Rapids, DESIGN.md).
 
-So a waiter spins only about as long as a barrier takes when every thread runs (a few
-microseconds to tens), then sleeps: `GOMP_SPINCOUNT` below, measured in
+So a waiter spins only about as long as a barrier takes when every thread runs (tens of
+microseconds), then sleeps: `GOMP_SPINCOUNT` below, measured in
 benchmarks/results/shared_node. `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` set by the user win.
 libgomp reads both once, when it loads (with torch), so `apply()` runs when `kvpilot.engine` is
 first imported; where torch was imported earlier it is too late, and the start-up line says so.
@@ -29,8 +29,12 @@ from collections.abc import MutableMapping
 SPINCOUNT_ENV = "GOMP_SPINCOUNT"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 # rounds of libgomp's spin (each a `pause`) before a waiting thread sleeps; chosen by
-# `kvpilot bench shared-node` (benchmarks/results/shared_node/README.md)
-SPINCOUNT = 1_000
+# `kvpilot bench shared-node` (benchmarks/results/shared_node/README.md): 1,000 until issue 49, when
+# 3,000 beside the thread adapter kept the neighbour's figures (median ITL 10.2 against 11.0 ms, p95
+# 15.6 against 15.9) and took a dense bf16 decode step of one sequence from 16.6 to 13.1 ms and 128
+# ShareGPT requests at 64 at a time from 22.5 to 20.6 s (Sapphire Rapids, 2 cores); 10,000 missed
+# the neighbour's p95 bound (5.3x alone)
+SPINCOUNT = 3_000
 
 _state = {"applied": False, "late": False, "user": ""}
 

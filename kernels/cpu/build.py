@@ -95,7 +95,7 @@ LIBRARIES = {
     "decode_stack": Library(("decode_stack.c",), ("-O3",), ()),
     "threads": Library(("threads.c",), ("-O2", "-fopenmp"), ("-fopenmp",)),
     "decode_stack_bf16": Library(("decode_stack.c",), ("-O3", "-DKVP_BF16"), ()),
-    "sample": Library(("sample.c",), ("-O3", "-fopenmp"), ("-fopenmp",)),  # no -ffast-math: -inf logits
+    "sample": Library(("sample.c",), ("-O3", "-fopenmp"), ("-fopenmp", "-lm")),  # no -ffast-math: -inf logits
 }
 
 

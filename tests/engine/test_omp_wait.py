@@ -42,7 +42,8 @@ def test_an_engine_process_starts_with_the_wait_policy_and_says_so():
               "print(os.environ['GOMP_SPINCOUNT'], describe_wait_policy())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("1000 waiting threads spin GOMP_SPINCOUNT=1000 rounds"), out.stdout
+    n = omp_wait.SPINCOUNT
+    assert out.stdout.startswith(f"{n} waiting threads spin GOMP_SPINCOUNT={n} rounds"), out.stdout
     late = subprocess.run([sys.executable, "-c", script.replace("kvpilot.engine, torch", "torch, kvpilot.engine")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert "came too late" in late.stdout, late.stdout

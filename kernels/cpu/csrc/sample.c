@@ -13,10 +13,9 @@
  *
  * The row's uniform is SplitMix64's output for its key (Steele, Lea and Flood, "Fast splittable
  * pseudorandom number generators", OOPSLA 2014), 53 bits; the caller draws the key from the
- * request's generator, so a seed fixes its tokens. The exp is Cephes' expf (range reduction by
- * ln 2 in two parts, a degree-5 polynomial, 2^n by the exponent bits) in plain arithmetic so gcc
- * vectorizes it without -ffast-math, which would let it assume the -inf logits of masked tokens
- * away; arguments below -87 (probabilities under 2^-125 of the top token's) count as 0, as do
+ * request's generator, so a seed fixes its tokens. The exp is Cephes' expf on AVX-512 lanes
+ * (kvp_exp.h, shared with SiLU) where built, libm's expf elsewhere; no -ffast-math, which would
+ * let gcc assume the -inf logits of masked tokens away; arguments below -87 (probabilities under 2^-125 of the top token's) count as 0, as do
  * NaN logits. Sums are float32 within a tile and double across tiles; the scan recomputes the
  * tile's terms in the same order, and should rounding leave the target past the tile's last term,
  * the tile's last token with mass is drawn.
@@ -28,50 +27,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kvp.h"
+#include "kvp_exp.h"
+
 #define SAMPLE_TILE 1024 /* terms per partial sum */
 
-/* e^x for x in [-87, 0] (Cephes expf's reduction and polynomial; within 2 ulp). */
-static inline float cephes_expf(float x) {
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    const float z = r * r;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
-}
-
 /* The term of one scaled logit: e^x, or 0 where x is below -87 or NaN. */
-static inline float term(float x) { return x >= -87.f ? cephes_expf(x) : 0.f; }
+static inline float term(float x) { return x >= -87.f ? expf(x) : 0.f; }
 
 /* The terms of n scaled logits, stored in p where p is not NULL; returns their float32 sum. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-/* e^x for 16 lanes, x in [-87, 0]: cephes_expf's steps, 2^n by VSCALEFPS. */
-static inline __m512 cephes_expf16(__m512 x) {
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
-                                                          _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    const __m512 z = _mm512_mul_ps(r, r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_add_ps(_mm512_fmadd_ps(y, z, r), _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(y, n);
-}
-
+#ifdef KVP_AVX512
 static float terms(const float *l, int64_t n, float top, float inv_temp, float *p) {
     __m512 acc = _mm512_setzero_ps();
     const __m512 vt = _mm512_set1_ps(top), vi = _mm512_set1_ps(inv_temp), lo = _mm512_set1_ps(-87.f);
@@ -79,7 +44,7 @@ static float terms(const float *l, int64_t n, float top, float inv_temp, float *
         const __mmask16 in = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
         const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, l + j), vt), vi);
         const __mmask16 live = _mm512_mask_cmp_ps_mask(in, x, lo, _CMP_GE_OQ); /* NaN and -inf: no mass */
-        const __m512 e = _mm512_maskz_mov_ps(live, cephes_expf16(_mm512_max_ps(x, lo)));
+        const __m512 e = _mm512_maskz_mov_ps(live, exp_neg16(x));
         if (p) _mm512_mask_storeu_ps(p + j, in, e);
         acc = _mm512_add_ps(acc, e);
     }
