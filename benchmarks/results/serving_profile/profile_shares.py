@@ -23,7 +23,10 @@ NATIVE = {
     "sampling noise (torch uniform_, log_)": ("Sampler._exponential_noise (engine/sample/sampler.py:147)",
                                               "Sampler._exponential_noise (engine/sample/sampler.py:150)",
                                               "Sampler._exponential_noise (engine/sample/sampler.py:151)"),
-    "sampling (C kernel, one pass)": ("sample_from_logits (kernels/cpu/sample.py:54)",),
+    "sampling (C kernel)": ("sample_from_logits (kernels/cpu/sample.py:57)",),
+    "RoPE and K/V write (C kernel, prefill rows)": ("PrefillRope.__call__ (kernels/cpu/attention.py:225)",),
+    "torch.cat of a mixed step's decode and prefill rows": (
+        "TorchAttentionBackend.forward_qkv (engine/attention/torch_backend.py:151)",),
     "RoPE (torch ops, prefill rows)": ("apply_rotary (engine/layers/rotary_embedding.py:18)",
                                        "apply_rotary (engine/layers/rotary_embedding.py:19)"),
     "attention prefill (C kernel)": ("paged_prefill_attention (kernels/cpu/prefill.py",),
