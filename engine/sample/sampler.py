@@ -196,7 +196,8 @@ class Sampler:
             plain = [i for i in random_rows if _temperature_only(params[i], logits.shape[-1])]
             if plain:
                 tokens[plain] = self._c_sampled_rows(logits, plain, tokens, request_ids, params)
-                random_rows = [i for i in random_rows if i not in set(plain)]
+                in_c = set(plain)
+                random_rows = [i for i in random_rows if i not in in_c]
         if random_rows:
             idx = torch.tensor(random_rows)
             sub = logits[idx] / torch.tensor([params[i].temperature for i in random_rows]).unsqueeze(1)

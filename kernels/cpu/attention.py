@@ -162,13 +162,10 @@ class FusedDecode:
         """qkv [num_seqs, num_heads + 2 num_kv_heads, head_dim] (the fused projection; head_dim
         contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] contiguous, all in
         the step's dtype (written at the slots) -> attention output [num_seqs, num_heads, head_dim]."""
-        n, heads, head_dim = qkv.shape
-        _, block_size, num_kv_heads, kd = k_cache.shape
-        if (n != len(self.lens) or kd != head_dim or head_dim != 2 * self.half or v_cache.shape != k_cache.shape
-                or heads != self.num_heads + 2 * num_kv_heads or self.num_heads % num_kv_heads
-                or qkv.stride(1) != head_dim or qkv.stride(2) != 1
-                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or not (qkv.dtype == k_cache.dtype == v_cache.dtype == self.dtype)):
+        n, _, head_dim = qkv.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        if (not _qkv_and_caches_fit(qkv, k_cache, v_cache, len(self.lens), self.num_heads, self.half, self.dtype)
+                or self.num_heads % num_kv_heads):
             raise ValueError(f"FusedDecode: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
                              f"{tuple(k_cache.shape)} {k_cache.dtype}")
         out = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
@@ -210,13 +207,9 @@ class PrefillRope:
         contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] contiguous, all in the
         step's dtype (k and v written at the slots) -> the rotated q [rows, num_heads, head_dim], a new
         tensor. Uses torch.get_num_threads() threads."""
-        n, heads, head_dim = qkv.shape
+        n, _, head_dim = qkv.shape
         num_kv_heads = k_cache.shape[2]
-        if (n != self.rows or k_cache.shape[3] != head_dim or head_dim != 2 * self.half
-                or v_cache.shape != k_cache.shape or heads != self.num_heads + 2 * num_kv_heads
-                or qkv.stride(1) != head_dim or qkv.stride(2) != 1
-                or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-                or not (qkv.dtype == k_cache.dtype == v_cache.dtype == self.dtype)):
+        if not _qkv_and_caches_fit(qkv, k_cache, v_cache, self.rows, self.num_heads, self.half, self.dtype):
             raise ValueError(f"PrefillRope: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
                              f"{tuple(k_cache.shape)} {k_cache.dtype}")
         q = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
@@ -225,6 +218,20 @@ class PrefillRope:
                 self.fn(qkv.data_ptr(), qkv.stride(0), *self.ptrs, k_cache.data_ptr(), v_cache.data_ptr(),
                         q.data_ptr(), n, self.num_heads, num_kv_heads, head_dim, torch.get_num_threads())
         return q
+
+
+def _qkv_and_caches_fit(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int, num_heads: int,
+                        half: int, dtype: torch.dtype) -> bool:
+    """Whether a layer's qkv [rows, num_heads + 2 num_kv_heads, head_dim] (heads and head_dim
+    contiguous) and its caches [num_blocks, block_size, num_kv_heads, head_dim] (contiguous, one
+    shape) fit a step built for `rows` rows, `num_heads` query heads and cos/sin rows of `half`
+    values, all in `dtype` (FusedDecode's and PrefillRope's check of each layer's call)."""
+    n, heads, head_dim = qkv.shape
+    num_kv_heads = k_cache.shape[2]
+    return (n == rows and k_cache.shape[3] == head_dim and head_dim == 2 * half and v_cache.shape == k_cache.shape
+            and heads == num_heads + 2 * num_kv_heads and qkv.stride(1) == head_dim and qkv.stride(2) == 1
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and qkv.dtype == k_cache.dtype == v_cache.dtype == dtype)
 
 
 def _bind_rope_write(lib: ctypes.CDLL, dtype: torch.dtype):
