@@ -187,7 +187,7 @@ class PrefillRope:
     cos, sin: [rows, 1 or nothing, head_dim / 2] float32 or bfloat16, head_dim / 2 contiguous
     slots:    [rows] int64, contiguous: flat cache slot of each row's token
     Raises ValueError on mismatched shapes/dtypes, loader.KernelsNotBuilt where the install built
-    no kernels. Source: HF Llama rotate_half; vLLM csrc/cpu/pos_encoding.cpp."""
+    no kernels. Source: HF Llama rotate_half (the rotation; its bf16 ops round after each product)."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, num_heads: int) -> None:
         self.dtype = cos.dtype

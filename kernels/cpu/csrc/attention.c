@@ -383,8 +383,9 @@ int KVP_FN(kvp_rope_cache_decode)(const kvp_t *qkv, int64_t qkv_stride, const kv
 /* The prefill/extend side of RoPE and the cache write (the decode side is fused into
    kvp_rope_cache_decode), per row s < n: q_out row s = the rotated q heads, rounded once to the
    stored type; the rotated k and the v stored at flat cache slot slots[s]. The same float32 rotation
-   as the decode rows (rope_heads), one rounding of each result, as vLLM's CPU rotary kernel
-   (csrc/cpu/pos_encoding.cpp: widen, rotate, narrow). qkv, cos, sin, slots as
+   as the decode rows (rope_heads), one rounding of each result (torch's unfused bf16 ops round
+   after each product; the float32 rotation is the decode rows', not checked against vLLM's CPU
+   rotary output). qkv, cos, sin, slots as
    kvp_rope_cache_decode; q_out: n x num_heads x head_dim contiguous. Rows are shared over
    num_threads threads where there are enough of them. Returns 0. */
 int KVP_FN(kvp_rope_cache_write)(const kvp_t *qkv, int64_t qkv_stride, const kvp_t *cos, const kvp_t *sin,
