@@ -140,15 +140,17 @@ class TorchAttentionBackend(AttentionBackend):
         prefill_rope = self._prefill_rope(meta, qkv, k_cache, rope, num_heads) if nd < qkv.shape[0] else None
         if not nd and prefill_rope is None:
             return super().forward_qkv(qkv, rope, k_cache, v_cache, meta, scale, num_heads)
-        out = fused(qkv[:nd], k_cache, v_cache) if nd else None
         if nd == qkv.shape[0]:
-            return out
+            return fused(qkv, k_cache, v_cache)
         rest = qkv[nd:]
         if prefill_rope is not None:  # RoPE and the K/V write in one C call, then the C prefill attention
             q = prefill_rope(rest, k_cache, v_cache)
-            out_rest = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            self._extends(q, None, None, k_cache, v_cache, meta, scale, out_rest, nd)
-            return out_rest if out is None else torch.cat((out, out_rest))
+            out = torch.empty((qkv.shape[0], *q.shape[1:]), dtype=q.dtype, device=q.device)
+            if nd:  # the decode rows' output straight into the step's, no torch.cat
+                fused(qkv[:nd], k_cache, v_cache, out[:nd])
+            self._extends(q, None, None, k_cache, v_cache, meta, scale, out[nd:], nd)
+            return out
+        out = fused(qkv[:nd], k_cache, v_cache)
         num_kv_heads = (qkv.shape[1] - num_heads) // 2
         qk = apply_rotary(rest[:, : num_heads + num_kv_heads], (rope[0][nd:], rope[1][nd:]))
         q, k = qk.split([num_heads, num_kv_heads], dim=1)

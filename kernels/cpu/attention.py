@@ -158,17 +158,24 @@ class FusedDecode:
         self.table_ptrs = (block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr())
         self.lens, self.num_heads, self.half, self.scale = seq_lens_cpu, num_heads, cos.shape[1], scale
 
-    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """qkv [num_seqs, num_heads + 2 num_kv_heads, head_dim] (the fused projection; head_dim
         contiguous), caches [num_blocks, block_size, num_kv_heads, head_dim] contiguous, all in
-        the step's dtype (written at the slots) -> attention output [num_seqs, num_heads, head_dim]."""
+        the step's dtype (written at the slots) -> attention output [num_seqs, num_heads, head_dim]:
+        `out` where given (contiguous, that shape and dtype: e.g. the first rows of a mixed step's
+        output, whose prefill rows another kernel fills), else a new tensor."""
         n, _, head_dim = qkv.shape
         _, block_size, num_kv_heads, _ = k_cache.shape
         if (not _qkv_and_caches_fit(qkv, k_cache, v_cache, len(self.lens), self.num_heads, self.half, self.dtype)
-                or self.num_heads % num_kv_heads):
-            raise ValueError(f"FusedDecode: bad qkv {tuple(qkv.shape)} {qkv.dtype} or cache "
-                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
-        out = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
+                or self.num_heads % num_kv_heads
+                or (out is not None and (out.shape != (n, self.num_heads, head_dim) or out.dtype != self.dtype
+                                         or not out.is_contiguous()))):
+            raise ValueError(f"FusedDecode: bad qkv {tuple(qkv.shape)} {qkv.dtype}, cache "
+                             f"{tuple(k_cache.shape)} {k_cache.dtype} or out "
+                             f"{None if out is None else (tuple(out.shape), out.dtype)}")
+        if out is None:
+            out = torch.empty(n, self.num_heads, head_dim, dtype=self.dtype)
         if n:
             head = (qkv.data_ptr(), qkv.stride(0), *self.meta_ptrs, k_cache.data_ptr(), v_cache.data_ptr(),
                     *self.table_ptrs, out.data_ptr())

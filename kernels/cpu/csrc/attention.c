@@ -29,24 +29,25 @@
 #include <omp.h>
 #endif
 
-/* Software prefetch of n elements from p (one hint per 64-byte line). The cache blocks of a
-   sequence lie anywhere in the pool, so the hardware prefetcher stops at each block's end;
-   each token row of a block asks for the same row of the block two ahead in its table. The hint
-   is prefetcht1 (into L2): decode steps of 64 sequences took 60.5 and 59.3 ms against 61.6 and
-   63.6 with prefetcht0 (`kvpilot bench decode-step`, Sapphire Rapids, 2 threads); four blocks
-   ahead instead of two gained nothing. */
-static inline void prefetch_row(const kvp_t *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(kvp_t)) __builtin_prefetch(p + i, 0, 2);
+/* Software prefetch of token row t of an item's K or V (row elements: every KV head), one hint per
+   64-byte line, into L2 (prefetcht1). Each decode row's attention walks its token rows in order,
+   asking for the row PREFETCH_TOKENS ahead (through the block table, so across block ends, where the
+   hardware prefetcher stops: the blocks of a sequence lie anywhere in the pool). Measured on
+   Sapphire Rapids, 64 sequences of 256 tokens, 2 threads (benchmarks/results/decode_attention): 4 to
+   32 rows ahead within noise of each other; the earlier scheme (whole rows of the block two ahead)
+   gave nothing at 128-token blocks, whose next block lies 128 rows on. */
+#define PREFETCH_TOKENS 8
+static inline void prefetch_token(const kvp_t *cache, const int32_t *table, int64_t t, int64_t len,
+                                  int64_t block_size, int64_t row) {
+    if (t >= len) return;
+    const kvp_t *p = cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
+    for (int64_t i = 0; i < row; i += 64 / (int64_t)sizeof(kvp_t)) __builtin_prefetch(p + i, 0, 2);
 }
 
-#define PREFETCH_BLOCKS 2 /* blocks ahead */
-/* Prefetches token row i of the item's block two after block b (whose first token is t0;
-   from block 0 also of block 1), where the item has them: one block of rows is processed
-   faster than a scattered block arrives from memory. */
-static inline void prefetch_ahead(const kvp_t *cache, const int32_t *table, int64_t b, int64_t i, int64_t t0,
-                                  int64_t len, int64_t block_size, int64_t row) {
-    for (int64_t a = b == 0 ? 1 : PREFETCH_BLOCKS; a <= PREFETCH_BLOCKS; ++a)
-        if (t0 + a * block_size < len) prefetch_row(cache + ((int64_t)table[b + a] * block_size + i) * row, row);
+/* Prefetches an item's first PREFETCH_TOKENS rows (before a pass over them starts). */
+static inline void prefetch_first(const kvp_t *cache, const int32_t *table, int64_t len, int64_t block_size,
+                                  int64_t row) {
+    for (int64_t t = 0; t < PREFETCH_TOKENS; ++t) prefetch_token(cache, table, t, len, block_size, row);
 }
 
 /* scores [num_heads, len] -> e^(score - the row's max) in place, with mx[h] the max and l[h] the sum. */
@@ -72,11 +73,12 @@ static void attend_part(const float *q, const kvp_t *k_cache, const kvp_t *v_cac
                         float *l) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim, block_elems = block_size * row;
+    prefetch_first(k_cache, table, len, block_size, row);
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const kvp_t *k = k_cache + (int64_t)table[b] * block_elems;
-        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+        const int64_t end = t + block_size < len ? t + block_size : len;
         for (; t < end; ++t, k += row) {
-            prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
+            prefetch_token(k_cache, table, t + PREFETCH_TOKENS, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float *qh = q + h * head_dim;
                 const kvp_t *kh = k + (h / group) * head_dim;
@@ -87,13 +89,14 @@ static void attend_part(const float *q, const kvp_t *k_cache, const kvp_t *v_cac
             }
         }
     }
+    prefetch_first(v_cache, table, len, block_size, row);
     softmax_rows(scores, num_heads, len, mx, l);
     for (int64_t i = 0; i < num_heads * head_dim; ++i) acc[i] = 0.f;
     for (int64_t b = 0, t = 0; t < len; ++b) {
         const kvp_t *v = v_cache + (int64_t)table[b] * block_elems;
-        const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+        const int64_t end = t + block_size < len ? t + block_size : len;
         for (; t < end; ++t, v += row) {
-            prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
+            prefetch_token(v_cache, table, t + PREFETCH_TOKENS, len, block_size, row);
             for (int64_t h = 0; h < num_heads; ++h) {
                 const float p = scores[h * len + t];
                 const kvp_t *vh = v + (h / group) * head_dim;
@@ -116,47 +119,50 @@ static inline __m512 ld16(const kvp_t *p) {
 #endif
 }
 
-/* attend_part for head_dim = 16 * D and G query heads per KV head (always inlined with constant D and G,
-   so the G x D query and accumulator vectors live in zmm registers): KV head by KV head, each token's
-   K (then V) slice is converted once for the G query heads that read it, the dot products are one
-   FMA chain and one horizontal sum per head, and p.V accumulates in registers instead of a
-   load/FMA/store of acc per head and token. Same arithmetic as attend_part in another summation
-   order (results differ in the last bits). The first KV head's pass prefetches whole rows ahead,
-   so the other heads find them in cache. */
+/* attend_part for head_dim = 16 * D and G query heads per KV head (always inlined with constant D and G).
+   q.K^T walks the item's token rows once, in order, every KV head of a row before the next row (a row
+   read whole while its lines are in L1, the row PREFETCH_TOKENS ahead requested meanwhile); each K
+   slice is converted once for the G query heads that read it (the queries come from L1), the dot
+   products are one FMA chain and one horizontal sum per head. p.V runs KV head by KV head with the
+   G x D accumulators in zmm registers; the first KV head's pass prefetches whole rows ahead, so the
+   other heads find them in cache. Same arithmetic as attend_part in another summation order (results
+   differ in the last bits). Walking rows whole in q.K^T took decode attention of 64 sequences of 256
+   tokens from 37 to 30 ms at 128-token blocks (from 37 to 38 at 16: there every 6 KiB block is a
+   new page, and TLB misses dominate; benchmarks/results/decode_attention). */
 static inline __attribute__((always_inline)) void attend_part_zmm(
     const float *q, const kvp_t *k_cache, const kvp_t *v_cache, const int32_t *table, int64_t len,
     int64_t num_kv_heads, int64_t block_size, float scale, float *scores, float *acc, float *mx, float *l, const int D,
     const int G) {
     const int64_t head_dim = 16 * D, num_heads = G * num_kv_heads, row = num_kv_heads * head_dim;
     const int64_t block_elems = block_size * row;
-    for (int64_t g = 0; g < num_kv_heads; ++g) {
-        __m512 qv[G * D];
-        for (int h = 0; h < G; ++h)
-            for (int d = 0; d < D; ++d) qv[h * D + d] = _mm512_loadu_ps(q + (g * G + h) * head_dim + 16 * d);
-        for (int64_t b = 0, t = 0; t < len; ++b) {
-            const kvp_t *k = k_cache + (int64_t)table[b] * block_elems + g * head_dim;
-            const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
-            for (; t < end; ++t, k += row) {
-                if (g == 0) prefetch_ahead(k_cache, table, b, t - t0, t0, len, block_size, row);
+    prefetch_first(k_cache, table, len, block_size, row);
+    for (int64_t b = 0, t = 0; t < len; ++b) {
+        const kvp_t *k = k_cache + (int64_t)table[b] * block_elems;
+        const int64_t end = t + block_size < len ? t + block_size : len;
+        for (; t < end; ++t, k += row) {
+            prefetch_token(k_cache, table, t + PREFETCH_TOKENS, len, block_size, row);
+            for (int64_t g = 0; g < num_kv_heads; ++g) {
                 __m512 kv[D];
-                for (int d = 0; d < D; ++d) kv[d] = ld16(k + 16 * d);
+                for (int d = 0; d < D; ++d) kv[d] = ld16(k + g * head_dim + 16 * d);
                 for (int h = 0; h < G; ++h) {
-                    __m512 sum = _mm512_mul_ps(qv[h * D], kv[0]);
-                    for (int d = 1; d < D; ++d) sum = _mm512_fmadd_ps(qv[h * D + d], kv[d], sum);
+                    const float *qh = q + (g * G + h) * head_dim;
+                    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qh), kv[0]);
+                    for (int d = 1; d < D; ++d) sum = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), kv[d], sum);
                     scores[(g * G + h) * len + t] = _mm512_reduce_add_ps(sum) * scale;
                 }
             }
         }
     }
+    prefetch_first(v_cache, table, len, block_size, row);
     softmax_rows(scores, num_heads, len, mx, l);
     for (int64_t g = 0; g < num_kv_heads; ++g) {
         __m512 a[G * D];
         for (int i = 0; i < G * D; ++i) a[i] = _mm512_setzero_ps();
         for (int64_t b = 0, t = 0; t < len; ++b) {
             const kvp_t *v = v_cache + (int64_t)table[b] * block_elems + g * head_dim;
-            const int64_t t0 = t, end = t + block_size < len ? t + block_size : len;
+            const int64_t end = t + block_size < len ? t + block_size : len;
             for (; t < end; ++t, v += row) {
-                if (g == 0) prefetch_ahead(v_cache, table, b, t - t0, t0, len, block_size, row);
+                if (g == 0) prefetch_token(v_cache, table, t + PREFETCH_TOKENS, len, block_size, row);
                 __m512 vv[D];
                 for (int d = 0; d < D; ++d) vv[d] = ld16(v + 16 * d);
                 for (int h = 0; h < G; ++h) {
