@@ -19,7 +19,6 @@ import torch
 from kvpilot.engine.distributed import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.cpu.huge_pages import empty_huge
 from kvpilot.engine.cpu.thread_adapter import adapter_from_env
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
@@ -94,9 +93,6 @@ class ModelRunner:
         cfg = self.config.model
         shape = (num_blocks, self.block_size, cfg.num_kv_heads // parallel_state.get_tp_size(), cfg.head_dim)
         pin = device.type == "cpu" and self.device.type == "cuda"
-        if device.type == "cpu" and self.device.type == "cpu":  # the engine's caches: huge pages
-            return [(empty_huge(shape, self.dtype), empty_huge(shape, self.dtype))
-                    for _ in range(self.model.start_layer, self.model.end_layer)]
         return [
             (torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin),
              torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin))
@@ -107,8 +103,7 @@ class ModelRunner:
         """Allocates the per-layer caches [num_blocks, block_size, num_kv_heads, head_dim]
         on the device and the swap space on the host. Block 0 is zeroed now (block-table
         padding points at it); other blocks are zeroed at their first use
-        (SchedulerOutput.blocks_to_zero), so a large pool is never touched up front. On CPU the
-        caches start on huge-page boundaries with huge pages advised (engine/cpu/huge_pages.py)."""
+        (SchedulerOutput.blocks_to_zero), so a large pool is never touched up front."""
         self.kv_caches = self._allocate(num_blocks, self.device)
         for k, v in self.kv_caches:
             k[0].zero_()

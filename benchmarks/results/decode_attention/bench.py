@@ -2,8 +2,8 @@
 on SmolLM2-135M's shape: 30 layers of 9 query and 3 KV heads of 64, 64 sequences of 256 tokens, the
 bf16 pool of VLLM_CPU_KVCACHE_SPACE's default 4 GiB, by block size (16: kvpilot's default; 128: vLLM's on
 CPU), block layout (in order: a fresh server's pool; scattered: a random permutation, a pool after
-hours of requests) and pages (4 KiB, or 2 MiB as the engine allocates its CPU caches:
-engine/cpu/huge_pages.py). The attention library of an older commit is built here for the same x86
+hours of requests) and pages (4 KiB, as the engine's caches, or 2 MiB: transparent huge pages
+advised on the pool). The attention library of an older commit is built here for the same x86
 level with the flags of kernels/cpu/build.py (benchmarks/results/elementwise/bench.py's builder)
 against the installed one, in one process, interleaved round by round (alternating which goes first);
 the median of the rounds' times of one decode step's 30 layers, and the K/V bytes read per second.
@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import importlib.util
 import json
+import mmap
 import statistics
 import tempfile
 import time
@@ -26,13 +27,28 @@ from pathlib import Path
 
 import torch
 
-from kvpilot.engine.cpu.huge_pages import empty_huge
 from kvpilot.kernels.cpu import build, loader
 from kvpilot.loadgen.machine import loadavg, machine_info
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
 POOL_BYTES = 4 << 30  # both caches of every layer
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+HUGE_PAGE_BYTES = 2 << 20
+
+
+def empty_huge(numel: int) -> torch.Tensor:
+    """An uninitialized bf16 tensor of `numel` elements starting on a 2 MiB boundary, its memory advised
+    huge pages (madvise(MADV_HUGEPAGE): honoured where /sys/kernel/mm/transparent_hugepage/enabled is
+    `always` or `madvise`) before anything touches it."""
+    buf = torch.empty(numel * 2 + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    offset = -buf.data_ptr() % HUGE_PAGE_BYTES
+    t = buf[offset:offset + numel * 2].view(torch.bfloat16)
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [_P, ctypes.c_size_t, ctypes.c_int]
+    length = numel * 2 // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    if madvise(t.data_ptr(), length, mmap.MADV_HUGEPAGE):
+        raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) refused: no transparent huge pages here")
+    return t
 
 
 def _builder():
@@ -52,7 +68,7 @@ def kernel(path: Path):
 def pool(huge: bool) -> list[torch.Tensor]:
     """Each layer's K and V storage as flat bf16 tensors, filled with N(0, 1) values."""
     per = POOL_BYTES // (2 * LAYERS) // 2
-    make = (lambda: empty_huge((per,), torch.bfloat16)) if huge else (lambda: torch.empty(per, dtype=torch.bfloat16))
+    make = (lambda: empty_huge(per)) if huge else (lambda: torch.empty(per, dtype=torch.bfloat16))
     flats = [make() for _ in range(2 * LAYERS)]
     for t in flats:
         t.normal_()

@@ -32,10 +32,10 @@
 /* Software prefetch of token row t of an item's K or V (row elements: every KV head), one hint per
    64-byte line, into L2 (prefetcht1). Each decode row's attention walks its token rows in order,
    asking for the row PREFETCH_TOKENS ahead (through the block table, so across block ends, where the
-   hardware prefetcher stops: the blocks of a sequence lie anywhere in the pool). Measured on
-   Sapphire Rapids, 64 sequences of 256 tokens, 2 threads (benchmarks/results/decode_attention): 4 to
-   32 rows ahead within noise of each other; the earlier scheme (whole rows of the block two ahead)
-   gave nothing at 128-token blocks, whose next block lies 128 rows on. */
+   hardware prefetcher stops: the blocks of a sequence lie anywhere in the pool). 4, 8, 16 and 32 rows
+   ahead timed within noise of each other (Sapphire Rapids, 2 threads, a standalone copy of this file,
+   not kept); the earlier scheme (whole rows of the block two ahead) asked for nothing within 128-token
+   blocks, whose next block lies 128 rows on. */
 #define PREFETCH_TOKENS 8
 static inline void prefetch_token(const kvp_t *cache, const int32_t *table, int64_t t, int64_t len,
                                   int64_t block_size, int64_t row) {
@@ -126,9 +126,11 @@ static inline __m512 ld16(const kvp_t *p) {
    products are one FMA chain and one horizontal sum per head. p.V runs KV head by KV head with the
    G x D accumulators in zmm registers; the first KV head's pass prefetches whole rows ahead, so the
    other heads find them in cache. Same arithmetic as attend_part in another summation order (results
-   differ in the last bits). Walking rows whole in q.K^T took decode attention of 64 sequences of 256
-   tokens from 37 to 30 ms at 128-token blocks (from 37 to 38 at 16: there every 6 KiB block is a
-   new page, and TLB misses dominate; benchmarks/results/decode_attention). */
+   differ in the last bits; the scores are the earlier per-KV-head loop's, bit for bit). Against that
+   loop (each KV head's pass over the whole item, the first one prefetching whole rows two blocks
+   ahead), one decode step's attention of 64 sequences of 256 tokens: 26.7 -> 24.0 ms with 16-token
+   blocks in pool order, 32.9 -> 26.4 ms with 128-token blocks scattered over the pool
+   (benchmarks/results/decode_attention, Sapphire Rapids, 2 threads). */
 static inline __attribute__((always_inline)) void attend_part_zmm(
     const float *q, const kvp_t *k_cache, const kvp_t *v_cache, const int32_t *table, int64_t len,
     int64_t num_kv_heads, int64_t block_size, float scale, float *scores, float *acc, float *mx, float *l, const int D,
