@@ -134,6 +134,21 @@ def test_fused_decode_refuses_mismatched_metadata_and_qkv(kernel):
         fused(qkv[:, :-1], batch.k_cache, batch.v_cache)  # a missing v head
     with pytest.raises(ValueError, match="bad qkv"):
         fused(qkv.double(), batch.k_cache, batch.v_cache)
+    with pytest.raises(ValueError, match="or out"):
+        fused(qkv, batch.k_cache, batch.v_cache, torch.empty(2, 6, 16))  # the wrong head_dim
+
+
+def test_fused_decode_writes_into_the_given_rows_of_a_step_output(kernel):
+    """A mixed step passes the first rows of its output (torch_backend.forward_qkv): the decode rows
+    land there, in place, and the rows after them are untouched."""
+    batch = make_paged_batch([5, 9], [1, 1], *HEADS["gqa"], 32, 4, torch.float32)
+    cos, sin = _rope(32, [4, 8])
+    fused = cpu_decode.FusedDecode(cos, sin, batch.slot_mapping, batch.block_tables, batch.seq_lens, [5, 9], 6, 1.0)
+    qkv = torch.cat((batch.query, batch.key, batch.value), dim=1)
+    step_out = torch.full((5, 6, 32), float("nan"))
+    got = fused(qkv, batch.k_cache, batch.v_cache, step_out[:2])
+    assert got.data_ptr() == step_out.data_ptr() and step_out[2:].isnan().all()
+    assert torch.equal(got, fused(qkv, batch.k_cache, batch.v_cache))  # the same K/V written again: same result
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
