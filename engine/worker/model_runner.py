@@ -19,6 +19,7 @@ import torch
 from kvpilot.engine.distributed import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.cpu import malloc_policy
 from kvpilot.engine.cpu.thread_adapter import adapter_from_env
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
@@ -77,6 +78,8 @@ class ModelRunner:
             cpu_decode_stack.apply(self.model)
         # decode steps' team size from their measured times (engine/cpu/thread_adapter.py)
         self.thread_adapter = adapter_from_env(torch.get_num_threads()) if self.device.type == "cpu" else None
+        if self.device.type == "cpu":  # reuse freed activation memory (engine/cpu/malloc_policy.py)
+            malloc_policy.apply()
         self._threads_set = torch.get_num_threads()
         self.sampler = Sampler(config.seed)
         self.prompt_logprobs: dict[str, PromptLogprobsChunk] = {}  # this step's, on the driver
