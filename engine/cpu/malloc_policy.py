@@ -2,8 +2,9 @@
 
 A prefill step of 2,048 tokens allocates and frees tens of MB per layer (the gate_up output alone is
 2,048 x 3,072 bf16: 12 MiB). glibc serves such blocks with mmap until its dynamic threshold rises,
-and returns free memory at the top of a heap to the kernel once it exceeds the trim threshold, so
-the next layer's tensors are fresh pages again: a page fault per 4 KiB, ~88,000 in each such step
+and returns free memory at the top of a heap to the kernel once it exceeds the trim threshold (which
+of the two bites in which step was not traced), so the next tensors are fresh pages again: a page
+fault per 4 KiB, ~88,000 in each such step
 (four prefill steps: 352,000 minor faults; with the settings below 20,000, most of them the KV cache
 blocks' first use; Sapphire Rapids VM). `apply` sets, unless the user set them
 (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES): mmap only above 32 MiB (glibc's
