@@ -4,9 +4,8 @@ A prefill step of 2,048 tokens allocates and frees tens of MB per layer (the gat
 2,048 x 3,072 bf16: 12 MiB). glibc serves such blocks with mmap until its dynamic threshold rises,
 and returns free memory at the top of a heap to the kernel once it exceeds the trim threshold (which
 of the two bites in which step was not traced), so the next tensors are fresh pages again: a page
-fault per 4 KiB, ~88,000 in each such step
-(four prefill steps: 352,000 minor faults; with the settings below 20,000, most of them the KV cache
-blocks' first use; Sapphire Rapids VM). `apply` sets, unless the user set them
+fault per 4 KiB, ~88,000 in each such step (four prefill steps: 352,000 minor faults; with the
+settings below 21,000, most of them the KV cache blocks' first use; Sapphire Rapids VM). `apply` sets, unless the user set them
 (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES): mmap only above 32 MiB (glibc's
 largest mmap threshold on 64-bit) and a trim threshold of 1 GiB, so the process keeps up to its
 peak of freed heap memory (the activation peak the KV cache sizing already leaves room for) and

@@ -76,10 +76,9 @@ class ModelRunner:
                                                     self.device, self.dtype)
         if self.device.type == "cpu":
             cpu_decode_stack.apply(self.model)
+            malloc_policy.apply()  # reuse freed activation memory (engine/cpu/malloc_policy.py)
         # decode steps' team size from their measured times (engine/cpu/thread_adapter.py)
         self.thread_adapter = adapter_from_env(torch.get_num_threads()) if self.device.type == "cpu" else None
-        if self.device.type == "cpu":  # reuse freed activation memory (engine/cpu/malloc_policy.py)
-            malloc_policy.apply()
         self._threads_set = torch.get_num_threads()
         self.sampler = Sampler(config.seed)
         self.prompt_logprobs: dict[str, PromptLogprobsChunk] = {}  # this step's, on the driver

@@ -24,7 +24,6 @@ def _faults_per_step(mode: str) -> list[int]:
     return [int(x) for x in out.stdout.split("\n")[-2].split()]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_prefill_steps_stop_faulting_in_their_activations():
     """glibc's defaults hand a step's freed activations back to the kernel (measured: ~6,300 minor
     faults a step of this probe); with the policy the model runner applies, a step faults in little
