@@ -44,6 +44,61 @@ def test_alone_it_keeps_every_thread_and_tries_one_less_and_less_often():
     assert used.count(1) / len(used) < 0.03  # the tries cost little
 
 
+def tries(used: list[int], count: int) -> list[int]:
+    """Lengths of the runs of `count` in `used` (each run one try)."""
+    runs, n = [], 0
+    for u in [*used, None]:
+        if u == count:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_a_try_ends_once_its_median_is_certain_and_tries_of_fewer_threads_back_off_past_the_regain_interval():
+    clock = Clock()
+    adapter = ThreadAdapter(2, clock=clock)
+    used = run(adapter, clock, {2: 0.057, 1: 0.075}, 1100)  # ~63 s of steps, alone; 1 thread 1.3x slower
+    assert adapter.choices() == {1: 2}
+    runs = tries(used, 1)
+    assert runs and all(n == 3 for n in runs), runs  # 3 of a 5-step window lost: the median cannot win
+    # 0.5, 1, 2, 4, 8, 16, 32 s apart: 6 tries in a minute, where a 4 s cap would make 17
+    assert 5 <= len(runs) <= 7, runs
+
+
+def test_a_try_far_behind_at_its_first_step_ends_there():
+    clock = Clock()
+    adapter = ThreadAdapter(2, clock=clock)
+    used = run(adapter, clock, {2: 0.057, 1: 0.095}, 300)  # 64 decode rows on 2-core Sapphire Rapids, alone
+    assert adapter.choices() == {1: 2}
+    runs = tries(used, 1)
+    assert runs and all(n == 1 for n in runs), runs
+
+
+def test_a_try_that_wins_ends_as_early():
+    clock = Clock()
+    adapter = ThreadAdapter(2, clock=clock)
+    run(adapter, clock, {2: 0.005, 1: 0.0075}, 200)
+    steps = 0
+    while adapter.choices() != {1: 1}:  # a neighbour: the median's rise starts a try at once
+        run(adapter, clock, {2: 0.015, 1: 0.0083}, 1)
+        steps += 1
+        assert steps < 20
+    assert steps == 6  # 3 slow steps move the median, 3 of the try decide it (not the window's 5)
+
+
+def test_at_fewer_threads_it_still_tries_more_every_few_seconds():
+    clock = Clock()
+    adapter = ThreadAdapter(2, clock=clock)
+    run(adapter, clock, {2: 0.015, 1: 0.0083}, 3000)  # a neighbour for ~25 s: tries of 2 back off to 4 s
+    assert adapter.choices() == {1: 1}
+    left_s = clock.now
+    while adapter.choices() != {1: 2}:  # the neighbour leaves
+        run(adapter, clock, {2: 0.005, 1: 0.0075}, 1)
+        assert clock.now - left_s < 4.5, "more threads were not tried within max_probe_interval_s"
+
+
 def test_beside_a_busy_neighbour_it_moves_to_fewer_threads_and_back_when_it_leaves(caplog):
     clock = Clock()
     adapter = ThreadAdapter(2, clock=clock)
