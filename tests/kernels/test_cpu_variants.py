@@ -107,3 +107,12 @@ def test_the_shipped_sources_build_the_generic_level(tmp_path):
     assert set(manifest["variants"]) == {"generic"} and manifest["compile_s"]
     for library in build.LIBRARIES:
         assert build.library_path(tmp_path, "generic", library).stat().st_size > 0
+
+
+def test_the_selected_build_is_checked_once_and_a_named_variant_every_time(monkeypatch):
+    lib = loader.load("attention")  # the kernels' wrappers call this on every kernel call
+    checks = []
+    monkeypatch.setattr(loader, "runnable", lambda variant, flags: checks.append(variant) or True)
+    assert loader.load("attention") is lib and checks == []
+    variant = loader.selected_variant()
+    assert loader.load("attention", variant) is lib and checks == [variant]
