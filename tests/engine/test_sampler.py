@@ -81,3 +81,18 @@ def test_the_c_kernel_takes_temperature_only_rows_and_leaves_top_k_top_p_min_p_t
     assert out[2][0] == logits[2].argmax().item()
     top5 = set(logits[1].topk(5).indices.tolist())
     assert out[1][0] in top5
+
+
+@pytest.mark.parametrize("fused", PATHS)
+def test_greedy_rows_and_random_rows_without_mass_in_one_batch(fused):
+    logits = torch.full((4, 50), float("-inf"))
+    logits[0, 3], logits[0, 9] = 5.0, 1.0  # greedy: its argmax
+    logits[2, 7] = 0.0  # random with one finite logit: that token, always
+    logits[3] = torch.arange(50.0)  # greedy again, after the random rows
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.8), SamplingParams(temperature=0.0)]
+    sampler = _sampler(3, fused)
+    for _ in range(5):
+        tokens = [t for t, _ in sampler(logits.clone(), ["a", "b", "c", "d"], params)]
+        # row 1 has no finite logit: its greedy token (argmax of all -inf: index 0), as torch.argmax
+        assert tokens == [3, 0, 7, 49]
