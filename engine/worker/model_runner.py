@@ -19,7 +19,7 @@ import torch
 from kvpilot.engine.distributed import parallel_state
 from kvpilot.engine.attention import AttentionMetadata, get_attn_backend
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.cpu import malloc_policy
+from kvpilot.engine.cpu import malloc_policy, zero_pages
 from kvpilot.engine.cpu.thread_adapter import adapter_from_env
 from kvpilot.engine.layers.gguf_quant import maybe_quantize
 from kvpilot.engine.layers.linear import pack_weights_for_cpu
@@ -83,6 +83,7 @@ class ModelRunner:
         self.sampler = Sampler(config.seed)
         self.prompt_logprobs: dict[str, PromptLogprobsChunk] = {}  # this step's, on the driver
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._zero_fresh_blocks = True  # initialize_kv_cache: False for a CPU pool of zero pages
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
@@ -94,22 +95,28 @@ class ModelRunner:
     def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.config.model
         shape = (num_blocks, self.block_size, cfg.num_kv_heads // parallel_state.get_tp_size(), cfg.head_dim)
+        layers = range(self.model.start_layer, self.model.end_layer)
+        if device.type == "cpu" and self.device.type == "cpu":  # zero and untouched (engine/cpu/zero_pages.py)
+            return [(zero_pages.zeroed(shape, self.dtype), zero_pages.zeroed(shape, self.dtype)) for _ in layers]
         pin = device.type == "cpu" and self.device.type == "cuda"
         return [
             (torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin),
              torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pin))
-            for _ in range(self.model.start_layer, self.model.end_layer)
+            for _ in layers
         ]
 
     def initialize_kv_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
         """Allocates the per-layer caches [num_blocks, block_size, num_kv_heads, head_dim]
-        on the device and the swap space on the host. Block 0 is zeroed now (block-table
-        padding points at it); other blocks are zeroed at their first use
-        (SchedulerOutput.blocks_to_zero), so a large pool is never touched up front."""
+        on the device and the swap space on the host. A CPU pool is zero pages from the start
+        (engine/cpu/zero_pages.py); on a GPU block 0 is zeroed now (block-table padding points
+        at it) and the others at their first use (SchedulerOutput.blocks_to_zero). Either way a
+        large pool is never touched up front."""
         self.kv_caches = self._allocate(num_blocks, self.device)
-        for k, v in self.kv_caches:
-            k[0].zero_()
-            v[0].zero_()
+        self._zero_fresh_blocks = self.device.type != "cpu"
+        if self._zero_fresh_blocks:
+            for k, v in self.kv_caches:
+                k[0].zero_()
+                v[0].zero_()
         self.swap_caches = self._allocate(num_swap_blocks, torch.device("cpu")) if num_swap_blocks else []
 
     def profile_peak_activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> int:
@@ -278,9 +285,10 @@ class ModelRunner:
         return StepBatch(input_ids, positions, meta, logits_idx, sample_seqs, prompt_rows)
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
-        """Zero fresh blocks, then swap-out (its device blocks may be reused by this very
-        step), swap-in and copy-on-write copies; all before the forward pass writes."""
-        if out.blocks_to_zero:
+        """Zero fresh blocks (not on CPU: its pool is zero pages), then swap-out (its device
+        blocks may be reused by this very step), swap-in and copy-on-write copies; all before
+        the forward pass writes."""
+        if out.blocks_to_zero and self._zero_fresh_blocks:
             fresh = torch.tensor(out.blocks_to_zero, device=self.device)
             for k, v in self.kv_caches:
                 k.index_fill_(0, fresh, 0)
