@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the C kernels (float32 CPU), comma-separated modes run side by side: 'on' (all), "
                         "'unfused' (C decode attention only, labelled '<dtype>/unfused'), 'off' (torch only, "
                         "'<dtype>/torch-attn'), 'bf16-gemm' (bf16: decode matmuls on the AVX512_BF16 kernel "
-                        "and the decode stack up to the kernel's row limit (32 rows, 64 on AMX tiles) even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
+                        "and the decode stack up to the kernel's row limit (32 rows, 256 on AMX tiles) even where the default keeps oneDNN, '<dtype>/bf16-gemm'), "
                         "'onednn' (bf16: every matmul on oneDNN, no bf16 decode stack, '<dtype>/onednn'); "
                         "'both' = on,off")
     p.add_argument(BY_NAME["quantization"].flag, default="default",

@@ -54,15 +54,19 @@ ROW_LIMITS = RowLimits(
         "1,4,8,12,16,24,32 --threads 2 --steps 16 --rounds 3`, "
         "benchmarks/results/throughput/amx/decode_step_onednn_vs_amx_tiles_t2.json): 14.9 vs 32.6 ms a step "
         "at 1 row, 22.6 vs 40.2 at 16, 32.8 vs 53.7 at 32")),
-    bf16_kernel_amx_tiles=RowLimit(64, (
-        "issue 49, Sapphire Rapids VM, 2 threads: a layer's four matmuls (qkv 960x576, o 576x576, gate_up "
-        "3072x576, down 576x1536) on the kernel's AMX tiles vs oneDNN's packed ones, "
-        "`python -P benchmarks/results/amx_rows/matmul_rows.py`, ms: 0.38 vs 0.37 at 64 rows, 0.60 vs 0.52 at "
-        "128, 1.09 vs 0.88 at 256 (oneDNN ahead above 64); whole decode steps, kernel + decode stack vs oneDNN "
-        "layer by layer (`kvpilot bench decode-step --dtypes bfloat16 --cpu-kernel onednn,bf16-gemm "
-        "--batch-sizes 32,48,64 --prompt-len 256 --quantization none --threads 2`), ms a step: 38.7 vs 58.3 "
-        "at 32, 52.1 vs 68.0 at 48, 63.0 vs 79.9 at 64 "
-        "(benchmarks/results/amx_rows/README.md)")),
+    bf16_kernel_amx_tiles=RowLimit(256, (
+        "issue 49, Sapphire Rapids VM, 2 threads, whole decode steps of the kernel + C decode stack against "
+        "oneDNN layer by layer (the default above the limit), with the limit raised to 256 for the probe: "
+        "`kvpilot bench decode-step --dtypes bfloat16 --cpu-kernel onednn,bf16-gemm --batch-sizes "
+        "64,96,128,192,256 --prompt-len 256 --quantization none --threads 2`, ms a step: 60.5 vs 87.2 at 64, "
+        "82.1 vs 110.0 at 96, 105.0 vs 131.1 at 128, 156.7 vs 180.2 at 192, 202.3 vs 232.5 at 256; the GGUF "
+        "default (`--cpu-kernel on --quantization gguf --batch-sizes 96,128,256`), limit 256 vs 64: 89.2 vs 112.7, "
+        "120.6 vs 132.3, 217.1 vs 246.3; a server on its defaults at 128 concurrent ShareGPT requests, 2 "
+        "interleaved passes each: median ITL 144/150 ms vs 163/187, 545/527 vs 540/455 tok/s. A layer's matmuls "
+        "alone with the weights in cache favour oneDNN above 64 rows (`python -P "
+        "benchmarks/results/amx_rows/matmul_rows.py`: 0.60 vs 0.52 ms at 128, 1.09 vs 0.88 at 256), but a "
+        "step reads 30 layers' weights from memory: cold, 30 layers' four matmuls took 25.6 vs 28.9 ms at 128 "
+        "rows and 41.7 vs 41.3 at 256 (benchmarks/results/amx_rows/README.md)")),
     bf16_kernel_vdpbf16ps_on_amx=RowLimit(8, (
         "596a719, Sapphire Rapids VM, 2 threads, alone: `kvpilot bench decode-step --dtypes bfloat16 "
         "--cpu-kernel on,bf16-gemm --batch-sizes 1,4,8,12,16,24,32 --threads 2 --steps 16 --rounds 3` "

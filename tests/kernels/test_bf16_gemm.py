@@ -38,7 +38,7 @@ def test_the_amx_build_serves_the_kernel_on_tiles_and_the_engine_takes_it_up_to_
     assert bf16_gemm.amx() == tiles
     assert not bf16_gemm.amx("generic")
     if tiles:
-        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel_amx_tiles.rows == 64
+        assert cpu_kernel_path.choose(detect_cpu()).bf16_gemm_max_rows == ROW_LIMITS.bf16_kernel_amx_tiles.rows == 256
 
 
 def test_pack_puts_pairs_of_k_of_64_columns_in_vdpbf16ps_order():
@@ -93,7 +93,7 @@ def test_linear_layers_take_the_kernel_up_to_its_row_limit_and_onednn_above(lib,
     kernel = bf16_gemm.matmul
     monkeypatch.setattr(bf16_gemm, "matmul", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
     limit = cpu_kernel_path.current().bf16_gemm_max_rows or ROW_LIMITS.bf16_kernel.rows
-    for m in (1, limit, limit + 1, 130):
+    for m in (1, limit, limit + 1, 2 * limit + 2):
         x = torch.randn(m, 192).to(BF16)
         torch.testing.assert_close(layer(x).float(), F.linear(x, plain).float(), rtol=2**-7, atol=1e-2)
     assert calls == ([1, limit] if used else [])
