@@ -19,8 +19,9 @@ A try that loses waits twice as long before the next: up to `max_probe_interval_
 threads than in use (the CPUs a neighbour gave back show up only in a try), up to
 `max_fewer_interval_s` for fewer, since a neighbour's arrival shows up without one: the median of
 the count in use rising by half over the one it was chosen with starts a try at once. Tries of
-fewer threads every 4 s cost a decode-heavy run ~5 % of its time on an idle 2-core machine
-(128 ShareGPT requests, 64 at a time, offline: 18.3 s with them, 17.3 s without the adapter).
+fewer threads every 4 s, 5 steps each, cost a decode-heavy run ~5 % of its time on an idle
+2-core machine (128 ShareGPT requests, 64 at a time, offline: 18.3 s with them, 17.3 s without the
+adapter, 17.9 s with the rules above).
 
 Every step runs at most ceil(the cgroup's CPU quota) threads, re-read every second (a limit
 applied or resized while the engine runs): more would exhaust the quota early in each 100 ms
