@@ -175,23 +175,10 @@ class Sampler:
             drawn[empty] = argmax_rows(sub[empty])
         return drawn
 
-    def __call__(
-        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
-    ) -> list[tuple[int, dict[int, float] | None]]:
-        """logits: [num_seqs, vocab_size] float32, one row per request; rows a constraint changes
-        are changed in place unless a row asks for logprobs (which come from the raw rows).
-        Returns, per row, the token id and (when `params.logprobs` is set) a dict of
-        logprobs: the chosen token's and the top-N tokens'."""
-        logits = logits.float().contiguous()
-        raw = logits  # logprobs come from the raw rows, as vLLM's do by default
-        if self._constrained(request_ids, params):
-            if any(p.logprobs is not None for p in params):  # else the caller's rows are free to change
-                logits = logits.clone()
-            self._apply_logits_processors(logits, request_ids, params)
-            self._apply_allowed_token_ids(logits, request_ids)
-            if self.grammars is not None:
-                self.grammars.mask(logits, request_ids)
-            self.adjust.apply(logits, request_ids, self._narrowed(request_ids))
+    def _tokens(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> torch.Tensor:
+        """[rows] int64: each row's token from its (adjusted) logits [rows, vocab] float32: the argmax of a
+        greedy row; a random row with a temperature only drawn in C where the kernel path has it, any
+        other random row by the exponential race over its top-k / top-p / min-p probabilities."""
         n = logits.shape[0]
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         plain = []
@@ -219,6 +206,27 @@ class Sampler:
             probs = _apply_min_p(sub.softmax(dim=-1), [params[i].min_p for i in random_rows])
             tokens[idx] = argmax_rows(probs / self._exponential_noise(probs, [(request_ids[i], params[i])
                                                                             for i in random_rows]))
+        return tokens
+
+    def __call__(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> list[tuple[int, dict[int, float] | None]]:
+        """logits: [num_seqs, vocab_size] float32, one row per request; rows a constraint changes
+        are changed in place unless a row asks for logprobs (which come from the raw rows).
+        Returns, per row, the token id and (when `params.logprobs` is set) a dict of
+        logprobs: the chosen token's and the top-N tokens'."""
+        logits = logits.float().contiguous()
+        raw = logits  # logprobs come from the raw rows, as vLLM's do by default
+        if self._constrained(request_ids, params):
+            if any(p.logprobs is not None for p in params):  # else the caller's rows are free to change
+                logits = logits.clone()
+            self._apply_logits_processors(logits, request_ids, params)
+            self._apply_allowed_token_ids(logits, request_ids)
+            if self.grammars is not None:
+                self.grammars.mask(logits, request_ids)
+            self.adjust.apply(logits, request_ids, self._narrowed(request_ids))
+        n = logits.shape[0]
+        tokens = self._tokens(logits, request_ids, params)
         token_list = tokens.tolist()
         self.adjust.accept(request_ids, token_list)
         if self.grammars is not None:

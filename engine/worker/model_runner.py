@@ -32,6 +32,7 @@ from kvpilot.engine.sample.sampler import Sampler
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.worker import block_ops
 from kvpilot.engine.worker.step_input import StepBatch
 
 logger = logging.getLogger("kvpilot.engine.worker.model_runner")
@@ -285,23 +286,6 @@ class ModelRunner:
         return StepBatch(input_ids, positions, meta, logits_idx, sample_seqs, prompt_rows)
 
     def _copy_blocks(self, out: SchedulerOutput) -> None:
-        """Zero fresh blocks (not on CPU: its pool is zero pages), then swap-out (its device
-        blocks may be reused by this very step), swap-in and copy-on-write copies; all before
-        the forward pass writes."""
-        if out.blocks_to_zero and self._zero_fresh_blocks:
-            fresh = torch.tensor(out.blocks_to_zero, device=self.device)
-            for k, v in self.kv_caches:
-                k.index_fill_(0, fresh, 0)
-                v.index_fill_(0, fresh, 0)
-        for pairs, src_caches, dst_caches in (
-            (out.blocks_to_swap_out, self.kv_caches, self.swap_caches),
-            (out.blocks_to_swap_in, self.swap_caches, self.kv_caches),
-            (out.blocks_to_copy, self.kv_caches, self.kv_caches),
-        ):
-            if not pairs:
-                continue
-            src = torch.tensor([p[0] for p in pairs])
-            dst = torch.tensor([p[1] for p in pairs])
-            for (sk, sv), (dk, dv) in zip(src_caches, dst_caches):
-                dk[dst.to(dk.device)] = sk[src.to(sk.device)].to(dk.device)
-                dv[dst.to(dv.device)] = sv[src.to(sv.device)].to(dv.device)
+        """The step's block operations (engine/worker/block_ops.py) on this runner's caches; fresh
+        blocks are zeroed only where the pool is not zero pages (not on CPU)."""
+        block_ops.apply(out, self.kv_caches, self.swap_caches, zero_fresh=self._zero_fresh_blocks)
