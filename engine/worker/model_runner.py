@@ -84,7 +84,7 @@ class ModelRunner:
         self.sampler = Sampler(config.seed)
         self.prompt_logprobs: dict[str, PromptLogprobsChunk] = {}  # this step's, on the driver
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._zero_fresh_blocks = True  # initialize_kv_cache: False for a CPU pool of zero pages
+        self._zero_fresh_blocks = self.device.type != "cpu"  # a CPU pool is zero pages (_allocate)
         self.swap_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     @property
@@ -113,7 +113,6 @@ class ModelRunner:
         at it) and the others at their first use (SchedulerOutput.blocks_to_zero). Either way a
         large pool is never touched up front."""
         self.kv_caches = self._allocate(num_blocks, self.device)
-        self._zero_fresh_blocks = self.device.type != "cpu"
         if self._zero_fresh_blocks:
             for k, v in self.kv_caches:
                 k[0].zero_()
@@ -152,7 +151,9 @@ class ModelRunner:
             seq.block_table = list(range(next_block, next_block + blocks))
             next_block += blocks
             seqs.append((seq, n))
-        self.kv_caches = [(k.zero_(), v.zero_()) for k, v in self._allocate(next_block, self.device)]
+        self.kv_caches = self._allocate(next_block, self.device)
+        if self._zero_fresh_blocks:  # a CPU pool is zero pages already
+            self.kv_caches = [(k.zero_(), v.zero_()) for k, v in self.kv_caches]
         try:
             self.execute(SchedulerOutput(scheduled=seqs))
         finally:
