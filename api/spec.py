@@ -7,12 +7,13 @@ unit tests that build specs by hand). tests/operator checks both sets of default
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kvpilot.engine.settings import deploy_defaults
+from kvpilot.api.vllm import VLLM_CPU_DEFAULT_BLOCK_SIZE
+from kvpilot.engine.settings import crd_defaults, deploy_defaults
 
-_DEFAULTS = deploy_defaults()
+_DEFAULTS = crd_defaults()
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class EngineSpec:
     enablePrefixCaching: bool = _DEFAULTS["enable_prefix_caching"]
     tensorParallelSize: int = _DEFAULTS["tensor_parallel_size"]
     pipelineParallelSize: int = _DEFAULTS["pipeline_parallel_size"]
-    blockSize: int = _DEFAULTS["block_size"]
+    blockSize: int | None = _DEFAULTS["block_size"]  # None: default_block_size (InferenceServiceSpec fills it)
     swapSpace: float = _DEFAULTS["swap_space"]
     preemptionMode: str = _DEFAULTS["preemption_mode"]
     dtype: str = _DEFAULTS["dtype"]
@@ -143,6 +144,11 @@ class InferenceServiceSpec:
     slo: SLOSpec = field(default_factory=SLOSpec)
     tuning: TuningSpec = field(default_factory=TuningSpec)
 
+    def __post_init__(self) -> None:
+        if self.engine.blockSize is None:  # the CRD gives no default: it depends on runtime and devices
+            block_size = default_block_size(self.engine.runtime, self.resources.gpu)
+            object.__setattr__(self, "engine", replace(self.engine, blockSize=block_size))
+
     @property
     def nnodes(self) -> int:
         """Pods per engine group (spec.parallelism.nnodes; vLLM's --nnodes)."""
@@ -177,6 +183,13 @@ class InferenceServiceSpec:
             tuning=TuningSpec(**{**_known(TuningSpec, spec.get("tuning") or {}),
                                  "pinned": tuple(str(p) for p in (spec.get("tuning") or {}).get("pinned") or ())}),
         )
+
+
+def default_block_size(runtime: str, gpu: bool) -> int:
+    """spec.engine.blockSize where the spec leaves it out, in tokens: vLLM's CPU default (128, a
+    multiple of the 32 its CPU attention needs) for runtime vllm without GPUs, else 16 (the
+    engine's default, and vLLM's on GPUs). Source: vLLM's CpuPlatform.check_and_update_config."""
+    return VLLM_CPU_DEFAULT_BLOCK_SIZE if runtime == "vllm" and not gpu else deploy_defaults()["block_size"]
 
 
 def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

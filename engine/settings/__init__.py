@@ -46,6 +46,7 @@ from kvpilot.engine.settings.table import (
     SETTINGS,
     Rule,
     check,
+    crd_defaults,
     deploy_defaults,
     flag_value,
     flag_words,
@@ -60,7 +61,7 @@ __all__ = [
     "ATTENTION_BACKENDS", "AUTO_MAX_MODEL_LEN", "BY_CRD", "BY_NAME", "CRD_FIELDS", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "DEFAULT_MAX_NUM_SEQS", "ENGINE_SETTINGS", "LIVE_SETTINGS", "NNODES_RULE", "NOT_IN_VLLM", "PERFORMANCE_MODES", "RULES", "RUNTIMES", "SEARCH_RANGES",
     "SPEC_PATHS", "SPEC_RULES", "TUNED_SETTINGS", "SETTINGS", "STRUCTURED_OUTPUTS_KEYS", "Rule", "Setting", "check", "default_max_num_batched_tokens",
-    "default_max_num_seqs", "deploy_defaults", "flag_value", "flag_words", "human_readable_int",
+    "crd_defaults", "default_max_num_seqs", "deploy_defaults", "flag_value", "flag_words", "human_readable_int",
     "human_readable_int_or_auto", "nnodes_divides", "problems", "resolve_quantization", "rule_problems", "structured_outputs_config",
     "to_flags",
 ]

@@ -115,6 +115,8 @@ class Setting:
     special: values accepted outside the bounds (max_model_len's -1, "auto").
     parse: the command line's parser of a value (unset: type).
     search: the tuner's default search range (low, high), or None (not searched by default).
+    crd_default: the CRD's default where it is not deploy_default; None: the CRD gives none and the
+        operator fills an absent field by the runtime and devices (kvpilot.api.spec).
     """
 
     name: str
@@ -139,11 +141,17 @@ class Setting:
     special: tuple[Any, ...] = ()
     parse: Callable[[str], Any] | None = None
     search: tuple[Any, Any] | None = None
+    crd_default: Any = _UNSET
 
     @property
     def deployed_default(self) -> Any:
         """The value the CRD, operator and tuner assume: deploy_default when set, else default."""
         return self.default if self.deploy_default is _UNSET else self.deploy_default
+
+    @property
+    def has_crd_default(self) -> bool:
+        """Whether crd_default overrides deployed_default in the CRD (kvpilot.engine.settings.crd_defaults)."""
+        return self.crd_default is not _UNSET
 
     def problem(self, value: Any, name: str | None = None) -> str | None:
         """Why `value` is out of this setting's bounds or choices (named `name`), or None."""

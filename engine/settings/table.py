@@ -102,8 +102,13 @@ SETTINGS: tuple[Setting, ...] = (
       "rendezvous (node 0 listens on all interfaces)", max_length=253),
     S("master_port", "--master-port", int, 29501, "node 0's rendezvous port (a torch.distributed TCPStore; also "
       "carries the nodes' heartbeats)", minimum=1, maximum=65535),
+    # The CRD gives no default: vLLM's own default depends on the device (16 on GPUs, 128 on CPUs, whose
+    # attention takes multiples of 32), so the operator fills an absent blockSize by runtime and devices
+    # (kvpilot.api.spec.default_block_size); the engine and the tuner keep 16.
     S("block_size", "--block-size", int, 16, "tokens per KV-cache block", crd="blockSize",
-      choices=(1, 2, 4, 8, 16, 32, 64, 128), choices_text="a power of two from 1 to 128"),
+      choices=(1, 2, 4, 8, 16, 32, 64, 128), choices_text="a power of two from 1 to 128", crd_default=None,
+      crd_help="tokens per KV-cache block. Unset: 16, or vLLM's CPU default of 128 for runtime vllm on CPUs, "
+      "whose attention takes multiples of 32"),
     S("swap_space", "--swap-space", float, 4.0, "GiB of host memory for swapped-out KV blocks", crd="swapSpace",
       minimum=0, maximum=1024),
     S("preemption_mode", "--preemption-mode", str, "recompute", "how a preempted request resumes: recompute "
@@ -201,6 +206,15 @@ def deploy_defaults() -> dict[str, Any]:
     values = {s.name: s.deployed_default for s in SETTINGS}
     values["max_num_batched_tokens"] = default_max_num_batched_tokens(
         values["enable_chunked_prefill"], values["max_model_len"])
+    return values
+
+
+def crd_defaults() -> dict[str, Any]:
+    """spec.engine's defaults as the CRD's schema gives them, by setting name: deploy_defaults(),
+    but crd_default where a setting has one (None: the CRD gives no default; block_size, which
+    kvpilot.api.spec fills by runtime and devices)."""
+    values = deploy_defaults()
+    values.update({s.name: s.crd_default for s in SETTINGS if s.has_crd_default})
     return values
 
 

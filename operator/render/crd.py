@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from kvpilot.engine.settings import (CRD_FIELDS, RULES, SETTINGS, SPEC_PATHS, SPEC_RULES, TUNED_SETTINGS, Rule, Setting,
-                                     deploy_defaults)
+                                     crd_defaults)
 
 BASE = Path(__file__).with_name("crd_base.yaml")
 FILE_NAME = "inferenceservices.kvpilot.dev.yaml"
@@ -92,7 +92,7 @@ def build_crd() -> dict[str, Any]:
     crd = copy.deepcopy(yaml.safe_load(BASE.read_text()))
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     engine = spec["properties"]["engine"]
-    defaults = deploy_defaults()
+    defaults = crd_defaults()
     generated = {s.crd: setting_schema(s, defaults[s.name]) for s in SETTINGS if s.crd}
     properties: dict[str, Any] = {}
     for name, schema in engine["properties"].items():

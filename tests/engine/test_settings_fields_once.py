@@ -28,8 +28,8 @@ from kvpilot.engine.arg_utils import EngineArgs
 from kvpilot.engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from kvpilot.engine.metrics.config_info import cache_config_info_labels, engine_config_info_labels
 from kvpilot.engine.settings import (BY_NAME, CRD_FIELDS, ENGINE_SETTINGS, LIVE_SETTINGS, RULES, SEARCH_RANGES,
-                                     SETTINGS, Setting, default_max_num_batched_tokens, default_max_num_seqs,
-                                     deploy_defaults, rule_problems)
+                                     SETTINGS, Setting, crd_defaults, default_max_num_batched_tokens,
+                                     default_max_num_seqs, deploy_defaults, rule_problems)
 from kvpilot.api.tuning_metrics import SETTINGS_LABELS
 from kvpilot.tuner.cluster.runner import HISTORY_SETTINGS
 from kvpilot.tuner.failures import REJECTED, classify
@@ -105,7 +105,7 @@ def snake(setting: Setting) -> str:
 CONSUMERS = {
     "EngineArgs": Consumer(EngineArgs, lambda s: None if s.server else s.name, {s.name: s.default for s in SETTINGS},
                            required=frozenset(s.name for s in ENGINE_SETTINGS), others=frozenset({"model"})),
-    "EngineSpec": Consumer(EngineSpec, lambda s: s.crd, deploy_defaults(), required=frozenset(CRD_FIELDS),
+    "EngineSpec": Consumer(EngineSpec, lambda s: s.crd, crd_defaults(), required=frozenset(CRD_FIELDS),
                            others=frozenset({"runtime", "image", "imagePullPolicy", "apiKeySecret", "profiling",
                                              "extraArgs", "env"})),
     "EngineSettings": Consumer(EngineSettings, snake, deploy_defaults(),

@@ -32,7 +32,9 @@ def test_kvpilot_crd_write_regenerates_both_copies(tmp_path):
 def test_the_crd_carries_every_setting_with_its_bounds_default_and_rules():
     engine = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "engine"]
-    defaults = settings.deploy_defaults()
+    defaults = settings.crd_defaults()
+    assert {n for n, v in defaults.items() if v != settings.deploy_defaults()[n]} == {"block_size"}
+    assert defaults["block_size"] is None  # the operator fills it by runtime and devices (kvpilot.api.spec)
     for name, field in settings.CRD_FIELDS.items():
         s, schema = settings.BY_NAME[name], engine["properties"][field]
         assert s.flag in schema["description"]

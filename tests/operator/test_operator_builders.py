@@ -22,6 +22,21 @@ def spec(**engine) -> InferenceServiceSpec:
     return InferenceServiceSpec.from_dict({"model": SMOLLM, "engine": engine})
 
 
+@pytest.mark.parametrize("runtime, gpu, block_size", [
+    ("kvpilot", False, "16"), ("kvpilot", True, "16"), ("vllm", True, "16"),
+    ("vllm", False, "128"),  # vLLM's CPU default (its CPU attention takes multiples of 32)
+])
+def test_an_unset_block_size_renders_the_runtimes_default_on_the_devices(runtime, gpu, block_size):
+    model = SMOLLM if not gpu else {"source": "/models/smollm2"}
+    parsed = InferenceServiceSpec.from_dict({"model": model, "engine": {"runtime": runtime}, "resources": {"gpu": gpu}})
+    command = engine_command(parsed)
+    assert command[command.index("--block-size") + 1] == block_size
+    validate(parsed)  # the filled default is one the runtime takes
+    given = InferenceServiceSpec.from_dict({"model": model, "engine": {"runtime": runtime, "blockSize": 64},
+                                            "resources": {"gpu": gpu}})
+    assert engine_command(given)[engine_command(given).index("--block-size") + 1] == "64"
+
+
 def test_engine_args_render_in_vllm_serve_flag_form():
     args = render_engine_args(EngineSpec(maxNumBatchedTokens=512, enableChunkedPrefill=False,
                                          enablePrefixCaching=True, gpuMemoryUtilization=0.85, swapSpace=2.5))
@@ -37,9 +52,12 @@ def test_runtime_picks_the_program_and_keeps_the_flags():
     theirs = InferenceServiceSpec.from_dict({"model": {"source": "/models/llama"}, "engine": {"runtime": "vllm"}})
     assert engine_command(ours)[:3] == ["kvpilot", "serve", "/models/llama"]
     assert engine_command(theirs)[:3] == ["vllm", "serve", "/models/llama"]
-    # the same flags, less the admin routes (kvpilot's) and the two vLLM removed with its V0 engine
+    # the same flags, less the admin routes (kvpilot's) and the two vLLM removed with its V0 engine,
+    # but the unset block size: vLLM's CPU default there
     removed = {"--enable-admin-routes", "--swap-space", "4", "--preemption-mode", "recompute"}
-    assert [a for a in engine_command(ours)[3:] if a not in removed] == engine_command(theirs)[3:]
+    kept = [a for a in engine_command(ours)[3:] if a not in removed]
+    kept[kept.index("--block-size") + 1] = "128"
+    assert kept == engine_command(theirs)[3:]
     assert not {"--swap-space", "--preemption-mode"} & set(engine_command(theirs))
 
 
@@ -136,9 +154,9 @@ def test_service_configmap_and_podmonitor_select_the_engine_pods():
     ({}, {"source": "builtin://gpt-17"}, "UnknownModel"),
     ({"maxModelLen": 16384, "maxNumBatchedTokens": 16384}, SMOLLM, "ModelLenTooLong"),
     ({"runtime": "vllm"}, {**SMOLLM, "gpu": True}, "UnsupportedModel"),
-    ({"runtime": "vllm", "preemptionMode": "swap", "blockSize": 128}, SMOLLM, "UnsupportedByVLLM"),
-    ({"runtime": "vllm", "swapSpace": 8, "blockSize": 128}, SMOLLM, "UnsupportedByVLLM"),
-    ({"runtime": "vllm"}, SMOLLM, "UnsupportedByVLLM"),  # block size 16 on CPU: vLLM's CPU attention takes 32k
+    ({"runtime": "vllm", "preemptionMode": "swap"}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm", "swapSpace": 8}, SMOLLM, "UnsupportedByVLLM"),
+    ({"runtime": "vllm", "blockSize": 16}, SMOLLM, "UnsupportedByVLLM"),  # on CPU: vLLM's CPU attention takes 32k
     ({"maxNumSeqs": 256, "maxNumBatchedTokens": 128}, SMOLLM, "InvalidEngineArgs"),
     ({"enableChunkedPrefill": False, "maxNumBatchedTokens": 1024}, SMOLLM, "InvalidEngineArgs"),
     ({"extraArgs": ["--max-num-seqs=8"]}, SMOLLM, "ConflictingArgs"),

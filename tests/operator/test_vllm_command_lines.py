@@ -69,8 +69,8 @@ def specs() -> Iterator[tuple[str, dict[str, Any]]]:
         if doc["spec"].get("engine", {}).get("runtime") == "vllm":
             yield f"example {path.name}", doc["spec"]
     for gpu in (False, True):
-        # on CPU nodes, KV blocks vLLM's CPU attention takes (the CRD's 16 is refused there)
-        common = {"runtime": "vllm"} if gpu else {"runtime": "vllm", "blockSize": VLLM_CPU_DEFAULT_BLOCK_SIZE}
+        # blockSize unset: the operator gives vLLM's CPU default on CPU nodes (16 is refused there)
+        common = {"runtime": "vllm"}
         base = {"model": {"source": MODEL}, "engine": common, "resources": {"gpu": gpu}}
         yield f"defaults gpu={gpu}", base
         for setting in settings.SETTINGS:
@@ -128,6 +128,9 @@ def test_the_pinned_vllm_accepts_every_command_line_the_operator_renders(capsys)
     # removed, set to anything but its default (rendered without the flag, vLLM would not honour it),
     # and what vLLM's own checks refuse (auto tool choice without a parser, a budget below max_num_seqs).
     assert sum(label.startswith("example ") for label, _ in cases) == 2  # CPU (builtin) and GPU
+    block_sizes = {label: settings.flag_value(argv, "block_size") for label, argv in cases
+                   if label.startswith("defaults")}  # blockSize unset: vLLM's default for the devices
+    assert block_sizes == {"defaults gpu=False": str(VLLM_CPU_DEFAULT_BLOCK_SIZE), "defaults gpu=True": "16"}
     assert {label.split("=")[0] for label, _, _ in refused} == {
         "swapSpace", "preemptionMode", "enableAutoToolChoice", "maxNumBatchedTokens", "blockSize"}, refused
     assert {label for label, _, _ in refused if label.startswith("blockSize")} == {

@@ -75,7 +75,7 @@ def run_launcher(tmp_path, env: dict[str, str], argv: list[str]) -> subprocess.C
 
 
 SPEC = InferenceServiceSpec.from_dict({"model": {"source": "builtin://smollm2-135m-instruct"},
-                                       "engine": {"runtime": "vllm", "blockSize": 128},
+                                       "engine": {"runtime": "vllm"},
                                        "resources": {"cpu": "2", "memory": "6Gi"}})
 
 

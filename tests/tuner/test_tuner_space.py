@@ -136,3 +136,14 @@ def test_power_of_two_concurrency_and_the_grid_cover_the_same_points():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(20):
         assert space.suggest(study.ask(), base, SMOL) in grid
+
+
+def test_a_spec_without_block_size_reads_as_the_operator_deploys_it():
+    """The tuner reads an absent spec.engine.blockSize as the operator fills it (kvpilot.api.spec),
+    so a trial on runtime vllm on CPUs keeps KV blocks vLLM's CPU attention takes."""
+    vllm_cpu = {"engine": {"runtime": "vllm"}}
+    assert EngineSettings.from_spec(vllm_cpu).block_size == 128
+    assert EngineSettings.from_spec({**vllm_cpu, "resources": {"gpu": True}}).block_size == 16
+    assert EngineSettings.from_spec({"engine": {}}).block_size == 16
+    assert EngineSettings.from_spec({"engine": {"runtime": "vllm", "blockSize": 64}}).block_size == 64
+    assert EngineSettings.from_spec(vllm_cpu).to_engine_spec()["blockSize"] == 128  # a trial's patch says so

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.api.spec import default_block_size
 from kvpilot.engine import settings
 from kvpilot.engine.settings import (AUTO_MAX_MODEL_LEN, LIVE_SETTINGS, default_max_num_batched_tokens,
                                      default_max_num_seqs)
@@ -105,10 +106,15 @@ class EngineSettings:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> EngineSettings:
-        """Reads an InferenceService `spec`: `engine` as `from_engine_spec`, nnodes from
-        `parallelism.nnodes` (absent: 1, the CRD's default)."""
+        """Reads an InferenceService `spec`: `engine` as `from_engine_spec`, but an absent
+        blockSize is the operator's (`kvpilot.api.spec.default_block_size`: 128 for runtime vllm
+        on CPUs), and nnodes from `parallelism.nnodes` (absent: 1, the CRD's default)."""
+        engine = dict(spec.get("engine") or {})
+        if engine.get("blockSize") is None:
+            engine["blockSize"] = default_block_size(engine.get("runtime", "kvpilot"),
+                                                     bool((spec.get("resources") or {}).get("gpu")))
         nnodes = int((spec.get("parallelism") or {}).get("nnodes") or 1)
-        return cls.from_engine_spec(spec.get("engine") or {}).replace(nnodes=nnodes)
+        return cls.from_engine_spec(engine).replace(nnodes=nnodes)
 
     def live_changes(self, new: EngineSettings) -> dict[str, Any] | None:
         """The scheduler changes that turn a running `self` into `new` without a restart
