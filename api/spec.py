@@ -14,6 +14,7 @@ from kvpilot.api.vllm import VLLM_CPU_DEFAULT_BLOCK_SIZE
 from kvpilot.engine.settings import crd_defaults, deploy_defaults
 
 _DEFAULTS = crd_defaults()
+_ENGINE_BLOCK_SIZE: int = deploy_defaults()["block_size"]  # the engine's, and vLLM's on GPUs
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def default_block_size(runtime: str, gpu: bool) -> int:
     """spec.engine.blockSize where the spec leaves it out, in tokens: vLLM's CPU default (128, a
     multiple of the 32 its CPU attention needs) for runtime vllm without GPUs, else 16 (the
     engine's default, and vLLM's on GPUs). Source: vLLM's CpuPlatform.check_and_update_config."""
-    return VLLM_CPU_DEFAULT_BLOCK_SIZE if runtime == "vllm" and not gpu else deploy_defaults()["block_size"]
+    return VLLM_CPU_DEFAULT_BLOCK_SIZE if runtime == "vllm" and not gpu else _ENGINE_BLOCK_SIZE
 
 
 def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
